@@ -1,0 +1,83 @@
+"""One validated description of a decoding run, and the partition of layers into stages.
+
+Only entry points (CLI, app) build it from user input; everything below receives it resolved.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+METHODS = ("ar", "eesd", "ppsd")
+MAX_NEW_TOKENS_CAP = 1024  # documented in the README; keeps a demo request bounded
+
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    """Settings of one run. `exit_layer` and `stages` of None mean the balanced default."""
+
+    method: str = "ppsd"
+    exit_layer: int | None = None
+    stages: int = 2
+    draft_len: int = 4
+    max_new_tokens: int = 64
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int = 0
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    def resolved(self, num_layers: int) -> "DecodeConfig":
+        """Check every field against a model with `num_layers` layers and fill the defaults.
+
+        Raises ValueError naming the value and its allowed range.
+        """
+        if self.method not in METHODS:
+            raise ValueError(f"method {self.method!r} is unknown; choose one of: {', '.join(METHODS)}")
+        if not 2 <= self.stages <= num_layers:
+            raise ValueError(f"stages K={self.stages} is out of range: 2 <= K <= {num_layers} (layers)")
+        exit_layer = balanced_exit_layer(num_layers, self.stages) if self.exit_layer is None else self.exit_layer
+        if not 1 <= exit_layer < num_layers:
+            raise ValueError(f"exit layer E={exit_layer} is out of range: 1 <= E < {num_layers} (layers)")
+        if self.stages - 1 > num_layers - exit_layer:
+            raise ValueError(
+                f"stages K={self.stages} do not fit: the {num_layers - exit_layer} layers after E={exit_layer} "
+                f"allow at most K={num_layers - exit_layer + 1}"
+            )
+        if self.draft_len < 1:
+            raise ValueError(f"draft length G={self.draft_len} is out of range: G >= 1")
+        if not 1 <= self.max_new_tokens <= MAX_NEW_TOKENS_CAP:
+            raise ValueError(
+                f"max_new_tokens={self.max_new_tokens} is out of range: 1 <= N <= {MAX_NEW_TOKENS_CAP}"
+            )
+        if not self.temperature >= 0.0:
+            raise ValueError(f"temperature={self.temperature} is out of range: T >= 0 (0 is greedy)")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p={self.top_p} is out of range: 0 < P <= 1")
+        return DecodeConfig(
+            method=self.method,
+            exit_layer=exit_layer,
+            stages=self.stages,
+            draft_len=self.draft_len,
+            max_new_tokens=self.max_new_tokens,
+            temperature=float(self.temperature),
+            top_p=float(self.top_p),
+            seed=self.seed,
+        )
+
+
+def balanced_exit_layer(num_layers: int, stages: int) -> int:
+    """E = L / K rounded, so stage 1 (layers plus exit head) costs about one slot."""
+    return min(max(1, round(num_layers / stages)), num_layers - 1)
+
+
+def stage_layers(num_layers: int, exit_layer: int, stages: int) -> tuple[range, ...]:
+    """Stage 1 is layers [0, E); stages 2..K split [E, L) as evenly as possible (spec: Words)."""
+    rest = num_layers - exit_layer
+    sizes = [rest // (stages - 1) + (1 if i < rest % (stages - 1) else 0) for i in range(stages - 1)]
+    ranges = [range(0, exit_layer)]
+    for size in sizes:
+        start = ranges[-1].stop
+        ranges.append(range(start, start + size))
+    return tuple(ranges)

@@ -1,0 +1,152 @@
+"""The three decoders, each a generator of `Step`s over an `Executor`.
+
+- `ar`: the reference. One token at a time through every stage.
+- `eesd`: draft-then-verify. Draft g tokens with stage 1 and the exit head, verify them in one
+  pass of stages 2..K over the cached layer-E states, keep the longest accepted prefix plus one.
+- `ppsd`: verify-while-draft (spec: PPSD). Every slot, each stage advances one token; stage K
+  accepts or corrects the draft stage 1 made K - 1 slots earlier; a correction flushes the
+  tokens in flight behind it and restarts stage 1 from the corrected token.
+
+Every committed token is the full model's choice, so greedy output is identical across the three.
+Decoders know nothing of tokenizers, devices or UIs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Callable, Generator, Iterator
+
+import torch
+
+from .config import DecodeConfig
+from .executor import Executor, Feed, Output
+from .sampling import Pick, Sampler
+from .steps import Committed, Draft, Drafted, Flushed, Step, Token, Work
+
+Decoder = Callable[[Executor, list[int], DecodeConfig, tuple[int, ...]], Iterator[Step]]
+
+
+def ar(executor: Executor, prompt: list[int], config: DecodeConfig, eos: tuple[int, ...]) -> Iterator[Step]:
+    """Autoregressive decoding: feed the newest token, wait K slots for its successor."""
+    sampler = _sampler(config)
+    last = len(prompt) + config.max_new_tokens - 1
+    logits = yield from _prefill(executor, prompt)
+    token, position = sampler.pick(logits).token, len(prompt)
+    yield Committed(Token(position, token, "verified"))
+    slot = 0
+    while position < last and token not in eos:
+        out = executor.slot(Feed(position, (token,), "verify", from_final=True), slot=slot)
+        while out.final_logits is None:
+            yield from _work(out)
+            slot += 1
+            out = executor.slot(None, slot=slot)
+        yield from _work(out)
+        slot += 1
+        token, position = sampler.pick(out.final_logits[-1]).token, position + 1
+        yield Committed(Token(position, token, "verified"))
+
+
+def eesd(executor: Executor, prompt: list[int], config: DecodeConfig, eos: tuple[int, ...]) -> Iterator[Step]:
+    """Early-exit self-speculation, draft then verify (spec: EESD)."""
+    sampler = _sampler(config)
+    last = len(prompt) + config.max_new_tokens - 1
+    logits = yield from _prefill(executor, prompt)
+    token, position = sampler.pick(logits).token, len(prompt)
+    yield Committed(Token(position, token, "verified"))
+    while position < last and token not in eos:
+        drafts = yield from _draft_run(executor, sampler, position, token, min(config.draft_len, last - position))
+        out = executor.push(Feed(position + len(drafts), (drafts[-1].token,), "verify"))
+        yield from _work(out)
+        out = executor.flow()
+        verdicts = [sampler.verify(out.final_logits[i], d) for i, d in enumerate(drafts)]
+        accepted = next((i for i, v in enumerate(verdicts) if not v.accepted), len(drafts))
+        yield from _work(out, decision="accepted" if accepted == len(drafts) else "corrected")
+        for i, verdict in enumerate(verdicts[: accepted + 1]):
+            status = "accepted" if verdict.accepted else "corrected"
+            token, position = verdict.token, position + 1
+            yield Committed(Token(position, token, status, drafts[i].token))
+            if position == last or token in eos:
+                break
+        else:
+            if accepted == len(drafts) and position < last and token not in eos:
+                token, position = sampler.pick(out.final_logits[len(drafts)]).token, position + 1
+                yield Committed(Token(position, token, "verified"))
+        executor.rollback(position)
+        yield Flushed(position)
+
+
+def ppsd(executor: Executor, prompt: list[int], config: DecodeConfig, eos: tuple[int, ...]) -> Iterator[Step]:
+    """Pipeline-parallel self-speculative decoding: verify while drafting (spec: PPSD)."""
+    sampler = _sampler(config)
+    last = len(prompt) + config.max_new_tokens - 1
+    logits = yield from _prefill(executor, prompt)
+    token, position = sampler.pick(logits).token, len(prompt)
+    yield Committed(Token(position, token, "verified"))
+    drafts: dict[int, Pick] = {}
+    feed: Feed | None = Feed(position, (token,), "draft", from_final=True)
+    slot = 0
+    while position < last and token not in eos:
+        out = executor.slot(feed, slot=slot)
+        slot += 1
+        decision = None
+        if out.final_logits is not None:  # stage K finished x_p: decide on the draft for p + 1
+            draft = drafts.pop(out.final_position + 1)
+            verdict = sampler.verify(out.final_logits[-1], draft)
+            decision = "accepted" if verdict.accepted else "corrected"
+            token, position = verdict.token, out.final_position + 1
+        yield from _work(out, decision=decision)
+        if decision is not None:
+            yield Committed(Token(position, token, decision, draft.token))
+        if out.exit_logits is not None:  # stage 1 drafted the successor of what it was fed
+            pick = sampler.pick(out.exit_logits)
+            drafts[feed.position + 1] = pick
+            yield Drafted(Draft(feed.position + 1, pick.token))
+            feed = Feed(feed.position + 1, (pick.token,), "draft") if feed.position + 1 < last else None
+        else:
+            feed = None
+        if decision == "corrected":
+            executor.rollback(position)
+            drafts.clear()
+            yield Flushed(position)
+            feed = Feed(position, (token,), "draft", from_final=True)
+    yield Flushed(position)  # work in flight behind the last token is never used
+
+
+DECODERS: dict[str, Decoder] = {"ar": ar, "eesd": eesd, "ppsd": ppsd}
+
+
+def _sampler(config: DecodeConfig) -> Sampler:
+    return Sampler(temperature=config.temperature, top_p=config.top_p, seed=config.seed)
+
+
+def _prefill(executor: Executor, prompt: list[int]) -> Generator[Step, None, torch.Tensor]:
+    """Run the prompt through every stage; return the full model's logits for its successor."""
+    out = executor.push(Feed(0, tuple(prompt), "prefill"))
+    yield from _work(out)
+    out = executor.flow()
+    yield from _work(out)
+    return out.final_logits[-1]
+
+
+def _draft_run(
+    executor: Executor, sampler: Sampler, position: int, token: int, count: int
+) -> Generator[Step, None, list[Pick]]:
+    """Stage 1 drafts `count` tokens after `token` at `position`, each fed back in."""
+    drafts: list[Pick] = []
+    for i in range(count):
+        out = executor.push(Feed(position + i, (token,), "draft", from_final=i == 0))
+        yield from _work(out)
+        pick = sampler.pick(out.exit_logits)
+        drafts.append(pick)
+        token = pick.token
+        yield Drafted(Draft(position + i + 1, token))
+    return drafts
+
+
+def _work(out: Output, *, decision: str | None = None) -> Iterator[Work]:
+    """Events of one executor call; the final stage's carries the verdict it produced."""
+    last_stage = max((e.stage for e in out.events), default=0)
+    for event in out.events:
+        if decision is not None and event.stage == last_stage and out.final_logits is not None:
+            event = replace(event, decision=decision)
+        yield Work(event)

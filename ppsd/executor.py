@@ -1,0 +1,131 @@
+"""Executors run stage work for the decoders; the decoders decide what runs.
+
+A pipeline of K stages: stage 1 is layers [0, E) plus the exit head, stage K ends with the final
+head. Each stage has an input queue of hidden states. `slot` advances every stage by one token
+(PPSD's verify-while-draft tick, AR on the pipeline), `push` runs stage 1 alone (EESD drafting),
+`flow` runs stages 2..K once over everything queued (prefill, EESD verification), and `rollback`
+drops queued work and truncates the caches: the only rollback there is.
+
+`InProcessExecutor` runs the stages in turn on one device, so its trace is measured but not
+concurrent; the projected clock (`Trace.project`) replays it on K workers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from .model import KVCache, StagedModel
+from .steps import Event, Kind
+from .trace import Stopwatch
+
+
+@dataclass(frozen=True)
+class Feed:
+    """Tokens entering stage 1 at `position`. Kind `draft` asks for exit-head logits;
+    `from_final` says the first token was committed by the final stage (a restart)."""
+
+    position: int
+    tokens: tuple[int, ...]
+    kind: Kind
+    from_final: bool = False
+
+
+@dataclass(frozen=True)
+class Output:
+    """What one executor call produced, and the stage work it did (in recording order:
+    later stages first within a slot, so each event's input was recorded before it)."""
+
+    events: tuple[Event, ...]
+    exit_logits: torch.Tensor | None = None  # (V,) draft logits for the last fed position
+    final_position: int | None = None  # first position whose final logits are given
+    final_logits: torch.Tensor | None = None  # (T, V) next-token logits for those positions
+
+
+class Executor(Protocol):
+    stages: tuple[range, ...]
+    device: str
+
+    def slot(self, feed: Feed | None, *, slot: int) -> Output: ...
+    def push(self, feed: Feed) -> Output: ...
+    def flow(self) -> Output: ...
+    def rollback(self, length: int) -> None: ...
+
+
+@dataclass
+class _Item:
+    position: int
+    token_id: int
+    kind: Kind
+    hidden: torch.Tensor  # (1, T, hidden), input to the stage that holds it
+
+
+class InProcessExecutor:
+    """All stages in this process, run one after the other, each timed where it ran."""
+
+    def __init__(self, model: StagedModel, stages: tuple[range, ...], stopwatch: Stopwatch) -> None:
+        self.model = model
+        self.stages = stages
+        self.device = model.info.device
+        self.cache = KVCache()
+        self._clock = stopwatch
+        self._queues: list[list[_Item]] = [[] for _ in stages]
+
+    def slot(self, feed: Feed | None, *, slot: int) -> Output:
+        results: dict = {"events": []}
+        for k in reversed(range(len(self.stages))):
+            if k == 0 and feed is not None:
+                self._run_stage1(feed, results, slot=slot)
+            elif k > 0 and self._queues[k]:
+                self._run(k, self._queues[k].pop(0), results, slot=slot)
+        return Output(events=tuple(results.pop("events")), **results)
+
+    def push(self, feed: Feed) -> Output:
+        results: dict = {"events": []}
+        self._run_stage1(feed, results, slot=None)
+        return Output(events=tuple(results.pop("events")), **results)
+
+    def flow(self) -> Output:
+        results: dict = {"events": []}
+        for k in range(1, len(self.stages)):
+            queued, self._queues[k] = self._queues[k], []
+            if queued:
+                merged = _Item(queued[0].position, queued[0].token_id, queued[0].kind,
+                               torch.cat([item.hidden for item in queued], dim=1))
+                self._run(k, merged, results, slot=None)
+        return Output(events=tuple(results.pop("events")), **results)
+
+    def rollback(self, length: int) -> None:
+        self._queues = [[] for _ in self.stages]
+        self.cache.truncate(length)
+
+    def _run_stage1(self, feed: Feed, results: dict, *, slot: int | None) -> None:
+        start = self._clock.now()
+        hidden = self.model.embed(list(feed.tokens))
+        hidden = self.model.run_layers(hidden, self.stages[0], position=feed.position, cache=self.cache)
+        if feed.kind == "draft":
+            results["exit_logits"] = self.model.exit_logits(hidden, position=feed.position, cache=self.cache)
+        kind: Kind = "prefill" if feed.kind == "prefill" else "verify"
+        self._emit(0, _Item(feed.position, feed.tokens[0], kind, hidden), results)
+        results["events"].append(Event(
+            stage=1, position=feed.position, kind=feed.kind, start=start, end=self._clock.now(),
+            token_id=feed.tokens[0], width=len(feed.tokens), slot=slot, from_final=feed.from_final))
+
+    def _run(self, k: int, item: _Item, results: dict, *, slot: int | None) -> None:
+        start = self._clock.now()
+        hidden = self.model.run_layers(item.hidden, self.stages[k], position=item.position, cache=self.cache)
+        self._emit(k, _Item(item.position, item.token_id, item.kind, hidden), results)
+        results["events"].append(Event(
+            stage=k + 1, position=item.position, kind=item.kind, start=start, end=self._clock.now(),
+            token_id=item.token_id, width=hidden.shape[1], slot=slot))
+
+    def _emit(self, k: int, item: _Item, results: dict) -> None:
+        if k + 1 < len(self.stages):
+            self._queues[k + 1].append(item)
+        else:
+            # Prefill only needs the last position's logits: skip the LM head on the rest.
+            hidden = item.hidden[:, -1:] if item.kind == "prefill" else item.hidden
+            results["final_position"] = item.position + item.hidden.shape[1] - hidden.shape[1]
+            results["final_logits"] = self.model.final_logits(hidden)

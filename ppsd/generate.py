@@ -1,0 +1,105 @@
+"""Entry point of the library: run a decoder on a prompt and keep its full record.
+
+`stream` yields the decoder's steps live (for UIs); `generate` runs to the end and returns a
+`Result` with tokens, drafts, trace and metrics. Token ids in, token ids out: tokenizers stay
+with the caller.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Iterator
+
+import torch
+
+from .config import DecodeConfig, stage_layers
+from .decoders import DECODERS
+from .executor import Executor, InProcessExecutor
+from .metrics import Metrics, summarize
+from .model import StagedModel
+from .steps import Draft, Recorder, Step, Token
+from .trace import Stopwatch, Trace
+
+
+@dataclass(frozen=True)
+class Result:
+    """Everything one run produced. `trace` is on the clock the executor measured."""
+
+    prompt_ids: tuple[int, ...]
+    tokens: tuple[Token, ...]
+    drafts: tuple[Draft, ...]
+    trace: Trace
+    config: DecodeConfig
+    measured_wall_seconds: float
+
+    @property
+    def token_ids(self) -> list[int]:
+        return [t.id for t in self.tokens]
+
+    def metrics(self, clock: str | None = None) -> Metrics:
+        """Metrics on `clock` (default: projected for in-process PPSD, else what was measured)."""
+        trace = self.trace
+        if clock is None:
+            serial_ppsd = self.config.method == "ppsd" and not trace.concurrent
+            clock = "projected" if serial_ppsd else trace.clock
+        if clock == "projected" and trace.clock == "measured":
+            trace = trace.project()
+        elif clock != trace.clock:
+            raise ValueError(f"a {trace.clock} trace cannot be shown on the {clock} clock")
+        return summarize(
+            method=self.config.method, tokens=list(self.tokens), drafts=list(self.drafts), trace=trace,
+            measured_wall_seconds=self.measured_wall_seconds, draft_len=self.config.draft_len,
+            exit_fraction=self.config.exit_layer / sum(len(r) for r in trace.stages),
+        )
+
+
+def check_prompt(model: StagedModel, prompt_ids: list[int], config: DecodeConfig) -> None:
+    """Raise ValueError when the prompt is empty or prompt plus output exceeds the context."""
+    if not prompt_ids:
+        raise ValueError("prompt is empty: give at least one token of text")
+    room = model.info.max_context - config.max_new_tokens
+    if len(prompt_ids) > room:
+        raise ValueError(
+            f"prompt of {len(prompt_ids)} tokens is too long: with max_new_tokens={config.max_new_tokens} "
+            f"the model's context of {model.info.max_context} allows at most {max(room, 0)}"
+        )
+
+
+def make_executor(model: StagedModel, config: DecodeConfig, stopwatch: Stopwatch) -> Executor:
+    """The in-process executor for `config`'s stage partition."""
+    return InProcessExecutor(model, stage_layers(model.num_layers, config.exit_layer, config.stages), stopwatch)
+
+
+def stream(model: StagedModel, prompt_ids: list[int], config: DecodeConfig, *,
+           executor: Executor | None = None, stopwatch: Stopwatch | None = None) -> Iterator[Step]:
+    """Validate, then yield the steps of `config.method` on `prompt_ids`, live."""
+    config = config.resolved(model.num_layers)
+    check_prompt(model, prompt_ids, config)
+    stopwatch = stopwatch or _stopwatch(model)
+    executor = executor or make_executor(model, config, stopwatch)
+    with torch.inference_mode():
+        yield from DECODERS[config.method](executor, list(prompt_ids), config, model.info.eos_token_ids)
+
+
+def generate(model: StagedModel, prompt_ids: list[int], config: DecodeConfig, *,
+             executor: Executor | None = None) -> Result:
+    """Run to the end; the returned trace is validated."""
+    config = config.resolved(model.num_layers)
+    stopwatch = _stopwatch(model)
+    executor = executor or make_executor(model, config, stopwatch)
+    recorder = Recorder()
+    started = time.perf_counter()
+    for step in stream(model, prompt_ids, config, executor=executor, stopwatch=stopwatch):
+        recorder.add(step)
+    wall = time.perf_counter() - started
+    trace = Trace(
+        events=tuple(recorder.events), stages=executor.stages, prompt_len=len(prompt_ids),
+        length=len(prompt_ids) + len(recorder.tokens), clock="measured", device=executor.device,
+    )
+    return Result(tuple(prompt_ids), tuple(recorder.tokens), tuple(recorder.drafts), trace.validate(),
+                  config, wall)
+
+
+def _stopwatch(model: StagedModel) -> Stopwatch:
+    return Stopwatch(torch.cuda.synchronize if model.info.device.startswith("cuda") else None)

@@ -1,0 +1,262 @@
+"""The early-exit staged model: a thin wrapper over a Hugging Face Llama-family causal LM.
+
+It embeds tokens, runs any contiguous range of decoder layers on one or a few tokens against a
+KV cache, and applies an exit head at layer E or the final head. It knows nothing of drafts,
+stages or speculation: decoders decide which layers run when. Rollback lives in `KVCache`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+import torch
+from torch import nn
+
+# Architectures whose decoder stacks expose model.model.{embed_tokens, layers, norm, rotary_emb}
+# and whose layers only need (hidden, mask, position_embeddings, cache): verified exact in tests.
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+
+
+class KVCache:
+    """Keys and values of any set of decoder layers, each layer with its own length.
+
+    Implements the one method Hugging Face attention modules call (`update`), so layers can be run
+    one by one. Every stage of a pipeline writes its own layers here; `truncate` is the single
+    rollback operation of the project.
+    """
+
+    def __init__(self) -> None:
+        self._keys: dict[int, torch.Tensor] = {}
+        self._values: dict[int, torch.Tensor] = {}
+        self._lengths: dict[int, int] = {}
+
+    def update(self, key: torch.Tensor, value: torch.Tensor, layer_idx: int, *args, **kwargs):
+        """Append (1, heads, T, dim) keys/values for `layer_idx`; return all of them so far."""
+        length = self._lengths.get(layer_idx, 0)
+        new_length = length + key.shape[2]
+        buffer = self._keys.get(layer_idx)
+        if buffer is None or buffer.shape[2] < new_length:
+            self._grow(layer_idx, key, value, length, new_length)
+        self._keys[layer_idx][:, :, length:new_length] = key
+        self._values[layer_idx][:, :, length:new_length] = value
+        self._lengths[layer_idx] = new_length
+        return self._keys[layer_idx][:, :, :new_length], self._values[layer_idx][:, :, :new_length]
+
+    def _grow(self, layer_idx: int, key: torch.Tensor, value: torch.Tensor, length: int, needed: int):
+        # Doubling keeps appends amortised O(1) without a fixed maximum length.
+        capacity = max(64, 2 ** math.ceil(math.log2(needed)))
+        for store, like in ((self._keys, key), (self._values, value)):
+            grown = like.new_empty((*like.shape[:2], capacity, like.shape[3]))
+            if layer_idx in store:
+                grown[:, :, :length] = store[layer_idx][:, :, :length]
+            store[layer_idx] = grown
+
+    def length(self, layer_idx: int) -> int:
+        """Number of positions cached for `layer_idx` (0 if the layer never ran)."""
+        return self._lengths.get(layer_idx, 0)
+
+    def truncate(self, length: int) -> None:
+        """Forget every position >= `length` in every layer: the rollback after a rejected draft."""
+        for layer_idx, current in self._lengths.items():
+            self._lengths[layer_idx] = min(current, length)
+
+
+class ExitHead(Protocol):
+    """Maps hidden states after layer E, (1, T, hidden) at positions [position, position+T), to the
+    (V,) next-token logits of the last one. Stateful heads keep their own KV entries in the stage-1
+    `KVCache` under a layer index >= L, so rollback stays in one place."""
+
+    def __call__(self, hidden: torch.Tensor, position: int, cache: KVCache) -> torch.Tensor: ...
+
+
+class SharedExitHead(nn.Module):
+    """LayerSkip-style exit: the model's own final norm and LM head applied at layer E."""
+
+    def __init__(self, norm: nn.Module, lm_head: nn.Module) -> None:
+        super().__init__()
+        self.norm = norm
+        self.lm_head = lm_head
+
+    def forward(self, hidden: torch.Tensor, position: int, cache: KVCache) -> torch.Tensor:
+        return self.lm_head(self.norm(hidden[0, -1]))
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What a decoder or a UI needs to know about a loaded model, without touching tensors."""
+
+    name: str
+    model_type: str
+    num_layers: int
+    vocab_size: int
+    max_context: int
+    eos_token_ids: tuple[int, ...]
+    device: str
+    dtype: str
+
+
+class StagedModel:
+    """A Llama-family causal LM whose layers can be run range by range."""
+
+    def __init__(self, hf_model: nn.Module, *, name: str = "model", exit_head: ExitHead | None = None):
+        config = hf_model.config
+        if config.model_type not in SUPPORTED_MODEL_TYPES:
+            raise ValueError(
+                f"unsupported architecture {config.model_type!r} ({type(hf_model).__name__}); "
+                f"supported: {', '.join(SUPPORTED_MODEL_TYPES)}"
+            )
+        self.hf_model = hf_model.eval()
+        self._decoder = hf_model.model
+        self.layers = self._decoder.layers
+        self.exit_head: ExitHead = exit_head or SharedExitHead(self._decoder.norm, hf_model.lm_head)
+        self.info = ModelInfo(
+            name=name,
+            model_type=config.model_type,
+            num_layers=len(self.layers),
+            vocab_size=hf_model.lm_head.out_features,
+            max_context=_max_context(config),
+            eos_token_ids=_eos_ids(hf_model),
+            device=str(next(hf_model.parameters()).device),
+            dtype=str(next(hf_model.parameters()).dtype).removeprefix("torch."),
+        )
+        self._device = next(hf_model.parameters()).device
+        self._bool_mask = config._attn_implementation != "eager"
+
+    @property
+    def num_layers(self) -> int:
+        return self.info.num_layers
+
+    def embed(self, token_ids: list[int]) -> torch.Tensor:
+        """(1, T, hidden) input embeddings of `token_ids`."""
+        ids = torch.tensor([token_ids], dtype=torch.long, device=self._device)
+        return self._decoder.embed_tokens(ids)
+
+    def run_layers(
+        self, hidden: torch.Tensor, layers: range, *, position: int, cache: KVCache
+    ) -> torch.Tensor:
+        """Run decoder `layers` on `hidden` (1, T, hidden) holding positions [position, position+T).
+
+        Every layer in the range must have exactly `position` tokens cached: tokens are causal and
+        contiguous, so a gap or an overlap is a bug in the caller.
+        """
+        width = hidden.shape[1]
+        position_ids = torch.arange(position, position + width, device=self._device).unsqueeze(0)
+        rotary = self._decoder.rotary_emb(hidden, position_ids)
+        mask = self._causal_mask(position, width, hidden.dtype)
+        for index in layers:
+            if cache.length(index) != position:
+                raise RuntimeError(f"layer {index} caches {cache.length(index)} tokens, expected {position}")
+            hidden = self.layers[index](
+                hidden,
+                attention_mask=mask,
+                position_ids=position_ids,
+                past_key_values=cache,
+                use_cache=True,
+                position_embeddings=rotary,
+            )
+        return hidden
+
+    def exit_logits(self, hidden: torch.Tensor, *, position: int, cache: KVCache) -> torch.Tensor:
+        """(V,) float32 exit-head logits for the last token of `hidden` (after layer E)."""
+        return self.exit_head(hidden, position, cache).float()
+
+    def final_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """(T, V) float32 logits of the full model for every token of `hidden` (after layer L)."""
+        return self.hf_model.lm_head(self._decoder.norm(hidden))[0].float()
+
+    def _causal_mask(self, position: int, width: int, dtype: torch.dtype) -> torch.Tensor | None:
+        # One query attends to everything cached: no mask. Several queries behind a cache need an
+        # explicit mask: SDPA's is_causal flag aligns top-left and would hide the cache.
+        if width == 1 or position == 0:
+            return None
+        keys = torch.arange(position + width, device=self._device)
+        queries = torch.arange(position, position + width, device=self._device)
+        allowed = (keys[None, :] <= queries[:, None])[None, None]  # (1, 1, T, P+T)
+        if self._bool_mask:
+            return allowed
+        return torch.zeros(allowed.shape, dtype=dtype, device=self._device).masked_fill(
+            ~allowed, torch.finfo(dtype).min
+        )
+
+
+def _max_context(config) -> int:
+    limit = getattr(config, "max_position_embeddings", None) or 2048
+    # Masks here are plain causal; a sliding window would change the model beyond its width.
+    window = getattr(config, "sliding_window", None)
+    uses_window = getattr(config, "use_sliding_window", True)
+    if window and uses_window:
+        limit = min(limit, window)
+    return int(limit)
+
+
+def _eos_ids(hf_model: nn.Module) -> tuple[int, ...]:
+    generation = getattr(hf_model, "generation_config", None)
+    eos = getattr(generation, "eos_token_id", None)
+    if eos is None:
+        eos = getattr(hf_model.config, "eos_token_id", None)
+    if eos is None:
+        return ()
+    return tuple(eos) if isinstance(eos, (list, tuple)) else (int(eos),)
+
+
+DEFAULT_MODEL = str(Path(__file__).resolve().parent.parent / "assets" / "models" / "ppsd-tiny")
+
+
+def resolve_device(device: str | None) -> str:
+    """`auto`/None -> cuda when present, else cpu; an explicit device is checked, not assumed."""
+    if device in (None, "auto"):
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device 'cuda' requested but no CUDA GPU is available; use --device cpu")
+    if device not in ("cpu", "cuda"):
+        raise ValueError(f"device {device!r} is not one of: cpu, cuda, auto")
+    return device
+
+
+def default_dtype(device: str) -> torch.dtype:
+    """fp32 on CPU (exact and fast enough); bf16 on GPUs that support it, else fp16."""
+    if device == "cpu":
+        return torch.float32
+    return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+
+
+def load_model(
+    name_or_path: str = DEFAULT_MODEL, *, device: str | None = None, dtype: torch.dtype | None = None
+) -> tuple[StagedModel, object]:
+    """Load a causal LM and its tokenizer from a local directory or a hub id.
+
+    Never runs remote code. Any failure (missing, offline, not a causal LM, unsupported
+    architecture) raises ValueError with a one-line reason naming the model.
+    """
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    device = resolve_device(device)
+    dtype = dtype or default_dtype(device)
+    name = str(name_or_path).strip()
+    if not name:
+        raise ValueError("model name is empty: give a local directory or a Hugging Face hub id")
+    try:
+        config = AutoConfig.from_pretrained(name, trust_remote_code=False)
+    except Exception as error:  # noqa: BLE001 - every loader failure becomes one clear message
+        raise ValueError(f"cannot load model {name!r}: {_first_line(error)}") from None
+    if config.model_type not in SUPPORTED_MODEL_TYPES:
+        raise ValueError(
+            f"model {name!r} has unsupported architecture {config.model_type!r}; "
+            f"supported: {', '.join(SUPPORTED_MODEL_TYPES)}"
+        )
+    try:
+        hf_model = AutoModelForCausalLM.from_pretrained(
+            name, dtype=dtype, trust_remote_code=False, attn_implementation="sdpa"
+        ).to(device)
+        tokenizer = AutoTokenizer.from_pretrained(name, trust_remote_code=False)
+    except Exception as error:  # noqa: BLE001
+        raise ValueError(f"cannot load model {name!r}: {_first_line(error)}") from None
+    return StagedModel(hf_model, name=name), tokenizer
+
+
+def _first_line(error: Exception) -> str:
+    text = str(error).strip() or type(error).__name__
+    return text.splitlines()[0][:300]

@@ -1,0 +1,78 @@
+"""Token choice shared by every decoder: greedy or temperature/top-p sampling, and the
+speculative-sampling accept rule (Leviathan et al. 2023; Chen et al. 2023).
+
+Works on (V,) float logits; knows nothing of models or pipelines.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+
+class Pick(NamedTuple):
+    """A chosen token and the distribution it was drawn from (None when greedy)."""
+
+    token: int
+    probs: torch.Tensor | None
+
+
+class Verdict(NamedTuple):
+    """The full model's decision on one draft: keep it, or replace it with `token`."""
+
+    accepted: bool
+    token: int
+
+
+class Sampler:
+    """Greedy when temperature == 0, else temperature + nucleus (top-p) sampling, seeded."""
+
+    def __init__(self, *, temperature: float = 0.0, top_p: float = 1.0, seed: int = 0) -> None:
+        self.temperature = temperature
+        self.top_p = top_p
+        self.generator = torch.Generator().manual_seed(seed)
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    def probs(self, logits: torch.Tensor) -> torch.Tensor:
+        """The (V,) float32 distribution after temperature and top-p, on the CPU."""
+        probs = torch.softmax(logits.float().cpu() / self.temperature, dim=-1)
+        if self.top_p < 1.0:
+            sorted_probs, order = torch.sort(probs, descending=True)
+            # Keep the smallest prefix whose mass reaches top_p (the crossing token included).
+            outside = torch.cumsum(sorted_probs, 0) - sorted_probs >= self.top_p
+            sorted_probs[outside] = 0.0
+            probs = torch.zeros_like(probs).scatter_(0, order, sorted_probs)
+            probs /= probs.sum()
+        return probs
+
+    def pick(self, logits: torch.Tensor) -> Pick:
+        """Choose the next token from `logits`: argmax, or a draw from `probs(logits)`."""
+        if self.greedy:
+            return Pick(int(torch.argmax(logits)), None)
+        probs = self.probs(logits)
+        return Pick(self._draw(probs), probs)
+
+    def verify(self, logits: torch.Tensor, draft: Pick) -> Verdict:
+        """Accept `draft` (drawn from q) against the full model's `logits` (p).
+
+        Greedy: accept iff the draft is p's argmax. Sampling: accept with probability
+        min(1, p(d) / q(d)), else draw from normalize(max(0, p - q)); the committed token is then
+        distributed exactly as p.
+        """
+        if self.greedy:
+            token = int(torch.argmax(logits))
+            return Verdict(token == draft.token, token)
+        p, q = self.probs(logits), draft.probs
+        ratio = p[draft.token] / q[draft.token]
+        if torch.rand((), generator=self.generator) < ratio:
+            return Verdict(True, draft.token)
+        residual = torch.clamp(p - q, min=0.0)
+        total = residual.sum()
+        return Verdict(False, self._draw(residual / total if total > 0 else p))
+
+    def _draw(self, probs: torch.Tensor) -> int:
+        return int(torch.multinomial(probs, 1, generator=self.generator))
