@@ -47,6 +47,7 @@ class Output:
 class Executor(Protocol):
     stages: tuple[range, ...]
     device: str
+    concurrent: bool  # do the stages run at the same time (so the measured clock shows overlap)?
 
     def slot(self, feed: Feed | None, *, slot: int) -> Output: ...
     def push(self, feed: Feed) -> Output: ...
@@ -64,6 +65,8 @@ class _Item:
 
 class InProcessExecutor:
     """All stages in this process, run one after the other, each timed where it ran."""
+
+    concurrent = False
 
     def __init__(self, model: StagedModel, stages: tuple[range, ...], stopwatch: Stopwatch) -> None:
         self.model = model

@@ -96,6 +96,7 @@ def generate(model: StagedModel, prompt_ids: list[int], config: DecodeConfig, *,
     trace = Trace(
         events=tuple(recorder.events), stages=executor.stages, prompt_len=len(prompt_ids),
         length=len(prompt_ids) + len(recorder.tokens), clock="measured", device=executor.device,
+        concurrent=getattr(executor, "concurrent", False),
     )
     return Result(tuple(prompt_ids), tuple(recorder.tokens), tuple(recorder.drafts), trace.validate(),
                   config, wall)

@@ -129,6 +129,10 @@ class StagedModel:
     def num_layers(self) -> int:
         return self.info.num_layers
 
+    def with_exit_head(self, exit_head: ExitHead) -> "StagedModel":
+        """The same weights with another exit head (the shared model object is left untouched)."""
+        return StagedModel(self.hf_model, name=self.info.name, exit_head=exit_head)
+
     def embed(self, token_ids: list[int]) -> torch.Tensor:
         """(1, T, hidden) input embeddings of `token_ids`."""
         ids = torch.tensor([token_ids], dtype=torch.long, device=self._device)

@@ -1,0 +1,48 @@
+"""Command line: `python -m ppsd SUBCOMMAND ...`, the stable contract other tools use.
+
+Each subcommand lives in its own module exposing `add_arguments(parser)` and `run(args) -> int`,
+imported only when used. Bad input raises ValueError there; here it becomes a one-line
+`error: ...` on stderr and exit status 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+SUBCOMMANDS = {
+    "generate": ("ppsd.cli_generate", "generate text with AR, EESD or PPSD"),
+    "bench": ("ppsd.bench", "benchmark PPSD against EESD and AR"),
+    "train-head": ("ppsd.train_head", "train an early-exit head by self-distillation"),
+}
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # argparse's own errors: one line, status 2
+        self.exit(2, f"error: {message}\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _Parser(prog="python -m ppsd", description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    modules = {}
+    for name, (module_name, help_text) in SUBCOMMANDS.items():
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as error:
+            if error.name != module_name:
+                raise
+            continue  # a subcommand whose module is not part of this checkout
+        sub = commands.add_parser(name, help=help_text, description=help_text)
+        module.add_arguments(sub)
+        modules[name] = module
+    args = parser.parse_args(argv)
+    try:
+        return modules[args.command].run(args)
+    except ValueError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130

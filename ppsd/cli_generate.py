@@ -1,0 +1,82 @@
+"""`python -m ppsd generate`: one prompt, one method, text or JSON out."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from .config import DecodeConfig, METHODS
+from .generate import Result, generate
+from .model import DEFAULT_MODEL, load_model
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--prompt", required=True, help="text to continue")
+    parser.add_argument("--method", default="ppsd", help=f"one of {', '.join(METHODS)} (default ppsd)")
+    parser.add_argument("--model", default=DEFAULT_MODEL, help="local directory or hub id (default: embedded)")
+    parser.add_argument("--exit-layer", type=int, default=None, help="E (default: balanced, L/K)")
+    parser.add_argument("--stages", type=int, default=2, help="K pipeline stages (default 2)")
+    parser.add_argument("--draft-len", type=int, default=4, help="EESD draft length g (default 4)")
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (default)")
+    parser.add_argument("--top-p", type=float, default=1.0)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--device", default="cpu", help="cpu, cuda or auto (default cpu)")
+    parser.add_argument("--exit-head", default=None, help="a trained exit head (train-head output)")
+    parser.add_argument("--chrome-trace", default=None, help="also write the trace here (Chrome JSON)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def run(args: argparse.Namespace) -> int:
+    config = DecodeConfig(
+        method=args.method, exit_layer=args.exit_layer, stages=args.stages, draft_len=args.draft_len,
+        max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p, seed=args.seed,
+    )
+    if not args.prompt.strip():
+        raise ValueError("prompt is empty: give some text to continue")
+    model, tokenizer = load_model(args.model, device=args.device)
+    config = config.resolved(model.num_layers)  # before any work: bad settings fail fast
+    if args.exit_head:
+        from .heads import load_exit_head
+
+        model = model.with_exit_head(load_exit_head(args.exit_head, model, config.exit_layer))
+    prompt_ids = tokenizer(args.prompt, add_special_tokens=False)["input_ids"]
+    result = generate(model, prompt_ids, config)
+    if args.chrome_trace:
+        with open(args.chrome_trace, "w") as f:
+            json.dump(result.trace.to_chrome(), f)
+    if args.json:
+        print(json.dumps(to_json(result, tokenizer, model.info), ensure_ascii=False))
+    else:
+        print(tokenizer.decode(result.token_ids))
+        print(summary_line(result))
+    return 0
+
+
+def summary_line(result: Result) -> str:
+    m = result.metrics()
+    rate = "n/a" if m.acceptance_rate is None else f"{m.acceptance_rate:.2f}"
+    return (f"[{result.config.method}] {m.tokens} tokens, {m.tokens_per_second:.1f} tok/s ({m.clock} clock), "
+            f"acceptance {rate}, ideal speedup {m.ideal_speedup:.2f}x, "
+            f"measured wall {m.measured_wall_seconds:.3f}s")
+
+
+def to_json(result: Result, tokenizer, info) -> dict:
+    """The documented JSON contract of `generate --json`."""
+    piece = lambda token_id: tokenizer.decode([token_id])  # noqa: E731
+    c = result.config
+    return {
+        "text": tokenizer.decode(result.token_ids),
+        "token_ids": result.token_ids,
+        "tokens": [{"id": t.id, "text": piece(t.id), "status": t.status, "draft": t.draft, "position": t.position}
+                   for t in result.tokens],
+        "drafts": [{"position": d.position, "id": d.id, "text": piece(d.id), "fate": d.fate} for d in result.drafts],
+        "metrics": result.metrics().to_dict(),
+        "trace": {"clock": result.trace.clock, "device": result.trace.device,
+                  "stages": [[r.start, r.stop] for r in result.trace.stages],
+                  "events": [vars(e) for e in result.trace.events]},
+        "config": {"model": info.name, "method": c.method, "exit_layer": c.exit_layer, "stages": c.stages,
+                   "draft_len": c.draft_len, "max_new_tokens": c.max_new_tokens, "temperature": c.temperature,
+                   "top_p": c.top_p, "device": info.device, "dtype": info.dtype, "seed": c.seed,
+                   "num_layers": info.num_layers},
+    }
