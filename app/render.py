@@ -1,0 +1,419 @@
+"""Pure render functions: run records in, HTML strings and Plotly figures out.
+
+Nothing here runs a model, touches a tensor or knows Gradio: the handlers in `app.ui` call these,
+and tests call them without a browser. Token text arrives through a `piece(token_id) -> str`
+callable so the tokenizer stays with the runner. Every number drawn says its clock.
+"""
+
+from __future__ import annotations
+
+import html
+from dataclasses import dataclass
+from typing import Callable, Mapping, Sequence
+
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from ppsd import Draft, Event, Metrics, Token, Trace
+from ppsd.metrics import DEFINITIONS, ideal_eesd_speedup, ideal_ppsd_speedup
+
+Piece = Callable[[int], str]
+
+# One colour per kind of work; the same colours are used by the CSS legend of the token stream.
+KIND_COLORS = {"prefill": "#94a3b8", "draft": "#3b82f6", "verify": "#22c55e", "flushed": "#f59e0b"}
+KIND_LABELS = {"prefill": "prefill (prompt)", "draft": "draft (stage 1 + exit head)",
+               "verify": "verify / forward", "flushed": "flushed (wasted)"}
+CORRECTION_COLOR = "#ef4444"
+METHOD_NAMES = {"ar": "AR", "ppsd": "PPSD", "eesd": "EESD"}
+PROJECTED_NOTE = "projected: the measured per-stage costs replayed on K concurrent workers"
+PROJECTED_MEANING = "the measured per-stage costs of this run replayed on K concurrent workers"
+
+_GRID = "rgba(128,128,128,0.25)"
+_FONT = "#8a8f98"  # mid grey: readable on the light and the dark theme alike
+
+
+# --------------------------------------------------------------------------- tokens
+
+
+def deciding_events(events: Sequence[Event], num_stages: int) -> dict[int, Event]:
+    """position of a committed token -> the final-stage work that produced it.
+
+    The token at position p comes from the final stage's output on position p - 1, so the
+    decider is the kept (never flushed) final-stage event whose kept range covers p - 1.
+    """
+    found: dict[int, Event] = {}
+    for event in events:
+        if event.stage != num_stages or event.kind == "flushed":
+            continue
+        for p in range(event.position, event.position + event.kept_width):
+            found[p + 1] = event
+    return found
+
+
+def render_tokens(
+    tokens: Sequence[Token],
+    piece: Piece,
+    *,
+    prompt: str = "",
+    pending: Sequence[Draft] = (),
+    deciders: Mapping[int, Event] | None = None,
+    placeholder: str = "",
+) -> str:
+    """Committed tokens as coloured spans (accepted / corrected with its struck-through draft /
+    plain), then in-flight drafts as dashed spans. All text is escaped; CSS keeps whitespace."""
+    deciders = deciders or {}
+    parts = [f'<span class="tok-prompt" title="prompt">{_text(prompt)}</span>'] if prompt else []
+    for token in tokens:
+        parts.append(_token_span(token, piece, deciders.get(token.position)))
+    committed = tokens[-1].position if tokens else -1
+    for draft in sorted(pending, key=lambda d: d.position):
+        if draft.position > committed:
+            tip = f"position {draft.position} · draft {piece(draft.id)!r} · pending: still in the pipeline"
+            parts.append(f'<span class="tok tok-pending" title="{_attr(tip)}">{_text(piece(draft.id))}</span>')
+    if not tokens and not pending and placeholder:
+        parts.append(f'<span class="tok-placeholder">{html.escape(placeholder)}</span>')
+    return f'<div class="ppsd-stream">{"".join(parts)}</div>'
+
+
+def _token_span(token: Token, piece: Piece, decider: Event | None) -> str:
+    final = piece(token.id)
+    where = "" if decider is None else f" · stage {decider.stage}" + (
+        f" · slot {decider.slot}" if decider.slot is not None else "")
+    if token.draft is None:
+        tip = f"position {token.position} · no draft · final {final!r}{where}"
+        return f'<span class="tok tok-verified" title="{_attr(tip)}">{_text(final)}</span>'
+    drafted = piece(token.draft)
+    tip = f"position {token.position} · draft {drafted!r} · final {final!r} · {token.status}{where}"
+    if token.status == "accepted":
+        return f'<span class="tok tok-accepted" title="{_attr(tip)}">{_text(final)}</span>'
+    return (f'<span class="tok-pair" title="{_attr(tip)}"><span class="tok tok-rejected">{_text(drafted)}</span>'
+            f'<span class="tok tok-corrected">{_text(final)}</span></span>')
+
+
+def _text(text: str) -> str:
+    return html.escape(text, quote=False)
+
+
+def _attr(text: str) -> str:
+    return html.escape(text, quote=True)
+
+
+def render_legend() -> str:
+    """The key of the token stream, shown above it at all times."""
+    items = [("tok-accepted", "accepted", "the exit head's draft, confirmed by the full model"),
+             ("tok-corrected", "corrected", "the full model replaced the draft"),
+             ("tok-rejected", "rejected draft", "kept visible, struck through"),
+             ("tok-verified", "no draft", "AR, or the first token after the prompt"),
+             ("tok-pending", "pending", "drafted, still in the pipeline (live only)")]
+    spans = "".join(f'<span class="legend-item" title="{_attr(tip)}"><span class="tok {cls}">{label}</span>'
+                    f'<span class="legend-tip">{html.escape(tip)}</span></span>' for cls, label, tip in items)
+    return f'<div class="ppsd-legend">{spans}</div>'
+
+
+# --------------------------------------------------------------------------- timeline
+
+
+def stage_label(k: int, layers: range, utilization: float) -> str:
+    """Row label: "stage k · layers a–b · util NN%" (layers inclusive, 0-based)."""
+    return f"stage {k} · layers {layers.start}–{layers.stop - 1} · util {utilization:.0%}"
+
+
+def timeline_title(trace: Trace, stages: int) -> str:
+    if trace.clock == "projected":
+        return f"Pipeline timeline · {PROJECTED_NOTE} (K={stages}, {trace.device})"
+    return f"Pipeline timeline · measured clock ({trace.device})"
+
+
+def render_timeline(
+    panels: Sequence[tuple[str, Trace]], piece: Piece | None = None, *, title: str | None = None
+) -> go.Figure:
+    """One subplot per (name, trace), stacked with a shared time axis in milliseconds.
+
+    Rows are stages (stage 1 on top), one horizontal bar per event, one trace per kind so the
+    legend is the key; final-stage corrections are marked with a red cross at the bar's end.
+    """
+    panels = [(name, trace) for name, trace in panels if trace is not None]
+    if not panels:
+        return empty_figure("The pipeline timeline appears here once a run starts.")
+    fig = make_subplots(rows=len(panels), cols=1, shared_xaxes=True, vertical_spacing=0.12,
+                        subplot_titles=[name for name, _ in panels])
+    shown: set[str] = set()
+    for row, (name, trace) in enumerate(panels, start=1):
+        labels = [stage_label(k, r, u) for k, (r, u) in
+                  enumerate(zip(trace.stages, trace.utilization()), start=1)]
+        for kind in KIND_COLORS:
+            events = [e for e in trace.events if e.kind == kind]
+            if not events:
+                continue
+            fig.add_trace(go.Bar(
+                name=KIND_LABELS[kind], legendgroup=kind, showlegend=kind not in shown,
+                orientation="h", base=[e.start * 1e3 for e in events], x=[e.duration * 1e3 for e in events],
+                y=[labels[e.stage - 1] for e in events], marker=dict(color=KIND_COLORS[kind], line_width=0),
+                customdata=[_hover(e, piece) for e in events],
+                hovertemplate="%{customdata}<extra>" + name + "</extra>",
+            ), row=row, col=1)
+            shown.add(kind)
+        corrections = [e for e in trace.events if e.decision == "corrected" and e.stage == trace.num_stages]
+        if corrections:
+            fig.add_trace(go.Scatter(
+                name="correction (flush behind it)", legendgroup="correction",
+                showlegend="correction" not in shown, mode="markers",
+                x=[e.end * 1e3 for e in corrections], y=[labels[e.stage - 1] for e in corrections],
+                marker=dict(symbol="x-thin", size=11, color=CORRECTION_COLOR, line=dict(width=2.5,
+                                                                                      color=CORRECTION_COLOR)),
+                customdata=[_hover(e, piece) for e in corrections],
+                hovertemplate="correction<br>%{customdata}<extra>" + name + "</extra>",
+            ), row=row, col=1)
+            shown.add("correction")
+        fig.update_yaxes(categoryorder="array", categoryarray=list(reversed(labels)), row=row, col=1)
+    fig.update_xaxes(title_text="time (ms)", row=len(panels), col=1)
+    _style(fig, title or timeline_title(panels[0][1], panels[0][1].num_stages),
+           height=170 + sum(60 + 34 * t.num_stages for _, t in panels))
+    fig.update_layout(barmode="overlay", bargap=0.25)
+    return fig
+
+
+def _hover(e: Event, piece: Piece | None) -> str:
+    token = "" if piece is None else f" {piece(e.token_id)!r}"
+    positions = f"{e.position}" if e.width == 1 else f"{e.position}–{e.position + e.width - 1}"
+    parts = [f"{e.kind} · stage {e.stage} · position {positions}{html.escape(token)}",
+             f"{e.start * 1e3:.2f}–{e.end * 1e3:.2f} ms ({e.duration * 1e3:.2f} ms)"]
+    if e.slot is not None:
+        parts.append(f"slot {e.slot}")
+    if e.decision:
+        parts.append(f"decision: {e.decision}")
+    return "<br>".join(parts)
+
+
+def empty_figure(message: str) -> go.Figure:
+    fig = go.Figure()
+    fig.add_annotation(text=message, showarrow=False, x=0.5, y=0.5, xref="paper", yref="paper",
+                       font=dict(size=14, color=_FONT))
+    fig.update_xaxes(visible=False)
+    fig.update_yaxes(visible=False)
+    _style(fig, None, height=220)
+    return fig
+
+
+def _style(fig: go.Figure, title: str | None, *, height: int) -> None:
+    fig.update_layout(
+        title=dict(text=title, font=dict(size=15)) if title else None, height=height,
+        margin=dict(l=10, r=10, t=70 if title else 20, b=40),
+        paper_bgcolor="rgba(0,0,0,0)", plot_bgcolor="rgba(0,0,0,0)", font=dict(color=_FONT),
+        legend=dict(orientation="h", yanchor="bottom", y=1.02, x=0, bgcolor="rgba(0,0,0,0)"),
+        hoverlabel=dict(align="left"),
+    )
+    fig.update_xaxes(gridcolor=_GRID, zerolinecolor=_GRID)
+    fig.update_yaxes(gridcolor=_GRID, automargin=True)
+    fig.update_annotations(font=dict(color=_FONT))
+
+
+# --------------------------------------------------------------------------- theory
+
+
+@dataclass(frozen=True)
+class TheoryPoint:
+    """A measured run placed on the theory plot: its acceptance and its speedup over AR."""
+
+    label: str
+    acceptance: float
+    speedup: float
+
+
+def eesd_break_even(draft_len: int, exit_fraction: float, steps: int = 2000) -> float | None:
+    """Smallest acceptance at which ideal EESD reaches 1x (None when it never does)."""
+    for i in range(steps + 1):
+        if ideal_eesd_speedup(i / steps, draft_len, exit_fraction) >= 1.0:
+            return i / steps
+    return None
+
+
+def render_theory(
+    *, stages: int, draft_len: int, exit_fraction: float, points: Sequence[TheoryPoint] = ()
+) -> go.Figure:
+    """Ideal speedup against acceptance rate: PPSD(K) and EESD(g, E/L), the 1x line, the region
+    where EESD loses to AR, and the measured points of this run."""
+    grid = [i / 200 for i in range(201)]
+    fig = go.Figure()
+    lose = eesd_break_even(draft_len, exit_fraction)
+    if lose is None or lose > 0:
+        fig.add_vrect(x0=0, x1=1 if lose is None else lose, fillcolor=CORRECTION_COLOR, opacity=0.08,
+                      line_width=0, annotation_text="EESD slower than AR", annotation_position="top left",
+                      annotation_font=dict(color=CORRECTION_COLOR, size=11))
+    fig.add_trace(go.Scatter(x=grid, y=[ideal_ppsd_speedup(a, stages) for a in grid], mode="lines",
+                             name=f"ideal PPSD, K={stages}", line=dict(color=KIND_COLORS["verify"], width=3)))
+    fig.add_trace(go.Scatter(x=grid, y=[ideal_eesd_speedup(a, draft_len, exit_fraction) for a in grid],
+                             mode="lines", name=f"ideal EESD, g={draft_len}, E/L={exit_fraction:.2f}",
+                             line=dict(color=KIND_COLORS["draft"], width=3, dash="dash")))
+    fig.add_hline(y=1.0, line=dict(color=_FONT, width=1, dash="dot"), annotation_text="1× (AR)",
+                  annotation_position="bottom right")
+    symbols = {"PPSD": "star", "EESD": "diamond"}
+    for point in points:
+        fig.add_trace(go.Scatter(
+            x=[point.acceptance], y=[point.speedup], mode="markers+text", name=point.label,
+            text=[f"{point.speedup:.2f}×"], textposition="top center",
+            marker=dict(size=14, symbol=symbols.get(point.label.split()[0], "circle"),
+                        color=KIND_COLORS["verify"] if point.label.startswith("PPSD") else KIND_COLORS["draft"],
+                        line=dict(width=1.5, color="#111827")),
+            hovertemplate=f"{html.escape(point.label)}<br>a=%{{x:.2f}}, %{{y:.2f}}×<extra></extra>"))
+    fig.update_xaxes(title_text="acceptance rate a", range=[0, 1])
+    fig.update_yaxes(title_text="speedup over AR", rangemode="tozero")
+    _style(fig, "Theory: ideal speedup vs acceptance rate", height=380)
+    return fig
+
+
+# --------------------------------------------------------------------------- numbers
+
+
+def speedup_headline(ar: Metrics, ppsd: Metrics, *, stages: int, device: str) -> str:
+    """The big line: PPSD against AR on the same clock, the ideal beside it."""
+    speedup = ar.wall_seconds / ppsd.wall_seconds if ppsd.wall_seconds > 0 else 0.0
+    word = "faster" if speedup >= 1 else "slower"
+    factor = speedup if speedup >= 1 else (1 / speedup if speedup > 0 else 0.0)
+    rate = ppsd.acceptance_rate
+    ideal = (f"ideal S<sub>PPSD</sub>(a={rate:.2f}, K={stages}) = {ppsd.ideal_speedup:.2f}×"
+             if rate is not None else "no draft was verified: acceptance undefined")
+    return (f'<div class="headline"><span class="headline-main">PPSD {factor:.2f}× {word} than AR</span>'
+            f'<span class="headline-clock">({ppsd.clock} clock, {html.escape(device)})</span>'
+            f'<span class="headline-ideal">{ideal}</span></div>')
+
+
+def render_headline(
+    ar: Metrics | None, ppsd: Metrics | None, eesd: Metrics | None, *, stages: int, device: str,
+    ar_measured: Metrics | None = None, ppsd_measured: Metrics | None = None, status: str = "",
+) -> str:
+    """Headline plus the honest single-device line; `status` while a run is in flight."""
+    if ar is None or ppsd is None:
+        body = html.escape(status or "Press Run: AR, then PPSD (then EESD) decode the prompt one after another.")
+        return f'<div class="headline-box"><div class="headline-status">{body}</div></div>'
+    lines = [speedup_headline(ar, ppsd, stages=stages, device=device)]
+    if ppsd.clock == "projected":
+        lines.append(f'<div class="headline-note">Projected clock: {PROJECTED_MEANING} (K={stages}), '
+                     "as if each stage had its own device.</div>')
+    if ar_measured is not None and ppsd_measured is not None:
+        ratio = ar_measured.wall_seconds / ppsd_measured.wall_seconds if ppsd_measured.wall_seconds else 0.0
+        lines.append(
+            f'<div class="headline-note">Measured on this one {html.escape(device)} device, stages run in turn: '
+            f"AR {_ms(ar_measured.wall_seconds)}, PPSD {_ms(ppsd_measured.wall_seconds)} ({ratio:.2f}×). "
+            "On one device PPSD does the same work as AR plus the flushed work, so it cannot be faster there: "
+            "its speed comes from K stages running at the same time on K workers.</div>")
+    if eesd is not None:
+        ratio = (ar_measured or ar).wall_seconds / eesd.wall_seconds if eesd.wall_seconds else 0.0
+        rate = "n/a" if eesd.acceptance_rate is None else f"{eesd.acceptance_rate:.2f}"
+        lines.append(
+            f'<div class="headline-note">EESD (draft then verify, one device): {ratio:.2f}× AR on the measured '
+            f"clock; ideal S<sub>EESD</sub> at a={rate} is {eesd.ideal_speedup:.2f}×.</div>")
+    if status:
+        lines.append(f'<div class="headline-status">{html.escape(status)}</div>')
+    return f'<div class="headline-box">{"".join(lines)}</div>'
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.1f} ms" if seconds < 1 else f"{seconds:.2f} s"
+
+
+def render_stats(method: str, projected: Metrics | None, measured: Metrics | None, *, live: str = "") -> str:
+    """The small card at the top of a method's column."""
+    if projected is None or measured is None:
+        return f'<div class="stats"><span class="stats-live">{html.escape(live or "waiting")}</span></div>'
+    rate = "—" if projected.acceptance_rate is None else f"{projected.acceptance_rate:.2f}"
+    cells = [("tokens", f"{projected.tokens}"),
+             ("tok/s (projected)", f"{projected.tokens_per_second:.1f}"),
+             ("wall (projected)", _ms(projected.wall_seconds)),
+             ("wall (measured)", _ms(measured.wall_seconds)),
+             ("acceptance", rate)]
+    if method == "ar":
+        cells[-1] = ("acceptance", "— (no drafts)")
+    body = "".join(f'<div class="stat"><div class="stat-value">{v}</div><div class="stat-name">{k}</div></div>'
+                   for k, v in cells)
+    return f'<div class="stats">{body}</div>'
+
+
+# (row name, which run's Metrics it reads, DEFINITIONS key or own definition, format).
+# "measured": the decoder alone on one device; "projected": replayed on K concurrent workers.
+_TABLE_ROWS = (
+    ("tokens", "measured", "generated tokens", lambda m: f"{m.tokens}"),
+    ("wall, measured (one device)", "measured",
+     "seconds of the decoder alone, stages run in turn on one device (UI rendering excluded)",
+     lambda m: _ms(m.wall_seconds)),
+    ("wall, projected (K workers)", "projected",
+     "makespan when the measured per-stage costs are replayed on K concurrent workers",
+     lambda m: _ms(m.wall_seconds)),
+    ("tokens/s, measured", "measured", "tokens_per_second", lambda m: f"{m.tokens_per_second:.1f}"),
+    ("tokens/s, projected", "projected", "tokens_per_second", lambda m: f"{m.tokens_per_second:.1f}"),
+    ("acceptance a", "measured", "acceptance_rate",
+     lambda m: "—" if m.acceptance_rate is None else f"{m.acceptance_rate:.2f}"),
+    ("accepted / corrected / flushed", "measured",
+     "drafts confirmed / replaced by the full model / discarded before verification",
+     lambda m: f"{m.accepted} / {m.rejected} / {m.flushed}"),
+    ("stage utilization, projected", "projected", "stage_utilization",
+     lambda m: " · ".join(f"{u:.0%}" for u in m.stage_utilization)),
+    ("bubble fraction, projected", "projected", "bubble_fraction", lambda m: f"{m.bubble_fraction:.0%}"),
+    ("wasted stage slots", "measured", "wasted_stage_slots", lambda m: f"{m.wasted_stage_slots}"),
+    ("ideal speedup at a", "measured", "ideal_speedup", lambda m: f"{m.ideal_speedup:.2f}×"),
+)
+
+
+def render_metrics_table(runs: Mapping[str, tuple[Metrics, Metrics]]) -> str:
+    """Every metric of every run, each beside its definition. `runs`: method -> (measured,
+    projected); each row names the clock it reads when the clock matters."""
+    if not runs:
+        return '<div class="metrics-empty">Metrics and their definitions appear here after a run.</div>'
+    methods = list(runs)
+    head = "".join(f"<th>{METHOD_NAMES.get(m, m)}</th>" for m in methods)
+    rows = []
+    for name, clock, definition, fmt in _TABLE_ROWS:
+        definition = DEFINITIONS.get(definition, definition)
+        values = [fmt(runs[m][0 if clock == "measured" else 1]) for m in methods]
+        if name.startswith("ideal"):
+            values = ["1.00× (reference)" if m == "ar" else v for m, v in zip(methods, values)]
+        cells = "".join(f"<td>{html.escape(v)}</td>" for v in values)
+        rows.append(f'<tr><th scope="row">{html.escape(name)}</th>{cells}'
+                    f'<td class="definition">{html.escape(definition)}</td></tr>')
+    return (f'<table class="metrics-table"><thead><tr><th>metric</th>{head}<th>definition</th></tr></thead>'
+            f'<tbody>{"".join(rows)}</tbody></table>')
+
+
+# --------------------------------------------------------------------------- race replay
+
+
+@dataclass(frozen=True)
+class Lane:
+    """One method in the race: its committed tokens and the time (s) each became final."""
+
+    method: str
+    tokens: tuple[Token, ...]
+    times: tuple[float, ...]
+    total: float
+
+
+def commit_times(tokens: Sequence[Token], trace: Trace) -> tuple[float, ...]:
+    """When each token was decided on `trace`'s clock: the end of its final-stage work."""
+    deciders = deciding_events(trace.events, trace.num_stages)
+    times, last = [], 0.0
+    for token in tokens:
+        event = deciders.get(token.position)
+        last = max(last, event.end) if event is not None else last
+        times.append(last)
+    return tuple(times)
+
+
+def render_race(lanes: Sequence[Lane], piece: Piece, *, at: float, clock: str, stretch: float) -> str:
+    """The race at time `at` (seconds on the recorded clock): each lane shows what it had
+    committed by then, with a progress bar and its own finishing time."""
+    longest = max((lane.total for lane in lanes), default=0.0) or 1.0
+    rows = []
+    for lane in lanes:
+        done = sum(t <= at for t in lane.times)
+        finished = at >= lane.total
+        shown = render_tokens(lane.tokens[:done], piece)
+        clock_text = f"{_ms(min(at, lane.total))}" + (" ✓ finished" if finished else "")
+        rows.append(
+            f'<div class="race-lane"><div class="race-head"><span class="race-name">'
+            f'{METHOD_NAMES.get(lane.method, lane.method)}</span><span class="race-clock">{clock_text} · '
+            f'{done}/{len(lane.tokens)} tokens</span></div><div class="race-track"><div class="race-bar '
+            f'race-{lane.method}" style="width:{100 * min(at, lane.total) / longest:.1f}%"></div></div>'
+            f'{shown}</div>')
+    note = (f"Replayed at their recorded pace on the {clock} clock, slowed {stretch:.0f}× so the eye can follow."
+            if stretch >= 1.5 else f"Replayed at their recorded pace on the {clock} clock.")
+    return f'<div class="race"><div class="race-note">{html.escape(note)}</div>{"".join(rows)}</div>'

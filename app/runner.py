@@ -1,0 +1,257 @@
+"""Run orchestration over the library: load models once (lazily, cached by name), then decode
+one prompt with AR, PPSD and optionally EESD one after another on the same device, yielding
+snapshots for the UI at a throttled rate.
+
+Timing covers the decoder alone: the stopwatch that stamps the trace is paused while a snapshot
+is handed to the UI, so rendering never leaks into a method's wall time or its trace. No Gradio
+and no HTML here; tensors stay inside `ppsd`.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Callable, Iterator
+
+import ppsd
+from ppsd import DecodeConfig, Recorder, Result, StagedModel, Trace
+from ppsd.generate import check_prompt
+
+THROTTLE_SECONDS = 0.25  # live UI refresh period; the final snapshot always follows
+WARMUP_TOKENS = 4
+
+
+class PausableStopwatch:
+    """Seconds since the run began, not counting the time spent paused (handing snapshots to
+    the UI). `sync` (torch.cuda.synchronize on GPUs) runs before each reading so queued work
+    is counted when it finishes."""
+
+    def __init__(self, sync: Callable[[], None] | None = None) -> None:
+        self._sync = sync
+        self._origin = time.perf_counter()
+        self._paused_total = 0.0
+        self._paused_at: float | None = None
+
+    def now(self) -> float:
+        if self._paused_at is not None:
+            return self._paused_at - self._origin - self._paused_total
+        if self._sync is not None:
+            self._sync()
+        return time.perf_counter() - self._origin - self._paused_total
+
+    def pause(self) -> None:
+        if self._paused_at is None:
+            if self._sync is not None:
+                self._sync()
+            self._paused_at = time.perf_counter()
+
+    def resume(self) -> None:
+        if self._paused_at is not None:
+            self._paused_total += time.perf_counter() - self._paused_at
+            self._paused_at = None
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """A loaded model with its tokenizer; `piece` renders one token id as display text."""
+
+    name: str
+    model: StagedModel
+    tokenizer: object
+    load_seconds: float
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids)
+
+    @property
+    def piece(self) -> Callable[[int], str]:
+        return _piece_function(self.tokenizer)
+
+
+@lru_cache(maxsize=8)
+def _piece_function(tokenizer) -> Callable[[int], str]:
+    # SentencePiece tokenizers drop a token's leading space when it is decoded alone; decoding it
+    # after a fixed anchor token and cutting the anchor off keeps the space.
+    anchor = tokenizer("a", add_special_tokens=False)["input_ids"][-1:] or []
+    anchor_text = tokenizer.decode(anchor) if anchor else ""
+
+    @lru_cache(maxsize=65536)
+    def piece(token_id: int) -> str:
+        both = tokenizer.decode(anchor + [token_id])
+        if anchor and both.startswith(anchor_text):
+            return both[len(anchor_text):]
+        return tokenizer.decode([token_id])
+
+    return piece
+
+
+class ModelCache:
+    """Models by name, loaded on first use and kept; a failed load leaves the cache unchanged."""
+
+    def __init__(self, *, device: str | None = "auto",
+                 loader: Callable[..., tuple[StagedModel, object]] = ppsd.load_model) -> None:
+        self._device = device
+        self._loader = loader
+        self._models: dict[str, Loaded] = {}
+        self._lock = threading.Lock()
+
+    def __contains__(self, name: str) -> bool:
+        return name.strip() in self._models
+
+    def __len__(self) -> int:
+        return len(self._models)
+
+    def names(self) -> list[str]:
+        return list(self._models)
+
+    def get(self, name: str) -> Loaded:
+        """The loaded model `name`, loading and warming it up on first use (ValueError if it
+        cannot be loaded)."""
+        name = name.strip()
+        if not name:
+            raise ValueError("model name is empty: give a local directory or a Hugging Face hub id")
+        with self._lock:
+            if name not in self._models:
+                started = time.perf_counter()
+                model, tokenizer = self._loader(name, device=self._device)
+                loaded = Loaded(name, model, tokenizer, time.perf_counter() - started)
+                warm_up(loaded)
+                self._models[name] = loaded
+            return self._models[name]
+
+
+def warm_up(loaded: Loaded) -> None:
+    """A few untimed tokens of every method, so lazy initialisation (kernels, allocator, first
+    calls) does not land in AR's timing, which always runs first."""
+    ids = loaded.encode("Hello") or [0]
+    for method in ("ar", "ppsd", "eesd"):
+        ppsd.generate(loaded.model, ids, DecodeConfig(method=method, max_new_tokens=WARMUP_TOKENS))
+
+
+@dataclass(frozen=True)
+class RunRequest:
+    """What the user asked for; `exit_layer` None means balanced (E = L/K)."""
+
+    prompt: str
+    model: str = ppsd.DEFAULT_MODEL
+    exit_layer: int | None = None
+    stages: int = 2
+    eesd: bool = False
+    draft_len: int = 4
+    max_new_tokens: int = 64
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int = 0
+
+    @property
+    def methods(self) -> tuple[str, ...]:
+        return ("ar", "ppsd", "eesd") if self.eesd else ("ar", "ppsd")
+
+    def config(self, method: str, num_layers: int) -> DecodeConfig:
+        """The validated config of `method` (ValueError names the bad value)."""
+        return DecodeConfig(
+            method=method, exit_layer=self.exit_layer, stages=int(self.stages), draft_len=int(self.draft_len),
+            max_new_tokens=int(self.max_new_tokens), temperature=float(self.temperature),
+            top_p=float(self.top_p), seed=int(self.seed),
+        ).resolved(num_layers)
+
+
+@dataclass
+class MethodRun:
+    """One method's run, live: the folded steps so far, and the Result once it has finished."""
+
+    method: str
+    config: DecodeConfig
+    stages: tuple[range, ...]
+    prompt_ids: tuple[int, ...]
+    device: str
+    recorder: Recorder = field(default_factory=Recorder)
+    result: Result | None = None
+
+    @property
+    def done(self) -> bool:
+        return self.result is not None
+
+    def trace(self) -> Trace:
+        """The measured trace so far (the final validated one once done)."""
+        if self.result is not None:
+            return self.result.trace
+        return Trace(events=tuple(self.recorder.events), stages=self.stages, prompt_len=len(self.prompt_ids),
+                     length=len(self.prompt_ids) + len(self.recorder.tokens), clock="measured",
+                     device=self.device, concurrent=False)
+
+    def projected(self) -> Trace:
+        return self.trace().project()
+
+
+@dataclass
+class Snapshot:
+    """The state of a comparison handed to the UI: every method run so far, the active one."""
+
+    request: RunRequest
+    loaded: Loaded
+    runs: dict[str, MethodRun]
+    active: str | None
+    done: bool = False
+
+    @property
+    def stages(self) -> int:
+        return next(iter(self.runs.values())).config.stages
+
+    @property
+    def device(self) -> str:
+        return self.loaded.model.info.device
+
+
+def run_comparison(request: RunRequest, cache: ModelCache, *,
+                   throttle: float = THROTTLE_SECONDS) -> Iterator[Snapshot]:
+    """Validate everything first, then run AR, PPSD (and EESD) in turn, yielding snapshots at
+    most every `throttle` seconds of wall time and once when each method finishes."""
+    if not request.prompt.strip():
+        raise ValueError("prompt is empty: type some text for the model to continue")
+    loaded = cache.get(request.model)
+    model = loaded.model
+    configs = {m: request.config(m, model.num_layers) for m in request.methods}
+    prompt_ids = loaded.encode(request.prompt)
+    check_prompt(model, prompt_ids, configs["ar"])
+    stages = ppsd.stage_layers(model.num_layers, configs["ar"].exit_layer, configs["ar"].stages)
+    runs: dict[str, MethodRun] = {}
+    snapshot = Snapshot(request, loaded, runs, active=None)
+    for method, config in configs.items():
+        run = MethodRun(method, config, stages, tuple(prompt_ids), model.info.device)
+        runs[method] = run
+        snapshot.active = method
+        yield snapshot
+        yield from _decode(run, model, snapshot, throttle)
+    snapshot.active, snapshot.done = None, True
+    yield snapshot
+
+
+def _decode(run: MethodRun, model: StagedModel, snapshot: Snapshot, throttle: float) -> Iterator[Snapshot]:
+    sync = None
+    if model.info.device.startswith("cuda"):
+        import torch
+
+        sync = torch.cuda.synchronize
+    stopwatch = PausableStopwatch(sync)
+    steps = ppsd.stream(model, list(run.prompt_ids), run.config, stopwatch=stopwatch)
+    shown = time.perf_counter()
+    try:
+        for step in steps:
+            run.recorder.add(step)
+            if time.perf_counter() - shown >= throttle:
+                stopwatch.pause()  # the UI's time is not the decoder's
+                yield snapshot
+                stopwatch.resume()
+                shown = time.perf_counter()
+        wall = stopwatch.now()
+    finally:
+        steps.close()  # Stop: close the decoder now, not when the garbage collector gets to it
+    run.result = Result(run.prompt_ids, tuple(run.recorder.tokens), tuple(run.recorder.drafts),
+                        run.trace().validate(), run.config, wall)
+    yield snapshot

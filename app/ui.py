@@ -1,0 +1,464 @@
+"""The Gradio page: `create_*` panels and thin handlers that turn runner snapshots into the
+outputs of the page through the pure functions of `app.render`.
+
+Nothing here decodes or times: `app.runner` does. Nothing loads a model before a user asks for
+one (a Run or a Load click), so building the page is cheap and safe to import.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import gradio as gr
+
+import ppsd
+from ppsd.metrics import DEFINITIONS
+
+from . import render
+from .runner import ModelCache, RunRequest, Snapshot, run_comparison
+
+ROOT = Path(__file__).resolve().parent.parent
+PROMPTS = ROOT / "assets" / "prompts" / "prompts.json"
+CSS = ROOT / "assets" / "styles" / "app.css"
+DEFAULT_LAYERS = 8  # slider ranges before any model is described; replaced on page load / Load
+REPLAY_SECONDS = 4.0  # screen time of the slowest lane in the race replay
+REPLAY_FPS = 12
+QUEUE_SIZE = 16
+
+BUILTIN_EXAMPLES = (
+    {"name": "fibonacci", "category": "code", "prompt": "def fibonacci(n):\n    "},
+    {"name": "the fox", "category": "prose", "prompt": "The quick brown fox"},
+    {"name": "addition", "category": "math", "prompt": "Question: what is 12 + 30?\nAnswer:"},
+)
+
+INTRO = """
+# Pipeline-Parallel Self-Speculative Decoding
+
+**PPSD** (Li et al., [arXiv 2509.19368](https://arxiv.org/abs/2509.19368)) splits one language model
+into **K pipeline stages**. Stage 1 runs the first **E** layers plus an *early-exit head* and keeps
+**drafting** the next token from them; the later stages carry each token through the remaining layers
+and the final stage **verifies** the draft made K − 1 slots earlier. A confirmed draft (**accepted**)
+costs one slot instead of K; a wrong one is **corrected** by the full model, and the tokens in flight
+behind it are **flushed**. Every committed token is the full model's choice, so greedy output is
+identical to plain autoregressive decoding (**AR**): only the speed changes. Press **Run** to decode
+the same prompt with AR, then PPSD (and optionally EESD, draft‑then‑verify) on this machine, and watch
+where the pipeline works, waits and wastes.
+"""
+
+CACHE = ModelCache()  # process-wide: every visitor shares the loaded models
+
+
+def _gpu(fn: Callable) -> Callable:
+    """`spaces.GPU` on Hugging Face ZeroGPU (only when the package is importable), else as is."""
+    try:
+        import spaces  # noqa: PLC0415 - optional, present only on Spaces
+    except ImportError:
+        return fn
+    return spaces.GPU(duration=120)(fn)
+
+
+def load_examples(path: Path = PROMPTS) -> list[dict]:
+    """Held-out prompts from assets/prompts/prompts.json if present and well formed, else a few
+    built-in ones (code, prose, math)."""
+    try:
+        items = json.loads(path.read_text())
+        examples = [dict(name=str(i["name"]), category=str(i["category"]), prompt=str(i["prompt"]))
+                    for i in items if str(i.get("prompt", "")).strip()]
+    except (OSError, ValueError, KeyError, TypeError):
+        return list(BUILTIN_EXAMPLES)
+    if not examples:
+        return list(BUILTIN_EXAMPLES)
+    # A few per category keeps the list short enough to present.
+    chosen, per_category = [], {}
+    for item in examples:
+        if per_category.get(item["category"], 0) < 3:
+            per_category[item["category"]] = per_category.get(item["category"], 0) + 1
+            chosen.append(item)
+    return chosen
+
+
+def layer_count(name: str, cache: ModelCache = CACHE) -> int | None:
+    """Decoder layers of model `name` from its config alone (no weights), None if unreadable."""
+    name = name.strip()
+    if name in cache:
+        return cache.get(name).model.num_layers
+    try:
+        from transformers import AutoConfig
+
+        return int(AutoConfig.from_pretrained(name, trust_remote_code=False).num_hidden_layers)
+    except Exception:  # noqa: BLE001 - a model not described yet just keeps the default ranges
+        return None
+
+
+# --------------------------------------------------------------------------- slider rules
+
+
+def stage_updates(num_layers: int, stages: int, exit_layer: int | None = None) -> tuple[Any, Any]:
+    """E and K sliders for a model of `num_layers`: K in [2, L], E in [1, L - K + 1] so that
+    stages 2..K keep at least one layer each; E defaults to the balanced L/K."""
+    stages = max(2, min(int(stages), num_layers))
+    top = num_layers - stages + 1
+    exit_layer = ppsd.balanced_exit_layer(num_layers, stages) if exit_layer is None else exit_layer
+    exit_layer = max(1, min(int(exit_layer), top))
+    return (gr.update(minimum=1, maximum=top, value=exit_layer,
+                      info=f"draft after layers 0–{exit_layer - 1}; balanced E = L/K = "
+                           f"{ppsd.balanced_exit_layer(num_layers, stages)}"),
+            gr.update(minimum=2, maximum=num_layers, value=stages, info=f"1 ≤ K − 1 ≤ L − E; L = {num_layers}"))
+
+
+# --------------------------------------------------------------------------- outputs
+
+
+@dataclass(frozen=True)
+class Outputs:
+    """The components a run writes, in the order its handler yields them."""
+
+    headline: gr.HTML
+    columns: dict[str, tuple[gr.HTML, gr.HTML]]  # method -> (stats, stream)
+    timeline: gr.Plot
+    theory: gr.Plot
+    metrics: gr.HTML
+    summary: gr.JSON
+    race: gr.State
+
+    def components(self) -> list:
+        cols = [c for method in ("ar", "ppsd", "eesd") for c in self.columns[method]]
+        return [self.headline, *cols, self.timeline, self.theory, self.metrics, self.summary, self.race]
+
+
+def render_snapshot(snap: Snapshot) -> tuple:
+    """Every output of the page for one snapshot (live or final), in `Outputs` order."""
+    piece = snap.loaded.piece
+    prompt = snap.request.prompt
+    finished = {m: (r.result.metrics("measured"), r.result.metrics("projected"))
+                for m, r in snap.runs.items() if r.done}
+    columns = []
+    for method in ("ar", "ppsd", "eesd"):
+        run = snap.runs.get(method)
+        if run is None:
+            waiting = "not enabled" if method == "eesd" and not snap.request.eesd else "waiting for its turn"
+            columns += [render.render_stats(method, None, None, live=waiting),
+                        render.render_tokens((), piece, prompt=prompt)]
+            continue
+        trace = run.trace()
+        deciders = render.deciding_events(trace.events, trace.num_stages)
+        if run.done:
+            measured, projected = finished[method]
+            stats = render.render_stats(method, projected, measured)
+            pending = ()
+        else:
+            stats = render.render_stats(method, None, None, live=f"decoding… {len(run.recorder.tokens)} tokens")
+            pending = run.recorder.pending
+        columns += [stats, render.render_tokens(run.recorder.tokens, piece, prompt=prompt, pending=pending,
+                                                deciders=deciders)]
+    return (_headline(snap, finished), *columns, _timeline(snap), _theory(snap, finished),
+            render.render_metrics_table(finished), _summary(snap, finished) if snap.done else None,
+            _race_state(snap) if snap.done else None)
+
+
+def _headline(snap: Snapshot, finished: dict) -> str:
+    status = ""
+    if snap.active is not None:
+        run = snap.runs[snap.active]
+        status = (f"Running {render.METHOD_NAMES[snap.active]}… {len(run.recorder.tokens)}/"
+                  f"{run.config.max_new_tokens} tokens")
+    if "ar" not in finished or "ppsd" not in finished:
+        return render.render_headline(None, None, None, stages=snap.stages, device=snap.device, status=status)
+    eesd = finished.get("eesd")
+    return render.render_headline(
+        finished["ar"][1], finished["ppsd"][1], eesd[0] if eesd else None, stages=snap.stages,
+        device=snap.device, ar_measured=finished["ar"][0], ppsd_measured=finished["ppsd"][0], status=status)
+
+
+def _timeline(snap: Snapshot):
+    names = {"ppsd": "PPSD: verify while drafting", "ar": "AR on the same pipeline",
+             "eesd": "EESD: draft, then verify"}
+    panels = [(names[m], snap.runs[m].projected()) for m in ("ppsd", "ar", "eesd")
+              if m in snap.runs and snap.runs[m].recorder.events]
+    if not panels:
+        return render.empty_figure("The pipeline timeline appears here once a run starts.")
+    title = (f"Pipeline timeline · {render.PROJECTED_NOTE} (K={snap.stages}, {snap.device})"
+             + ("" if snap.done else " · live"))
+    return render.render_timeline(panels, snap.loaded.piece, title=title)
+
+
+def _theory(snap: Snapshot, finished: dict):
+    config = next(iter(snap.runs.values())).config
+    points = []
+    if "ar" in finished and "ppsd" in finished and finished["ppsd"][1].acceptance_rate is not None:
+        ar_p, ppsd_p = finished["ar"][1], finished["ppsd"][1]
+        points.append(render.TheoryPoint("PPSD measured (projected clock)", ppsd_p.acceptance_rate,
+                                         ar_p.wall_seconds / ppsd_p.wall_seconds))
+    if "ar" in finished and "eesd" in finished and finished["eesd"][0].acceptance_rate is not None:
+        ar_m, eesd_m = finished["ar"][0], finished["eesd"][0]
+        points.append(render.TheoryPoint("EESD measured (measured clock)", eesd_m.acceptance_rate,
+                                         ar_m.wall_seconds / eesd_m.wall_seconds))
+    layers = snap.loaded.model.num_layers
+    return render.render_theory(stages=config.stages, draft_len=config.draft_len,
+                                exit_fraction=config.exit_layer / layers, points=points)
+
+
+def _summary(snap: Snapshot, finished: dict) -> dict:
+    """The machine-readable result of a run (also the API's last output)."""
+    info = snap.loaded.model.info
+    config = next(iter(snap.runs.values())).config
+    out: dict[str, Any] = {
+        "model": info.name, "device": info.device, "dtype": info.dtype, "num_layers": info.num_layers,
+        "exit_layer": config.exit_layer, "stages": config.stages, "draft_len": config.draft_len,
+        "max_new_tokens": config.max_new_tokens, "temperature": config.temperature, "top_p": config.top_p,
+        "seed": config.seed, "prompt": snap.request.prompt,
+        "timing": "decoder only, UI rendering paused; projected = measured per-stage costs replayed on K workers",
+    }
+    for method, run in snap.runs.items():
+        measured, projected = finished[method]
+        out[method] = {"text": snap.loaded.decode(run.result.token_ids), "token_ids": run.result.token_ids,
+                       "measured": measured.to_dict(), "projected": projected.to_dict()}
+    out["speedup_projected"] = out["ar"]["projected"]["wall_seconds"] / out["ppsd"]["projected"]["wall_seconds"]
+    out["speedup_measured"] = out["ar"]["measured"]["wall_seconds"] / out["ppsd"]["measured"]["wall_seconds"]
+    return out
+
+
+def _race_state(snap: Snapshot) -> dict:
+    """What the race replay needs, as plain data: lanes on the projected clock and token text."""
+    lanes = []
+    pieces: dict[int, str] = {}
+    for method, run in snap.runs.items():
+        trace = run.projected()
+        tokens = run.result.tokens
+        lanes.append(render.Lane(method, tokens, render.commit_times(tokens, trace), trace.makespan))
+        for token in tokens:
+            for token_id in (token.id, token.draft):
+                if token_id is not None:
+                    pieces[token_id] = snap.loaded.piece(token_id)
+    return {"lanes": lanes, "pieces": pieces, "clock": "projected"}
+
+
+# --------------------------------------------------------------------------- handlers
+
+
+def idle_outputs() -> tuple:
+    """The page before any run."""
+    blank = lambda text: (render.render_stats("", None, None, live=text),  # noqa: E731
+                          render.render_tokens((), str, placeholder="The output appears here."))
+    return (render.render_headline(None, None, None, stages=2, device=""),
+            *blank("waiting"), *blank("waiting"), *blank("not enabled"),
+            render.empty_figure("The pipeline timeline appears here once a run starts."),
+            render.render_theory(stages=2, draft_len=4, exit_fraction=0.5),
+            render.render_metrics_table({}), None, None)
+
+
+@_gpu
+def on_run(prompt: str, model: str, exit_layer: float, stages: float, eesd: bool, draft_len: float,
+           max_new_tokens: float, temperature: float, top_p: float, seed: float) -> Iterator[tuple]:
+    """Run the comparison, yielding every output at the runner's throttled pace."""
+    request = RunRequest(prompt=prompt or "", model=(model or "").strip() or ppsd.DEFAULT_MODEL,
+                         exit_layer=int(exit_layer), stages=int(stages), eesd=bool(eesd),
+                         draft_len=int(draft_len), max_new_tokens=int(max_new_tokens),
+                         temperature=float(temperature), top_p=float(top_p), seed=int(seed))
+    if not request.prompt.strip():
+        raise gr.Error("The prompt is empty: type some text for the model to continue, or click an example.",
+                       title="Nothing to decode")
+    try:
+        if request.model not in CACHE:
+            loading = render.render_headline(None, None, None, stages=request.stages, device="",
+                                             status=f"Loading {request.model} (first use)…")
+            yield (loading, *[gr.skip()] * 11)
+        for snapshot in run_comparison(request, CACHE):
+            yield render_snapshot(snapshot)
+    except ValueError as error:
+        raise gr.Error(str(error), title="Cannot run") from None
+
+
+def on_replay(race: dict | None) -> Iterator[str]:
+    """Animate the finished run: every lane commits its tokens at its recorded (projected) times."""
+    if not race:
+        yield '<div class="race-note">Run a comparison first; its race replays here.</div>'
+        return
+    lanes, pieces = race["lanes"], race["pieces"]
+    piece = lambda token_id: pieces.get(token_id, "?")  # noqa: E731
+    longest = max(lane.total for lane in lanes) or 1e-3
+    stretch = REPLAY_SECONDS / longest
+    started = time.perf_counter()
+    while True:
+        at = (time.perf_counter() - started) / stretch
+        yield render.render_race(lanes, piece, at=min(at, longest), clock=race["clock"], stretch=stretch)
+        if at >= longest:
+            return
+        time.sleep(1 / REPLAY_FPS)
+
+
+def on_load(name: str) -> Iterator[tuple]:
+    """Load (or find cached) model `name`; the status box shows the loading state."""
+    name = (name or "").strip() or ppsd.DEFAULT_MODEL
+    busy = gr.update(value="Loading…", interactive=False)
+    yield (_status(f"Loading {name}…", "busy"), gr.skip(), gr.skip(), gr.skip(), busy)
+    ready = gr.update(value="Load", interactive=True)
+    try:
+        loaded = CACHE.get(name)
+    except ValueError as error:
+        gr.Warning(str(error), title="Model not loaded")
+        kept = ", ".join(CACHE.names()) or "none"
+        yield (_status(f"{error} · still loaded: {kept}", "error"), gr.skip(), gr.skip(), gr.skip(), ready)
+        return
+    info = loaded.model.info
+    e_update, k_update = stage_updates(info.num_layers, 2)
+    yield (_status(f"{info.name}: {info.model_type}, {info.num_layers} layers, {info.device} {info.dtype} "
+                   f"(loaded in {loaded.load_seconds:.1f} s, then warmed up untimed)", "ok"),
+           e_update, k_update, info.num_layers, ready)
+
+
+def on_page_load(name: str) -> tuple:
+    """Fit the E/K sliders to the model in the box from its config alone (no weights)."""
+    layers = layer_count(name or ppsd.DEFAULT_MODEL)
+    if layers is None:
+        return gr.skip(), gr.skip(), gr.skip(), _status("Model not loaded yet: it loads on the first Run.", "idle")
+    e_update, k_update = stage_updates(layers, 2)
+    loaded = (name or "").strip() in CACHE
+    note = "loaded" if loaded else "loads on the first Run (or press Load)"
+    return e_update, k_update, layers, _status(f"{layers} layers · {note}", "ok" if loaded else "idle")
+
+
+def _status(text: str, kind: str) -> str:
+    return f'<div class="model-status model-{kind}">{html.escape(text)}</div>'
+
+
+def on_stages(stages: float, layers: int) -> tuple:
+    return stage_updates(layers, int(stages))
+
+
+def on_exit(exit_layer: float, stages: float, layers: int) -> Any:
+    top = layers - int(exit_layer) + 1
+    return gr.update(maximum=top, value=min(int(stages), top), info=f"1 ≤ K − 1 ≤ L − E; L = {layers}")
+
+
+def on_settings(exit_layer: float, stages: float, draft_len: float, layers: int):
+    """Redraw the theory curves when E, K or g move (no run needed: it is a formula)."""
+    return render.render_theory(stages=int(stages), draft_len=int(draft_len), exit_fraction=int(exit_layer) / layers)
+
+
+# --------------------------------------------------------------------------- panels
+
+
+def create_controls() -> dict[str, Any]:
+    """Prompt, examples, model box and every decoding setting, with Run and Stop."""
+    c: dict[str, Any] = {}
+    with gr.Row(equal_height=False):
+        with gr.Column(scale=3, min_width=320):
+            c["prompt"] = gr.Textbox(label="Prompt", lines=4, placeholder="Type a prompt, or click an example below",
+                                     elem_id="prompt")
+            examples = load_examples()
+            gr.Examples(examples=[[e["prompt"]] for e in examples], inputs=[c["prompt"]], cache_examples=False,
+                        example_labels=[f"{e['category']} · {e['name']}" for e in examples],
+                        label="Examples (never cached: every timing is live)", elem_id="examples")
+            with gr.Row():
+                c["run"] = gr.Button("▶ Run AR vs PPSD", variant="primary", elem_id="run", scale=3)
+                c["stop"] = gr.Button("■ Stop", variant="stop", elem_id="stop", scale=1)
+        with gr.Column(scale=2, min_width=300):
+            with gr.Row(equal_height=True):
+                c["model"] = gr.Textbox(label="Model (local directory or hub id)", value=ppsd.DEFAULT_MODEL,
+                                        scale=4, elem_id="model")
+                c["load"] = gr.Button("Load", scale=1, min_width=80, elem_id="load")
+            c["model_status"] = gr.HTML(_status("Model not loaded yet: it loads on the first Run.", "idle"))
+            c["layers"] = gr.State(DEFAULT_LAYERS)
+            e_default = ppsd.balanced_exit_layer(DEFAULT_LAYERS, 2)
+            with gr.Row():
+                c["stages"] = gr.Slider(2, DEFAULT_LAYERS, value=2, step=1, label="Stages K", elem_id="stages")
+                c["exit_layer"] = gr.Slider(1, DEFAULT_LAYERS - 1, value=e_default, step=1, label="Exit layer E",
+                                            elem_id="exit-layer")
+            with gr.Row():
+                c["max_new_tokens"] = gr.Slider(1, ppsd.MAX_NEW_TOKENS_CAP, value=64, step=1,
+                                                label="Max new tokens", elem_id="max-new-tokens")
+                c["eesd"] = gr.Checkbox(value=False, label="Also run EESD (draft then verify)", elem_id="eesd")
+            with gr.Accordion("Sampling and EESD settings", open=False):
+                with gr.Row():
+                    c["draft_len"] = gr.Slider(1, 16, value=4, step=1, label="EESD draft length g")
+                    c["temperature"] = gr.Slider(0.0, 2.0, value=0.0, step=0.05, label="Temperature (0 = greedy)")
+                with gr.Row():
+                    c["top_p"] = gr.Slider(0.05, 1.0, value=1.0, step=0.05, label="Top-p")
+                    c["seed"] = gr.Number(value=0, precision=0, label="Seed")
+    return c
+
+
+def create_results() -> tuple[dict[str, Any], gr.Column]:
+    """Headline, the method columns with their token streams, timeline, theory and numbers.
+    Returns the components by name and the EESD column (shown when EESD is enabled)."""
+    r: dict[str, Any] = {"headline": gr.HTML(elem_id="headline")}
+    gr.HTML(render.render_legend())
+    titles = {"ar": ("AR", "autoregressive, the reference"),
+              "ppsd": ("PPSD", "verify while drafting, K stages"),
+              "eesd": ("EESD", "draft g tokens, then verify")}
+    columns = {}
+    with gr.Row(equal_height=False, elem_id="columns"):
+        for method, (name, sub) in titles.items():
+            with gr.Column(min_width=260, visible=method != "eesd", elem_id=f"col-{method}") as columns[method]:
+                gr.HTML(f'<div class="col-title">{name} <span>{sub}</span></div>')
+                r[method] = (gr.HTML(elem_id=f"stats-{method}"), gr.HTML(elem_id=f"stream-{method}"))
+    r["timeline"] = gr.Plot(label="Pipeline timeline", elem_id="timeline", show_label=False)
+    with gr.Row(equal_height=False):
+        with gr.Column(scale=2, min_width=320):
+            r["theory"] = gr.Plot(label="Theory", elem_id="theory", show_label=False)
+        with gr.Column(scale=3, min_width=320):
+            r["metrics"] = gr.HTML(elem_id="metrics")
+    return r, columns["eesd"]
+
+
+def create_race() -> tuple[gr.HTML, gr.Button]:
+    """The race replay: lanes that commit tokens at their recorded pace."""
+    with gr.Accordion("Race replay: the streams side by side at their recorded pace", open=True):
+        race = gr.HTML('<div class="race-note">Run a comparison; its race replays here.</div>', elem_id="race")
+        replay = gr.Button("↻ Replay the race", size="sm")
+    return race, replay
+
+
+def create_demo() -> gr.Blocks:
+    """The whole page. Builds components and wires events; loads no model."""
+    with gr.Blocks(title="PPSD: pipeline-parallel self-speculative decoding") as demo:
+        gr.Markdown(INTRO, elem_id="intro")
+        c = create_controls()
+        r, eesd_column = create_results()
+        race, replay = create_race()
+        with gr.Accordion("Raw numbers (JSON; also the last output of the `run` API)", open=False):
+            summary = gr.JSON(show_label=False, elem_id="summary")
+        out = Outputs(r["headline"], {m: r[m] for m in ("ar", "ppsd", "eesd")}, r["timeline"], r["theory"],
+                      r["metrics"], summary, gr.State(None))
+        inputs = [c["prompt"], c["model"], c["exit_layer"], c["stages"], c["eesd"], c["draft_len"],
+                  c["max_new_tokens"], c["temperature"], c["top_p"], c["seed"]]
+        outputs = out.components()
+        run_event = c["run"].click(
+            on_run, inputs, outputs, api_name="run", concurrency_limit=1, concurrency_id="device",
+            show_progress="minimal", trigger_mode="once",
+        )
+        replay_after = run_event.success(on_replay, out.race, race, api_visibility="private",
+                                         show_progress="hidden")
+        replay_event = replay.click(on_replay, out.race, race, api_name="replay", show_progress="hidden")
+        c["stop"].click(None, cancels=[run_event, replay_after, replay_event], api_visibility="private")
+        c["load"].click(on_load, c["model"], [c["model_status"], c["exit_layer"], c["stages"], c["layers"],
+                                                c["load"]],
+                        api_name="load", concurrency_limit=1, concurrency_id="device", show_progress="hidden")
+        c["stages"].input(on_stages, [c["stages"], c["layers"]], [c["exit_layer"], c["stages"]],
+                          api_visibility="private", show_progress="hidden")
+        c["exit_layer"].input(on_exit, [c["exit_layer"], c["stages"], c["layers"]], c["stages"],
+                              api_visibility="private", show_progress="hidden")
+        settings = [c["exit_layer"], c["stages"], c["draft_len"], c["layers"]]
+        for name in ("exit_layer", "stages", "draft_len"):
+            c[name].release(on_settings, settings, out.theory, api_visibility="private", show_progress="hidden")
+        c["eesd"].change(_toggle_eesd, c["eesd"], [eesd_column, c["run"]], api_visibility="private",
+                         show_progress="hidden")
+        demo.load(idle_outputs, None, outputs, api_visibility="private", show_progress="hidden")
+        demo.load(on_page_load, c["model"], [c["exit_layer"], c["stages"], c["layers"], c["model_status"]],
+                  api_visibility="private", show_progress="hidden")
+    return demo
+
+
+def _toggle_eesd(on: bool) -> tuple:
+    return gr.update(visible=on), gr.update(value="▶ Run AR vs PPSD vs EESD" if on else "▶ Run AR vs PPSD")
+
+
+def launch_kwargs() -> dict[str, Any]:
+    """What Gradio 6 takes at launch rather than in Blocks: theme and CSS."""
+    return {"theme": gr.themes.Soft(primary_hue="emerald", secondary_hue="blue"), "css_paths": [CSS]}
