@@ -289,7 +289,7 @@ def render_headline(
     lines = [speedup_headline(ar, ppsd, stages=stages, device=device)]
     if ppsd.clock == "projected":
         lines.append(f'<div class="headline-note">Projected clock: {PROJECTED_MEANING} (K={stages}), '
-                     "as if each stage had its own device.</div>')
+                     "as if each stage had its own device.</div>")
     if ar_measured is not None and ppsd_measured is not None:
         ratio = ar_measured.wall_seconds / ppsd_measured.wall_seconds if ppsd_measured.wall_seconds else 0.0
         lines.append(

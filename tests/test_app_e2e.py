@@ -1,0 +1,94 @@
+"""The demo as a server: it builds without loading a model, and, launched on a free port and
+driven through gradio_client, a greedy run returns identical AR and PPSD text; bad input gives an
+error and the server keeps serving, with the loaded model still loaded."""
+
+from __future__ import annotations
+
+import socket
+
+import gradio as gr
+import pytest
+import torch
+from gradio_client import Client
+
+from app import create_demo, launch_kwargs
+from app import ui
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# The client gets every output except gr.State (the race replay's data): the JSON summary is last.
+
+
+def run_args(model: str, *, prompt: str = "def fibonacci(n):", eesd: bool = False, exit_layer: int = 4,
+             stages: int = 2, max_new_tokens: int = 24) -> tuple:
+    """Arguments of the `run` endpoint, in the order of the page's inputs."""
+    return (prompt, model, exit_layer, stages, eesd, 3, max_new_tokens, 0.0, 1.0, 0)
+
+
+@pytest.fixture(scope="module")
+def server(saved_model):
+    # Two shared cores: one intra-op thread avoids oversubscription stalls.
+    torch.set_num_threads(1)
+    ui.CACHE._models.clear()
+    demo = create_demo()
+    demo.queue(max_size=8)
+    port = free_port()
+    demo.launch(prevent_thread_lock=True, server_port=port, quiet=True, **launch_kwargs())
+    try:
+        yield Client(f"http://127.0.0.1:{port}/", verbose=False), saved_model
+    finally:
+        demo.close()
+        ui.CACHE._models.clear()
+
+
+def test_demo_builds_without_loading_a_model():
+    ui.CACHE._models.clear()
+    demo = create_demo()
+    assert isinstance(demo, gr.Blocks)
+    assert len(ui.CACHE) == 0
+    assert "run" in {d.api_name for d in demo.fns.values()}
+
+
+def test_greedy_run_gives_identical_ar_ppsd_and_eesd_text(server):
+    client, model = server
+    outputs = client.predict(*run_args(model, eesd=True, stages=4, exit_layer=2), api_name="/run")
+    summary = outputs[-1]
+    assert summary["ar"]["token_ids"] == summary["ppsd"]["token_ids"] == summary["eesd"]["token_ids"]
+    assert summary["ar"]["text"] == summary["ppsd"]["text"] and summary["ar"]["text"]
+    assert len(summary["ar"]["token_ids"]) == 24  # no eos in this random model's first 24 tokens
+    assert summary["stages"] == 4 and summary["exit_layer"] == 2
+    assert summary["ppsd"]["projected"]["clock"] == "projected"
+    assert summary["ar"]["measured"]["clock"] == "measured"
+    headline = outputs[0]
+    assert "than AR" in headline and "projected clock" in headline
+    assert 'class="tok tok-' in outputs[4]  # PPSD's token stream has coloured spans
+
+
+@pytest.mark.parametrize("args, message", [
+    (dict(prompt="   "), "prompt is empty"),
+    (dict(stages=8, exit_layer=4), "do not fit"),
+    (dict(max_new_tokens=5000), "5000"),
+])
+def test_bad_settings_give_an_error_and_the_server_keeps_serving(server, args, message):
+    client, model = server
+    with pytest.raises(Exception, match=message):
+        client.predict(*run_args(model, **args), api_name="/run")
+    outputs = client.predict(*run_args(model, max_new_tokens=4), api_name="/run")
+    assert len(outputs[-1]["ppsd"]["token_ids"]) == 4
+
+
+@pytest.mark.parametrize("name", ["no/such-model", "__NOT_A_MODEL_DIR__"])
+def test_unloadable_model_keeps_the_loaded_one(server, name, tmp_path):
+    client, model = server
+    client.predict(*run_args(model, max_new_tokens=2), api_name="/run")
+    bad = str(tmp_path) if name == "__NOT_A_MODEL_DIR__" else name
+    with pytest.raises(Exception, match="cannot load model|unsupported"):
+        client.predict(*run_args(bad), api_name="/run")
+    assert model in ui.CACHE and bad not in ui.CACHE
+    outputs = client.predict(*run_args(model, max_new_tokens=3), api_name="/run")
+    assert len(outputs[-1]["ar"]["token_ids"]) == 3
