@@ -167,9 +167,10 @@ def render_timeline(
             shown.add("correction")
         fig.update_yaxes(categoryorder="array", categoryarray=list(reversed(labels)), row=row, col=1)
     fig.update_xaxes(title_text="time (ms)", row=len(panels), col=1)
-    _style(fig, title or timeline_title(panels[0][1], panels[0][1].num_stages),
-           height=170 + sum(60 + 34 * t.num_stages for _, t in panels))
-    fig.update_layout(barmode="overlay", bargap=0.25)
+    height = 170 + sum(60 + 34 * t.num_stages for _, t in panels)
+    _style(fig, title or timeline_title(panels[0][1], panels[0][1].num_stages), height=height)
+    # Legend below the time axis: about 55 px under the plot area, inside a 100 px bottom margin.
+    fig.update_layout(barmode="overlay", bargap=0.25, margin_b=100, legend=dict(y=-55 / (height - 160)))
     return fig
 
 
@@ -196,11 +197,12 @@ def empty_figure(message: str) -> go.Figure:
 
 
 def _style(fig: go.Figure, title: str | None, *, height: int) -> None:
+    # The legend sits under the plot: above it, it collides with the title and subplot titles.
     fig.update_layout(
-        title=dict(text=title, font=dict(size=15)) if title else None, height=height,
-        margin=dict(l=10, r=10, t=70 if title else 20, b=40),
+        title=dict(text=title, font=dict(size=15), x=0.01, xanchor="left") if title else None, height=height,
+        margin=dict(l=10, r=10, t=60 if title else 20, b=20),
         paper_bgcolor="rgba(0,0,0,0)", plot_bgcolor="rgba(0,0,0,0)", font=dict(color=_FONT),
-        legend=dict(orientation="h", yanchor="bottom", y=1.02, x=0, bgcolor="rgba(0,0,0,0)"),
+        legend=dict(orientation="h", yanchor="top", y=-0.18, x=0, bgcolor="rgba(0,0,0,0)"),
         hoverlabel=dict(align="left"),
     )
     fig.update_xaxes(gridcolor=_GRID, zerolinecolor=_GRID)
@@ -258,7 +260,8 @@ def render_theory(
             hovertemplate=f"{html.escape(point.label)}<br>a=%{{x:.2f}}, %{{y:.2f}}×<extra></extra>"))
     fig.update_xaxes(title_text="acceptance rate a", range=[0, 1])
     fig.update_yaxes(title_text="speedup over AR", rangemode="tozero")
-    _style(fig, "Theory: ideal speedup vs acceptance rate", height=380)
+    _style(fig, "Theory: ideal speedup vs acceptance rate", height=420)
+    fig.update_layout(margin_b=100, legend=dict(y=-55 / (420 - 160)))
     return fig
 
 

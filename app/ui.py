@@ -50,6 +50,14 @@ the same prompt with AR, then PPSD (and optionally EESD, draft‑then‑verify) 
 where the pipeline works, waits and wastes.
 """
 
+TIMELINE_CAPTION = """
+Each bar is one stage working on one token (hover for position, token, slot and decision); gaps are
+idle stage time, the pipeline's bubbles. In PPSD, stage 1 keeps drafting while the later stages
+verify; a red × is a correction: the final stage rejected a draft and the work in flight behind it
+turns orange (flushed). AR on the same pipeline keeps only one stage busy at a time. Times are the
+decoder's own, measured per stage on this device and replayed as if each stage had its own worker.
+"""
+
 CACHE = ModelCache()  # process-wide: every visitor shares the loaded models
 
 
@@ -323,6 +331,16 @@ def on_page_load(name: str) -> tuple:
     return e_update, k_update, layers, _status(f"{layers} layers · {note}", "ok" if loaded else "idle")
 
 
+def model_status(name: str) -> str:
+    """The model box's status line after a run (loaded, or still waiting)."""
+    name = (name or "").strip() or ppsd.DEFAULT_MODEL
+    if name not in CACHE:
+        kept = ", ".join(CACHE.names()) or "none"
+        return _status(f"{name} is not loaded (loaded: {kept})", "idle")
+    info = CACHE.get(name).model.info
+    return _status(f"{info.name}: {info.model_type}, {info.num_layers} layers, {info.device} {info.dtype}", "ok")
+
+
 def _status(text: str, kind: str) -> str:
     return f'<div class="model-status model-{kind}">{html.escape(text)}</div>'
 
@@ -399,6 +417,7 @@ def create_results() -> tuple[dict[str, Any], gr.Column]:
                 gr.HTML(f'<div class="col-title">{name} <span>{sub}</span></div>')
                 r[method] = (gr.HTML(elem_id=f"stats-{method}"), gr.HTML(elem_id=f"stream-{method}"))
     r["timeline"] = gr.Plot(label="Pipeline timeline", elem_id="timeline", show_label=False)
+    gr.Markdown(TIMELINE_CAPTION, elem_classes=["caption"])
     with gr.Row(equal_height=False):
         with gr.Column(scale=2, min_width=320):
             r["theory"] = gr.Plot(label="Theory", elem_id="theory", show_label=False)
@@ -433,6 +452,8 @@ def create_demo() -> gr.Blocks:
             on_run, inputs, outputs, api_name="run", concurrency_limit=1, concurrency_id="device",
             show_progress="minimal", trigger_mode="once",
         )
+        run_event.then(model_status, c["model"], c["model_status"], api_visibility="private",
+                       show_progress="hidden")
         replay_after = run_event.success(on_replay, out.race, race, api_visibility="private",
                                          show_progress="hidden")
         replay_event = replay.click(on_replay, out.race, race, api_name="replay", show_progress="hidden")

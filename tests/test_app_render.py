@@ -1,0 +1,243 @@
+"""The demo's pure parts without a browser: trace -> figure data, tokens -> escaped spans,
+metrics -> text, theory curves, the race replay, and the runner's timing and model cache."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+import ppsd
+from app import render
+from app.runner import ModelCache, PausableStopwatch, RunRequest, run_comparison
+from ppsd import Draft, Event, Token, Trace
+from ppsd.metrics import DEFINITIONS, ideal_ppsd_speedup
+
+STAGES = (range(0, 2), range(2, 4))
+PIECES = {1: "<script>", 2: "a & b", 3: " x", 4: "\n", 5: 'say "hi"'}
+piece = PIECES.__getitem__
+
+
+def hand_trace() -> Trace:
+    """Two stages: prefill, one accepted draft, one corrected draft whose successor was flushed."""
+    events = (
+        Event(1, 0, "prefill", 0.0, 1.0, 3, width=2),
+        Event(2, 0, "prefill", 1.0, 2.0, 3, width=2),
+        Event(1, 2, "draft", 2.0, 3.0, 1, slot=0, from_final=True),
+        Event(2, 2, "verify", 3.0, 4.0, 1, slot=1, decision="accepted"),
+        Event(1, 3, "draft", 3.0, 4.0, 2, slot=1),
+        Event(2, 3, "verify", 4.0, 5.0, 2, slot=2, decision="corrected"),
+        Event(1, 4, "flushed", 4.0, 5.0, 5, slot=2),
+    )
+    return Trace(events, STAGES, prompt_len=2, length=5, clock="measured")
+
+
+# --------------------------------------------------------------------------- timeline
+
+
+def test_timeline_has_one_bar_per_event_on_its_stage_row_and_kinds_in_the_legend():
+    trace = hand_trace()
+    fig = render.render_timeline([("PPSD", trace)], piece)
+    bars = [t for t in fig.data if t.type == "bar"]
+    assert sum(len(t.x) for t in bars) == len(trace.events)
+    labels = [render.stage_label(k, r, u) for k, (r, u) in enumerate(zip(STAGES, trace.utilization()), start=1)]
+    for bar in bars:
+        kind = next(k for k, name in render.KIND_LABELS.items() if name == bar.name)
+        events = [e for e in trace.events if e.kind == kind]
+        assert list(bar.y) == [labels[e.stage - 1] for e in events]
+        assert list(bar.base) == pytest.approx([e.start * 1e3 for e in events])
+        assert list(bar.x) == pytest.approx([e.duration * 1e3 for e in events])
+    assert {t.name for t in bars if t.showlegend} == {render.KIND_LABELS[k] for k in ("prefill", "draft",
+                                                                                      "verify", "flushed")}
+    corrections = [t for t in fig.data if t.type == "scatter"]
+    assert len(corrections) == 1 and list(corrections[0].x) == [5.0e3]  # the corrected verify's end
+    assert labels[0].startswith("stage 1 · layers 0–1 · util ") and labels[1].startswith("stage 2 · layers 2–3")
+    assert "measured clock" in fig.layout.title.text
+
+
+def test_timeline_of_a_real_run_stacks_ppsd_over_ar_and_names_the_projected_clock(llama):
+    config = ppsd.DecodeConfig(method="ppsd", stages=4, max_new_tokens=12)
+    runs = {m: ppsd.generate(llama, [1, 2, 3], ppsd.DecodeConfig(method=m, stages=4, max_new_tokens=12))
+            for m in ("ar", "ppsd")}
+    panels = [("PPSD", runs["ppsd"].trace.project()), ("AR", runs["ar"].trace.project())]
+    fig = render.render_timeline(panels, None)
+    for axis, (_, trace) in zip(("y", "y2"), panels):
+        on_axis = [t for t in fig.data if t.type == "bar" and t.yaxis == axis]
+        assert sum(len(t.x) for t in on_axis) == len(trace.events)
+        assert {label.split(" · ")[0] for t in on_axis for label in t.y} == {f"stage {k}" for k in range(1, 5)}
+    assert "projected: the measured per-stage costs replayed on K concurrent workers" in fig.layout.title.text
+    assert config.stages == 4 and [a.text for a in fig.layout.annotations[:2]] == ["PPSD", "AR"]
+
+
+def test_no_trace_gives_a_placeholder_figure():
+    fig = render.render_timeline([], piece)
+    assert not fig.data and "appears here" in fig.layout.annotations[0].text
+
+
+# --------------------------------------------------------------------------- tokens
+
+
+def test_token_spans_escape_text_and_colour_by_status():
+    tokens = [Token(2, 3, "verified"), Token(3, 1, "accepted", draft=1), Token(4, 2, "corrected", draft=5)]
+    deciders = render.deciding_events(hand_trace().events, 2)
+    out = render.render_tokens(tokens, piece, prompt="x < y", deciders=deciders)
+    assert "<script>" not in out and "&lt;script&gt;" in out
+    assert "a &amp; b" in out and "x &lt; y" in out
+    assert out.count('class="tok tok-verified"') == 1
+    assert out.count('class="tok tok-accepted"') == 1
+    # The corrected token keeps its rejected draft beside it, struck through (CSS class).
+    assert '<span class="tok tok-rejected">say "hi"</span><span class="tok tok-corrected">a &amp; b</span>' in out
+    assert 'title="position 4 · draft &#x27;say &quot;hi&quot;&#x27; · final &#x27;a &amp; b&#x27; · corrected' in out
+    assert "stage 2 · slot 2" in out  # the final-stage event that decided position 4
+    assert "stage 2 · slot 1" in out and "no draft" in out
+
+
+def test_pending_drafts_are_dashed_and_only_beyond_the_committed_tokens():
+    tokens = [Token(2, 3, "verified")]
+    pending = [Draft(2, 4), Draft(3, 1), Draft(4, 2)]
+    out = render.render_tokens(tokens, piece, pending=pending)
+    assert out.count("tok-pending") == 2 and "position 3 · draft &#x27;&lt;script&gt;&#x27;" in out
+
+
+def test_whitespace_is_kept_for_css_to_preserve():
+    out = render.render_tokens([Token(0, 4, "verified"), Token(1, 3, "verified")], piece)
+    assert ">\n</span>" in out and "> x</span>" in out
+
+
+def test_deciding_events_skip_flushed_work_and_cover_prefill_width():
+    deciders = render.deciding_events(hand_trace().events, 2)
+    assert deciders[2].kind == "prefill"  # first token comes from the prompt's last position
+    assert deciders[3].slot == 1 and deciders[4].slot == 2 and 5 not in deciders
+
+
+def test_legend_names_every_status():
+    out = render.render_legend()
+    for cls in ("tok-accepted", "tok-corrected", "tok-rejected", "tok-verified", "tok-pending"):
+        assert cls in out
+
+
+# --------------------------------------------------------------------------- numbers
+
+
+def metrics(*, wall: float, accepted: int = 0, rejected: int = 0, clock: str = "projected",
+            ideal: float = 1.0) -> ppsd.Metrics:
+    rate = accepted / (accepted + rejected) if accepted + rejected else None
+    return ppsd.Metrics(clock, 10, accepted, rejected, 1, rate, wall, 10 / wall, wall * 2, [0.5, 0.75], 0.375, 3,
+                        ideal)
+
+
+def test_headline_names_speedup_clock_device_and_ideal():
+    ar, fast = metrics(wall=2.0), metrics(wall=1.0, accepted=8, rejected=2, ideal=ideal_ppsd_speedup(0.8, 2))
+    out = render.render_headline(ar, fast, None, stages=2, device="cpu", ar_measured=metrics(wall=2.0, clock="measured"),
+                                 ppsd_measured=metrics(wall=2.5, clock="measured"))
+    assert "PPSD 2.00× faster than AR" in out and "(projected clock, cpu)" in out
+    assert "a=0.80, K=2) = 1.67×" in out
+    assert "AR 2.00 s, PPSD 2.50 s (0.80×)" in out and "cannot be faster there" in out
+    slow = render.render_headline(ar, metrics(wall=4.0, accepted=1, rejected=9), None, stages=2, device="cpu")
+    assert "PPSD 2.00× slower than AR" in slow
+
+
+def test_metrics_table_puts_each_definition_beside_its_values():
+    runs = {"ar": (metrics(wall=2.0, clock="measured"), metrics(wall=1.5)),
+            "ppsd": (metrics(wall=3.0, accepted=3, rejected=1, clock="measured"), metrics(wall=0.5, accepted=3,
+                                                                                          rejected=1))}
+    out = render.render_metrics_table(runs)
+    for key in ("acceptance_rate", "tokens_per_second", "stage_utilization", "bubble_fraction",
+                "wasted_stage_slots", "ideal_speedup"):
+        assert render.html.escape(DEFINITIONS[key]) in out
+    assert "<td>2.00 s</td><td>3.00 s</td>" in out  # measured walls
+    assert "<td>1.50 s</td><td>500.0 ms</td>" in out  # projected walls
+    assert "<td>—</td><td>0.75</td>" in out and "50% · 75%" in out
+    assert "appear here" in render.render_metrics_table({})
+
+
+def test_stats_card_shows_both_clocks():
+    out = render.render_stats("ppsd", metrics(wall=0.5, accepted=1, rejected=1), metrics(wall=1.0, clock="measured"))
+    assert "500.0 ms" in out and "1.00 s" in out and "0.50" in out
+    assert "decoding" in render.render_stats("ppsd", None, None, live="decoding… 3 tokens")
+
+
+def test_theory_curves_break_even_and_measured_point():
+    assert render.eesd_break_even(4, 8 / 32) == pytest.approx(0.44, abs=0.01)  # spec: L=32, E=8, g=4
+    fig = render.render_theory(stages=4, draft_len=4, exit_fraction=0.25,
+                               points=[render.TheoryPoint("PPSD measured", 0.8, 2.1)])
+    ppsd_curve = fig.data[0]
+    assert ppsd_curve.y[0] == pytest.approx(1.0) and ppsd_curve.y[-1] == pytest.approx(4.0)
+    assert fig.data[1].y[0] < 1.0  # EESD below 1x at a = 0
+    assert list(fig.data[2].x) == [0.8] and list(fig.data[2].y) == [2.1]
+    assert fig.layout.shapes[0].x1 == pytest.approx(0.44, abs=0.01)  # the shaded EESD < 1x region
+
+
+# --------------------------------------------------------------------------- race replay
+
+
+def test_race_lanes_commit_at_their_final_stage_times():
+    trace = hand_trace()
+    tokens = (Token(2, 3, "verified"), Token(3, 1, "accepted", 1), Token(4, 2, "corrected", 5))
+    times = render.commit_times(tokens, trace)
+    assert times == (2.0, 4.0, 5.0)
+    lane = render.Lane("ppsd", tokens, times, trace.makespan)
+    half = render.render_race([lane], piece, at=4.5, clock="projected", stretch=100)
+    assert "2/3 tokens" in half and "slowed 100×" in half and "finished" not in half
+    assert "3/3 tokens" in render.render_race([lane], piece, at=5.0, clock="projected", stretch=1)
+
+
+# --------------------------------------------------------------------------- runner
+
+
+def test_pausable_stopwatch_stands_still_while_paused():
+    watch = PausableStopwatch()
+    watch.pause()
+    frozen = watch.now()
+    time.sleep(0.02)
+    assert watch.now() == frozen
+    watch.resume()
+    assert watch.now() < frozen + 0.02  # the paused sleep is not counted
+
+
+@pytest.fixture(scope="module")
+def tiny_cache(saved_model):
+    from transformers import AutoTokenizer
+
+    torch.set_num_threads(1)
+    loads = []
+
+    def loader(name, device=None):
+        if name != "tiny":
+            raise ValueError(f"cannot load model {name!r}: not found")
+        loads.append(name)
+        model, _ = ppsd.load_model(saved_model, device="cpu")
+        return model, AutoTokenizer.from_pretrained(saved_model)
+
+    cache = ModelCache(device="cpu", loader=loader)
+    cache.loads = loads
+    return cache
+
+
+def test_runner_runs_ar_then_ppsd_then_eesd_with_identical_greedy_tokens(tiny_cache):
+    request = RunRequest(prompt="def fibonacci(n):", model="tiny", stages=4, eesd=True, max_new_tokens=16)
+    order = []
+    for snap in run_comparison(request, tiny_cache, throttle=0.0):
+        if snap.active and snap.active not in order:
+            order.append(snap.active)
+    assert order == ["ar", "ppsd", "eesd"] and snap.done and snap.active is None
+    ids = {m: r.result.token_ids for m, r in snap.runs.items()}
+    assert ids["ar"] == ids["ppsd"] == ids["eesd"] and len(ids["ar"]) == 16
+    for run in snap.runs.values():
+        assert run.result.trace.violations() == []
+        assert run.result.measured_wall_seconds > 0
+    assert snap.runs["ppsd"].result.config.exit_layer == 2  # balanced E = L/K = 8/4
+
+
+@pytest.mark.parametrize("request_, message", [
+    (RunRequest(prompt=" ", model="tiny"), "prompt is empty"),
+    (RunRequest(prompt="hi", model="tiny", stages=9), "out of range"),
+    (RunRequest(prompt="hi", model="tiny", max_new_tokens=ppsd.MAX_NEW_TOKENS_CAP + 1), "max_new_tokens"),
+    (RunRequest(prompt="hi", model="nope"), "cannot load model 'nope'"),
+])
+def test_runner_rejects_bad_requests_and_keeps_the_loaded_model(tiny_cache, request_, message):
+    list(run_comparison(RunRequest(prompt="hi", model="tiny", max_new_tokens=1), tiny_cache))
+    with pytest.raises(ValueError, match=message):
+        list(run_comparison(request_, tiny_cache))
+    assert tiny_cache.names() == ["tiny"] and tiny_cache.loads == ["tiny"]  # loaded once, still there
