@@ -3,8 +3,9 @@ one base model and one exit layer E.
 
 A head maps the hidden state after layers [0, E) to next-token logits (the `ExitHead` protocol
 of `ppsd.model`). `shared` is the model's own final norm + LM head (no weights of its own);
-`lowrank` is an RMSNorm and a low-rank residual adapter feeding that same frozen norm + LM head,
-trained by `ppsd.train_head`. A saved head is a directory:
+`lowrank` is an RMSNorm and a low-rank residual adapter feeding that same frozen norm + LM head;
+`layer` is one decoder layer (attention + MLP) whose attention reads the keys and values stage 1's
+last layer already cached, feeding the same norm + LM head. Both are trained by `ppsd.train_head`. A saved head is a directory:
 
     head_config.json     what the head is and what it was made for (HeadConfig)
     adapter.safetensors  the head's own weights (float32)
@@ -16,6 +17,7 @@ This module knows nothing of training loops, decoders or tokenizers.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 from dataclasses import asdict, dataclass, field
@@ -27,8 +29,8 @@ from torch import nn
 
 from .model import KVCache, SharedExitHead, StagedModel
 
-HEAD_TYPES = ("shared", "lowrank")
-TRAINED_HEAD_TYPES = ("lowrank",)
+HEAD_TYPES = ("shared", "lowrank", "layer")
+TRAINED_HEAD_TYPES = ("lowrank", "layer")
 CONFIG_FILE = "head_config.json"
 WEIGHTS_FILE = "adapter.safetensors"
 CARD_FILE = "README.md"
@@ -65,23 +67,133 @@ class LowRankExitHead(nn.Module):
 
     head_type = "lowrank"
 
-    def __init__(self, model: StagedModel, *, rank: int) -> None:
+    def __init__(self, model: StagedModel, exit_layer: int, *, rank: int) -> None:
         super().__init__()
         config = model.hf_model.config
         self.adapter = LowRankAdapter(config.hidden_size, rank, eps=getattr(config, "rms_norm_eps", 1e-6))
         self.rank = rank
+        self.exit_layer = exit_layer
         # A tuple, not attributes: nn.Module would register them and save the base weights too.
         self._base = (model.hf_model.model.norm, model.hf_model.lm_head)
+
+    @property
+    def norm(self) -> nn.Module:
+        """The base model's final norm (borrowed, frozen), as on `SharedExitHead`."""
+        return self._base[0]
+
+    @property
+    def lm_head(self) -> nn.Module:
+        """The base model's LM head (borrowed, frozen), as on `SharedExitHead`."""
+        return self._base[1]
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """(B, T, V) logits for every position of `hidden` (B, T, hidden): the training path."""
         weight = self.adapter.down.weight
         adapted = self.adapter(hidden.to(weight.dtype)).to(hidden.dtype)
-        norm, lm_head = self._base
-        return lm_head(norm(adapted))
+        return self.lm_head(self.norm(adapted))
+
+    def batch_logits(self, hidden_states: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        """(B, T, V) logits from a full pass's `hidden_states` (embeddings first): training."""
+        return self.logits(hidden_states[self.exit_layer])
 
     def forward(self, hidden: torch.Tensor, position: int, cache: KVCache) -> torch.Tensor:
         return self.logits(hidden[:, -1:])[0, -1]
+
+
+class LayerAdapter(nn.Module):
+    """A pre-norm decoder layer without key/value projections: queries from layer E's output,
+    keys and values shared with layer E-1 (cross-layer KV sharing), then an MLP."""
+
+    def __init__(self, source: nn.Module) -> None:
+        super().__init__()
+        attention = source.self_attn
+        # Copies of layer E-1 (its queries already live in the space of its keys), with the two
+        # output projections zeroed: an untrained head is exactly the shared head.
+        self.input_layernorm = copy.deepcopy(source.input_layernorm)
+        self.q_proj = copy.deepcopy(attention.q_proj)
+        self.q_norm = copy.deepcopy(getattr(attention, "q_norm", None)) or nn.Identity()  # Qwen3
+        self.o_proj = copy.deepcopy(attention.o_proj)
+        self.post_attention_layernorm = copy.deepcopy(source.post_attention_layernorm)
+        self.mlp = copy.deepcopy(source.mlp)
+        nn.init.zeros_(self.o_proj.weight)
+        nn.init.zeros_(self.mlp.down_proj.weight)
+        self.head_dim = attention.head_dim
+
+    def forward(self, hidden: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+                rotary: tuple[torch.Tensor, torch.Tensor], position: int) -> torch.Tensor:
+        """`hidden` (B, T, H) at [position, position+T); keys/values (B, kv, position+T, d)."""
+        batch, width, _ = hidden.shape
+        query = self.q_proj(self.input_layernorm(hidden)).view(batch, width, -1, self.head_dim)
+        query = _rotate(self.q_norm(query).transpose(1, 2), *rotary)  # (B, heads, T, d)
+        allowed = torch.arange(keys.shape[2], device=hidden.device)[None, :] <= (
+            torch.arange(position, position + width, device=hidden.device)[:, None])  # (T, P+T)
+        attended = F.scaled_dot_product_attention(query, keys, values, attn_mask=allowed, enable_gqa=True)
+        hidden = hidden + self.o_proj(attended.transpose(1, 2).reshape(batch, width, -1))
+        return hidden + self.mlp(self.post_attention_layernorm(hidden))
+
+
+class LayerExitHead(nn.Module):
+    """A one-layer exit head at E that writes nothing to the KV cache: its attention reads layer
+    E-1's cached keys and values, which stage 1 has just computed for every position it ran
+    (prompt and verify feeds included, which never reach the exit head). So rollback needs
+    nothing from it, and it costs one attention query and one MLP per draft."""
+
+    head_type = "layer"
+
+    def __init__(self, model: StagedModel, exit_layer: int) -> None:
+        super().__init__()
+        self.exit_layer = exit_layer
+        self.adapter = LayerAdapter(model.hf_model.model.layers[exit_layer - 1])
+        config = model.hf_model.config
+        self._kv_shape = (getattr(config, "num_key_value_heads", config.num_attention_heads), self.adapter.head_dim)
+        self._base = (model.hf_model.model.norm, model.hf_model.lm_head, model.hf_model.model.rotary_emb,
+                      model.hf_model.model.layers[exit_layer - 1])
+
+    norm = LowRankExitHead.norm
+    lm_head = LowRankExitHead.lm_head
+
+    def _attend(self, hidden: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, position: int) -> torch.Tensor:
+        weight = self.adapter.q_proj.weight
+        positions = torch.arange(position, position + hidden.shape[1], device=hidden.device)[None]
+        cos, sin = self._base[2](hidden, positions)
+        out = self.adapter(hidden.to(weight.dtype), keys.to(weight.dtype), values.to(weight.dtype),
+                           (cos.to(weight.dtype), sin.to(weight.dtype)), position)
+        return self.lm_head(self.norm(out.to(hidden.dtype)))
+
+    def shared_kv(self, below: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Layer E-1's post-rotary keys and values, recomputed from its input `below` (B, T, H):
+        what its attention stores in the KV cache during decoding."""
+        layer = self._base[3]
+        attention = layer.self_attn
+        batch, width, _ = below.shape
+        normed = layer.input_layernorm(below)
+        keys = attention.k_proj(normed).view(batch, width, -1, self.adapter.head_dim)
+        keys = getattr(attention, "k_norm", nn.Identity())(keys).transpose(1, 2)
+        values = attention.v_proj(normed).view(batch, width, -1, self.adapter.head_dim).transpose(1, 2)
+        cos, sin = self._base[2](below, torch.arange(width, device=below.device)[None])
+        return _rotate(keys, cos, sin), values
+
+    def batch_logits(self, hidden_states: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        """(B, T, V) logits from a full pass's `hidden_states` (embeddings first): training."""
+        keys, values = self.shared_kv(hidden_states[self.exit_layer - 1])
+        return self._attend(hidden_states[self.exit_layer], keys, values, 0)
+
+    def forward(self, hidden: torch.Tensor, position: int, cache: KVCache) -> torch.Tensor:
+        # An empty update returns everything layer E-1 cached, without appending anything.
+        empty = hidden.new_empty((hidden.shape[0], *self._kv_shape[:1], 0, self._kv_shape[1]))
+        keys, values = cache.update(empty, empty, self.exit_layer - 1)
+        if keys.shape[2] != position + hidden.shape[1]:
+            raise RuntimeError(f"layer {self.exit_layer - 1} caches {keys.shape[2]} tokens, "
+                               f"expected {position + hidden.shape[1]}")
+        return self._attend(hidden[:, -1:], keys, values, position + hidden.shape[1] - 1)[0, -1]
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotary embedding of (B, heads, T, d) `x`; cos/sin (B, T, d) as the models' rotary_emb gives."""
+    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin
 
 
 def shared_head(model: StagedModel) -> SharedExitHead:
@@ -89,14 +201,19 @@ def shared_head(model: StagedModel) -> SharedExitHead:
     return SharedExitHead(model.hf_model.model.norm, model.hf_model.lm_head)
 
 
-def build_head(head_type: str, model: StagedModel, *, rank: int = 64) -> nn.Module:
-    """A fresh head of `head_type` for `model` (a trained type starts equal to the shared head)."""
+def build_head(head_type: str, model: StagedModel, exit_layer: int, *, rank: int = 64) -> nn.Module:
+    """A fresh head of `head_type` for `model` at `exit_layer` (a trained type starts equal to the
+    shared head)."""
+    if not 1 <= exit_layer < model.num_layers:
+        raise ValueError(f"exit layer E={exit_layer} is out of range: 1 <= E < {model.num_layers} (layers)")
     if head_type == "shared":
         return shared_head(model)
     if head_type == "lowrank":
         if rank < 1:
             raise ValueError(f"rank={rank} is out of range: rank >= 1")
-        return LowRankExitHead(model, rank=rank).to(model.hf_model.device)
+        return LowRankExitHead(model, exit_layer, rank=rank).to(model.hf_model.device)
+    if head_type == "layer":
+        return LayerExitHead(model, exit_layer)
     raise ValueError(f"head type {head_type!r} is unknown; choose one of: {', '.join(HEAD_TYPES)}")
 
 
@@ -232,7 +349,7 @@ def load_exit_head(path: str | Path, model: StagedModel, exit_layer: int) -> nn.
             f"exit head {directory} was trained for exit layer E={config.exit_layer}, not E={exit_layer}: "
             f"use --exit-layer {config.exit_layer} or train a head for E={exit_layer}"
         )
-    head = build_head(config.head_type, model, rank=config.rank or 1)
+    head = build_head(config.head_type, model, exit_layer, rank=config.rank or 1)
     weights_path = directory / WEIGHTS_FILE
     if not weights_path.is_file():
         raise ValueError(f"exit head {directory} has no weights ({WEIGHTS_FILE} is missing)")
@@ -249,7 +366,7 @@ def render_card(config: HeadConfig) -> str:
     lines = [
         f"# Early-exit head: {config.head_type}, E = {config.exit_layer}",
         "",
-        f"A `{config.head_type}` exit head (rank {config.rank}) for **{config.base_model}** "
+        f"A `{config.head_type}` exit head{f' (rank {config.rank})' if config.rank else ''} for **{config.base_model}** "
         f"({config.base_fingerprint['architecture']['model_type']}, "
         f"{config.base_fingerprint['architecture']['num_layers']} layers), drafting from the hidden state "
         f"after layer E = {config.exit_layer}. Base weights fingerprint `{config.base_fingerprint['sha256'][:16]}`; "

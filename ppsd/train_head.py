@@ -177,10 +177,11 @@ def eval_windows(ids: torch.Tensor, config: TrainConfig) -> torch.Tensor:
 
 
 @torch.no_grad()
-def teacher(model: StagedModel, ids: torch.Tensor, exit_layer: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(hidden after layer E (B, T, H), full-model logits (B, T, V)) in one frozen forward pass."""
+def teacher(model: StagedModel, ids: torch.Tensor) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
+    """(hidden states: embeddings then after each layer, each (B, T, H); full-model logits
+    (B, T, V)) of one frozen forward pass. The heads take what they need: `hidden_states[E]`."""
     out = model.hf_model(ids.to(model.hf_model.device), output_hidden_states=True, use_cache=False)
-    return out.hidden_states[exit_layer], out.logits
+    return out.hidden_states, out.logits
 
 
 def distill_loss(head_logits: torch.Tensor, teacher_logits: torch.Tensor) -> torch.Tensor:
@@ -196,10 +197,10 @@ def acceptance(model: StagedModel, head: torch.nn.Module, windows: torch.Tensor,
     shared = shared_head(model)
     agree_shared = agree_head = total = 0
     for window in windows.split(4):
-        hidden, logits = teacher(model, window, exit_layer)
+        states, logits = teacher(model, window)
         target = logits.argmax(-1)
-        agree_shared += (shared.lm_head(shared.norm(hidden)).argmax(-1) == target).sum().item()
-        agree_head += (head.logits(hidden).argmax(-1) == target).sum().item()
+        agree_shared += (shared.lm_head(shared.norm(states[exit_layer])).argmax(-1) == target).sum().item()
+        agree_head += (head.batch_logits(states).argmax(-1) == target).sum().item()
         total += target.numel()
     return Acceptance(shared=agree_shared / total, head=agree_head / total, positions=total)
 
@@ -228,7 +229,7 @@ def train_head(
     config = config.validated(model.num_layers)
     with torch.random.fork_rng(devices=[]):  # seeded init without touching the caller's RNG
         torch.manual_seed(config.seed)
-        head = build_head(config.head_type, model, rank=config.rank)
+        head = build_head(config.head_type, model, config.exit_layer, rank=config.rank)
     head.adapter.float()  # trained in float32 whatever the base dtype; cast at load time
     optimizer = torch.optim.AdamW(head.adapter.parameters(), lr=config.lr, weight_decay=0.0)
     windows = eval_windows(data.heldout, config)
@@ -244,8 +245,8 @@ def train_head(
     head.train()
     with _Frozen(model):
         for step in bar:
-            hidden, target = teacher(model, batch_at(data.train, step, config), config.exit_layer)
-            loss = distill_loss(head.logits(hidden), target)
+            states, target = teacher(model, batch_at(data.train, step, config))
+            loss = distill_loss(head.batch_logits(states), target)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
@@ -325,7 +326,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--heldout", default=None, help="held-out text file or folder (default: split from --data)")
     parser.add_argument("--max-chars", type=int, default=4_000_000, help="read at most this much text")
     parser.add_argument("--head-type", default=defaults.head_type, choices=TRAINED_HEAD_TYPES)
-    parser.add_argument("--rank", type=int, default=defaults.rank, help="adapter rank (lowrank)")
+    parser.add_argument("--rank", type=int, default=defaults.rank, help="adapter rank (lowrank only)")
     parser.add_argument("--steps", type=int, default=defaults.steps)
     parser.add_argument("--lr", type=float, default=defaults.lr)
     parser.add_argument("--batch-size", type=int, default=defaults.batch_size)
@@ -370,7 +371,7 @@ def run(args: argparse.Namespace) -> int:
         evaluation.update(_prompt_evaluation(model, tokenizer, result.head, prompts_path, exit_layer))
     head_config = HeadConfig(
         head_type=config.head_type, exit_layer=exit_layer, base_model=model.info.name,
-        base_fingerprint=fingerprint(model), rank=config.rank,
+        base_fingerprint=fingerprint(model), rank=config.rank if config.head_type == "lowrank" else None,
         training={"loss": LOSS, "data": description, "steps": result.steps, "lr": config.lr,
                   "batch_size": config.batch_size, "seq_len": config.seq_len, "seed": config.seed,
                   "train_tokens": data.train.numel(), "device": model.info.device,

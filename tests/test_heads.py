@@ -9,7 +9,7 @@ import pytest
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from ppsd import DecodeConfig, StagedModel, generate
+from ppsd import DecodeConfig, KVCache, StagedModel, generate
 from ppsd.cli import main
 from ppsd.heads import HeadConfig, build_head, fingerprint, load_exit_head, save_exit_head
 from ppsd.train_head import TokenData, TrainConfig, train_head
@@ -17,8 +17,8 @@ from ppsd.train_head import TokenData, TrainConfig, train_head
 from conftest import tiny_llama
 
 EXIT = 2
-# Small enough for a shared 2-core CPU; 20 Adam steps at lr 1e-2 move the rank-16 adapter well
-# clear of the shared head on this model (measured 0.08 -> 0.20 acceptance when written).
+# Small enough for a shared 2-core CPU; 20 Adam steps at lr 1e-2 move either head well clear of
+# the shared head on this model (measured 0.08 -> 0.20 lowrank, 0.28 layer, when written).
 TRAIN = TrainConfig(exit_layer=EXIT, rank=16, steps=20, lr=1e-2, batch_size=8, seq_len=32,
                     eval_every=1000, eval_tokens=512)
 
@@ -39,26 +39,56 @@ def model() -> StagedModel:
     return sharp_llama()
 
 
-@pytest.fixture(scope="module")
-def trained(model):
+@pytest.fixture(scope="module", params=["lowrank", "layer"])
+def trained(model, request):
     # Measured on the training distribution (held-out = a slice of the training tokens): the test
     # is about the optimiser and loss being right, not about generalisation of a random model.
     tokens = random_tokens(2048)
-    return train_head(model, TokenData(tokens, tokens[:512], "random tokens"), TRAIN, progress=False)
+    config = TrainConfig(**{**TRAIN.__dict__, "head_type": request.param})
+    return train_head(model, TokenData(tokens, tokens[:512], "random tokens"), config, progress=False)
 
 
-def head_config(model: StagedModel, exit_layer: int = EXIT, rank: int = 16) -> HeadConfig:
-    return HeadConfig(head_type="lowrank", exit_layer=exit_layer, base_model=model.info.name,
-                      base_fingerprint=fingerprint(model), rank=rank,
+def head_config(model: StagedModel, exit_layer: int = EXIT, rank: int = 16, head_type: str = "lowrank") -> HeadConfig:
+    return HeadConfig(head_type=head_type, exit_layer=exit_layer, base_model=model.info.name,
+                      base_fingerprint=fingerprint(model), rank=rank if head_type == "lowrank" else None,
                       training={"loss": "test", "data": "test", "steps": 0},
                       evaluation={"acceptance_shared": 0.5, "acceptance_trained": 0.6})
 
 
-def test_untrained_head_is_the_shared_head(model):
-    head = build_head("lowrank", model, rank=8)
-    hidden = torch.randn(1, 5, 32, generator=torch.Generator().manual_seed(0))
-    shared = model.exit_logits(hidden, position=0, cache=None)
-    assert torch.equal(model.with_exit_head(head).exit_logits(hidden, position=0, cache=None), shared)
+@pytest.mark.parametrize("head_type", ["lowrank", "layer"])
+def test_untrained_head_is_the_shared_head(model, head_type):
+    cache = KVCache()
+    hidden = model.run_layers(model.embed([1, 5, 9, 3, 7]), range(0, EXIT), position=0, cache=cache)
+    shared = model.exit_logits(hidden, position=0, cache=cache)
+    head = build_head(head_type, model, EXIT, rank=8)
+    assert torch.equal(model.with_exit_head(head).exit_logits(hidden, position=0, cache=cache), shared)
+
+
+def test_layer_head_recomputes_exactly_the_keys_and_values_stage_1_cached(model):
+    # Training recomputes layer E-1's keys/values from hidden_states[E-1]; decoding reads them
+    # from the cache. Both must be the same tensors or the head would be trained on other inputs.
+    ids = [1, 5, 9, 3, 7, 11]
+    cache = KVCache()
+    model.run_layers(model.embed(ids), range(0, EXIT), position=0, cache=cache)
+    empty = torch.empty(1, 2, 0, 8)
+    cached = cache.update(empty, empty, EXIT - 1)
+    with torch.no_grad():
+        states = model.hf_model(torch.tensor([ids]), output_hidden_states=True).hidden_states
+        recomputed = build_head("layer", model, EXIT).shared_kv(states[EXIT - 1])
+    for a, b in zip(recomputed, cached):
+        torch.testing.assert_close(a, b)
+
+
+def test_batch_and_decoding_paths_agree(model, trained):
+    # The head sees whole windows in training and one token behind a cache in decoding.
+    ids = [4, 8, 15, 16, 23, 42]
+    with torch.no_grad():
+        states = model.hf_model(torch.tensor([ids]), output_hidden_states=True).hidden_states
+        batch = trained.head.batch_logits(states)[0]
+        cache = KVCache()
+        for position, token in enumerate(ids):
+            hidden = model.run_layers(model.embed([token]), range(0, EXIT), position=position, cache=cache)
+            torch.testing.assert_close(trained.head(hidden, position, cache), batch[position], rtol=1e-4, atol=1e-5)
 
 
 def test_training_raises_acceptance_above_the_shared_head(trained):
@@ -68,18 +98,19 @@ def test_training_raises_acceptance_above_the_shared_head(trained):
 
 
 def test_save_load_round_trip_is_exact(model, trained, tmp_path):
-    save_exit_head(trained.head, tmp_path, head_config(model))
+    save_exit_head(trained.head, tmp_path, head_config(model, head_type=trained.head.head_type))
     loaded = load_exit_head(tmp_path, model, EXIT)
-    hidden = torch.randn(1, 7, 32, generator=torch.Generator().manual_seed(3))
+    cache = KVCache()
+    hidden = model.run_layers(model.embed([3, 1, 4, 1, 5, 9, 2]), range(0, EXIT), position=0, cache=cache)
     with torch.no_grad():
-        assert torch.equal(loaded(hidden, 0, None), trained.head(hidden, 0, None))
+        assert torch.equal(loaded(hidden, 0, cache), trained.head(hidden, 0, cache))
     saved = json.loads((tmp_path / "head_config.json").read_text())
     assert saved["exit_layer"] == EXIT and saved["base_fingerprint"]["sha256"] == fingerprint(model)["sha256"]
     assert f"E = {EXIT}" in (tmp_path / "README.md").read_text()
 
 
 def test_head_for_another_model_or_exit_layer_is_refused(model, trained, tmp_path):
-    save_exit_head(trained.head, tmp_path, head_config(model))
+    save_exit_head(trained.head, tmp_path, head_config(model, head_type=trained.head.head_type))
     with pytest.raises(ValueError, match="trained for model 'sharp-0'.*not for 'sharp-1'"):
         load_exit_head(tmp_path, sharp_llama(seed=1), EXIT)
     with pytest.raises(ValueError, match="exit layer E=2, not E=4"):
@@ -91,10 +122,10 @@ def test_head_for_another_model_or_exit_layer_is_refused(model, trained, tmp_pat
 def test_same_weights_in_another_dtype_and_name_are_accepted(model, trained, tmp_path):
     # The fingerprint binds a head to weights, not to a path or a dtype: the same checkpoint
     # loaded in bf16 (as on a GPU) under another name is still the same model.
-    save_exit_head(trained.head, tmp_path, head_config(model))
+    save_exit_head(trained.head, tmp_path, head_config(model, head_type=trained.head.head_type))
     bf16 = StagedModel(tiny_llama(initializer_range=0.1).to(torch.bfloat16), name="elsewhere")
     head = load_exit_head(tmp_path, bf16, EXIT)
-    assert head.adapter.down.weight.dtype == torch.bfloat16
+    assert all(p.dtype == torch.bfloat16 for p in head.adapter.parameters())
 
 
 def test_another_architecture_round_trips(tmp_path):
@@ -107,9 +138,10 @@ def test_another_architecture_round_trips(tmp_path):
     config = TrainConfig(exit_layer=2, rank=4, steps=2, batch_size=2, seq_len=16, eval_tokens=64)
     result = train_head(qwen, TokenData(tokens, tokens[:64], "random"), config, progress=False)
     save_exit_head(result.head, tmp_path, head_config(qwen, 2, rank=4))
-    hidden = torch.randn(1, 3, 32, generator=torch.Generator().manual_seed(5))
+    cache = KVCache()
+    hidden = qwen.run_layers(qwen.embed([5, 6, 7]), range(0, 2), position=0, cache=cache)
     with torch.no_grad():
-        assert torch.equal(load_exit_head(tmp_path, qwen, 2)(hidden, 0, None), result.head(hidden, 0, None))
+        assert torch.equal(load_exit_head(tmp_path, qwen, 2)(hidden, 0, cache), result.head(hidden, 0, cache))
 
 
 @pytest.mark.parametrize("method, stages", [("ppsd", 2), ("ppsd", 3), ("eesd", 2)])
