@@ -1,0 +1,215 @@
+"""The benchmark suite: the speedup math on hand-made runs with known timings, the sweep, the
+timing helper, the report writers, and `python -m ppsd bench` end to end on a tiny model.
+Speed itself is never asserted: only the arithmetic on times that the test wrote."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from dataclasses import replace
+
+import pytest
+
+from ppsd import DecodeConfig, Draft, Event, Result, Token, Trace
+from ppsd import bench, bench_report
+from ppsd.cli import main
+
+STAGES = (range(0, 1), range(1, 2))  # a 2-layer model, E = 1, K = 2: every stage takes 1 s below
+
+
+def _scaled(events, scale):
+    return tuple(replace(e, start=e.start * scale, end=e.end * scale) for e in events)
+
+
+def ar_run(scale: float = 1.0) -> Result:
+    """AR, prompt of 1 token, 3 new tokens: each token passes stage 1 then stage 2, 6 s in all."""
+    events = (Event(1, 0, "prefill", 0, 1, 5), Event(2, 0, "prefill", 1, 2, 5),
+              Event(1, 1, "verify", 2, 3, 11, from_final=True), Event(2, 1, "verify", 3, 4, 11),
+              Event(1, 2, "verify", 4, 5, 12, from_final=True), Event(2, 2, "verify", 5, 6, 12))
+    tokens = (Token(1, 11, "verified"), Token(2, 12, "verified"), Token(3, 13, "verified"))
+    trace = Trace(_scaled(events, scale), STAGES, prompt_len=1, length=4, clock="measured").validate()
+    config = DecodeConfig(method="ar", exit_layer=1, stages=2, max_new_tokens=3).resolved(2)
+    return Result((5,), tokens, (), trace, config, 6.0 * scale)
+
+
+def ppsd_run(scale: float = 1.0) -> Result:
+    """PPSD on the same work, both drafts accepted. Run in turn it also takes 6 s; on 2 workers
+    stage 1 drafts position 2 while stage 2 verifies position 1, so the projection takes 5 s."""
+    events = (Event(1, 0, "prefill", 0, 1, 5), Event(2, 0, "prefill", 1, 2, 5),
+              Event(1, 1, "draft", 2, 3, 11, slot=0, from_final=True),
+              Event(2, 1, "verify", 3, 4, 11, slot=1, decision="accepted"),
+              Event(1, 2, "draft", 4, 5, 12, slot=1),
+              Event(2, 2, "verify", 5, 6, 12, slot=2, decision="accepted"))
+    tokens = (Token(1, 11, "verified"), Token(2, 12, "accepted", 12), Token(3, 13, "accepted", 13))
+    drafts = (Draft(2, 12, "accepted"), Draft(3, 13, "accepted"))
+    trace = Trace(_scaled(events, scale), STAGES, prompt_len=1, length=4, clock="measured").validate()
+    config = DecodeConfig(method="ppsd", exit_layer=1, stages=2, max_new_tokens=3).resolved(2)
+    return Result((5,), tokens, drafts, trace, config, 6.0 * scale)
+
+
+def test_hand_made_runs_give_the_expected_speedups():
+    # Three paired rounds; the middle round ran slower for both, the last faster.
+    ar = bench.cell_from_results("p", "code", [ar_run(s) for s in (1.0, 2.0, 0.5)])
+    pp = bench.cell_from_results("p", "code", [ppsd_run(s) for s in (1.0, 1.5, 0.5)])
+    assert ar.walls == (6.0, 12.0, 3.0) and ar.projected_walls == pytest.approx((6.0, 12.0, 3.0))
+    assert pp.projected_walls == pytest.approx((5.0, 7.5, 2.5))
+    row = bench.make_row(bench.Setting("ppsd", 1, 2, 0.0), [pp], [ar], num_layers=2)
+    assert row["tokens"] == 3 and row["acceptance_rate"] == 1.0 and row["accepted"] == 2
+    assert row["tokens_per_second"] == pytest.approx(3 / 6)  # median of 6, 9, 3 s
+    assert row["speedup_measured"] == pytest.approx(6 / 6)
+    assert row["speedup_projected"] == pytest.approx(6 / 5)
+    assert row["speedup_measured_min"] == pytest.approx(1.0)  # rounds: 6/6, 12/9, 3/3
+    assert row["speedup_measured_max"] == pytest.approx(12 / 9)
+    assert (row["speedup_projected_min"], row["speedup_projected_max"]) == pytest.approx((1.2, 1.6))
+    assert row["ideal_ppsd_speedup"] == pytest.approx(2.0)  # 1 / (1 - a (1 - E/L)), a = 1, E/L = 1/2
+    assert row["ideal_eesd_speedup"] == pytest.approx(5 / 2.5)  # tau = g + 1 = 5 over g E/L + 1 - E/L
+    assert row["efficiency"] == pytest.approx(1.2 / 2.0) and row["efficiency_clock"] == "projected"
+    assert row["stage_utilization"] == pytest.approx([3 / 5, 3 / 5])
+    assert row["bubble_fraction"] == pytest.approx(0.4)
+    assert row["by_category"]["code"]["speedup_projected"] == pytest.approx(1.2)
+    ar_row = bench.make_row(bench.Setting("ar", 1, 2, 0.0), [ar], [ar], num_layers=2)
+    assert ar_row["speedup_measured"] == 1.0 and ar_row["bubble_fraction"] == pytest.approx(0.5)
+
+
+def test_speeds_sum_prompts_and_keep_the_spread():
+    cells = [bench.Cell("a", "code", 10, 0, 0, 0, 0, (1.0, 2.0, 4.0), (1.0, 1.0, 1.0), (1.0,), ()),
+             bench.Cell("b", "prose", 30, 0, 0, 0, 0, (3.0, 1.0, 2.0), (1.0, 1.0, 1.0), (1.0,), ())]
+    s = bench.speed(cells)
+    assert (s.tokens, s.median, s.low, s.high) == (40, 40 / 4.0, 40 / 7.0, 40 / 2.0)
+
+
+@pytest.mark.parametrize("a,fraction,expected", [(0.0, 0.25, 1.0), (1.0, 0.25, 4.0), (0.8, 0.25, 2.5),
+                                                 (0.5, 0.5, 1 / 0.75)])
+def test_ideal_ppsd_matches_the_spec(a, fraction, expected):
+    assert bench.ideal_ppsd(a, fraction) == pytest.approx(expected)
+
+
+def test_repeat_drops_warmup_runs():
+    calls, ticks = [], []
+    kept = bench.repeat(lambda: calls.append(len(calls)) or len(calls), warmup=2, repeats=3,
+                        tick=lambda: ticks.append(1))
+    assert kept == [3, 4, 5] and len(ticks) == 5
+
+
+# (stages, exit layers, draft lens) -> the groups expected for L = 8 at one temperature.
+SWEEPS = [
+    ((2,), None, (4,), [["ar E=4 K=2", "ppsd E=4 K=2", "eesd E=4 K=2 g=4"]]),
+    ((2, 4), None, (2, 4), [["ar E=2 K=4", "ppsd E=2 K=4", "eesd E=2 K=4 g=2", "eesd E=2 K=4 g=4"],
+                            ["ar E=4 K=2", "ppsd E=4 K=2", "eesd E=4 K=2 g=2", "eesd E=4 K=2 g=4"]]),
+    # EESD once per E, in the group of the smallest K; E=6 K=4 does not fit (2 layers, 3 stages).
+    ((2, 4), (6,), (1,), [["ar E=6 K=2", "ppsd E=6 K=2", "eesd E=6 K=2 g=1"]]),
+    ((2, 3), (2,), (3,), [["ar E=2 K=2", "ppsd E=2 K=2", "eesd E=2 K=2 g=3"], ["ar E=2 K=3", "ppsd E=2 K=3"]]),
+    ((9,), None, (4,), []),
+]
+
+
+@pytest.mark.parametrize("stages,exits,draft_lens,expected", SWEEPS)
+def test_sweep_groups_settings_under_their_baseline(stages, exits, draft_lens, expected):
+    groups = bench.sweep(8, stages=stages, draft_lens=draft_lens, temperatures=[0.0], exit_layers=exits)
+    assert [[s.label.removesuffix(" T=0") for s in g] for g in groups] == expected
+    assert all(s.baseline() == g[0] for g in groups for s in g)
+
+
+def test_same_output_compares_before_our_first_eos():
+    assert bench.same_output([1, 2, 9, 4], [1, 2, 3, 3], eos=(9,))
+    assert not bench.same_output([1, 2, 9, 4], [1, 3, 3, 3], eos=(9,))
+    assert bench.same_output([1, 2], [1, 2], eos=())
+
+
+def test_prompts_fall_back_and_reject_bad_files(tmp_path, monkeypatch):
+    monkeypatch.setattr(bench, "PROMPTS_FILE", tmp_path / "missing.json")
+    prompts, source = bench.load_prompts(None)
+    assert "fallback" in source and {p["category"] for p in prompts} == {"code", "prose", "math"}
+    assert [p["category"] for p in bench.quick_subset(prompts)] == ["code", "prose", "math"]
+    bad = tmp_path / "bad.json"
+    bad.write_text('[{"name": "x"}]')
+    with pytest.raises(ValueError, match="name.*category.*prompt"):
+        bench.load_prompts(str(bad))
+    with pytest.raises(ValueError, match="does not exist"):
+        bench.load_prompts(str(tmp_path / "nope.json"))
+
+
+def _row(method, e, t, measured, projected, g=None):
+    return {"method": method, "exit_layer": e, "temperature": t, "label": f"{method} {e} {g}",
+            "speedup_measured": measured, "speedup_projected": projected}
+
+
+def test_central_point_states_what_the_data_say():
+    rows = [_row("eesd", 4, 0.0, 0.8, 0.9, 4), _row("eesd", 4, 0.0, 1.1, 1.1, 2), _row("ppsd", 4, 0.0, 0.7, 1.3),
+            _row("eesd", 2, 0.0, 1.2, 1.2, 4), _row("ppsd", 2, 0.0, 0.6, 0.95)]
+    found = {c["exit_layer"]: c for c in bench.central_point(rows)}
+    assert found[4]["supports_paper"] and found[4]["eesd_speedup_measured"] == 0.8
+    assert not found[2]["supports_paper"] and not found[2]["eesd_below_1"] and not found[2]["ppsd_at_least_1"]
+
+
+def test_ctrl_c_keeps_finished_groups(saved_model, tmp_path, monkeypatch, capsys):
+    measure = bench.Run.measure
+
+    def interrupted_after_one(self, group):
+        if self.cells:
+            raise KeyboardInterrupt
+        measure(self, group)
+
+    monkeypatch.setattr(bench.Run, "measure", interrupted_after_one)
+    status = main(["bench", "--model", saved_model, "--quick", "--json", "--out", str(tmp_path),
+                   "--repeats", "1", "--warmup", "0", "--max-new-tokens", "4", "--stages", "2", "--temperatures", "0",
+                   "0.8"])
+    report = json.loads(capsys.readouterr().out)
+    assert status == 130 and report["interrupted"]
+    assert [r["label"] for r in report["results"]] == ["ar E=4 K=2 T=0", "ppsd E=4 K=2 T=0", "eesd E=4 K=2 g=4 T=0"]
+    assert json.loads((tmp_path / "bench.json").read_text())["results"] == report["results"]
+
+
+ROW_FIELDS = {"method", "exit_layer", "stages", "draft_len", "temperature", "acceptance_rate", "tokens_per_second",
+              "speedup_measured", "speedup_projected", "ideal_ppsd_speedup", "ideal_eesd_speedup", "efficiency",
+              "bubble_fraction", "wasted_stage_slots", "distributed", "tokens_per_second_min",
+              "tokens_per_second_max"}
+
+
+def test_bench_quick_on_a_tiny_model(saved_model, tmp_path, capsys):
+    status = main(["bench", "--model", saved_model, "--quick", "--json", "--out", str(tmp_path),
+                   "--repeats", "2", "--warmup", "1", "--max-new-tokens", "6", "--stages", "2", "4",
+                   "--temperatures", "0", "0.8"])
+    captured = capsys.readouterr()
+    report = json.loads(captured.out)
+    assert status == 0 and not report["interrupted"]
+    assert {"cpu", "cores", "torch_threads", "torch", "transformers", "device", "dtype"} <= report["machine"].keys()
+    b = report["baselines"]
+    assert b["ar_tokens_per_second"] > 0 and b["hf_generate_tokens_per_second"] > 0
+    assert b["ar_vs_hf_speed_ratio"] == pytest.approx(b["ar_tokens_per_second"] / b["hf_generate_tokens_per_second"])
+    assert b["eesd_matches_hf_assistant_early_exit"] is True and b["eesd_hf_settings_checked"] == 2
+    assert b["ar_matches_hf_generate"] is True
+    rows = report["results"]
+    assert len(rows) == 2 * 2 * 3  # 2 temperatures x 2 layouts x (AR, PPSD, EESD g=4)
+    for row in rows:
+        assert ROW_FIELDS <= row.keys()
+        assert row["tokens"] == 6 * 3 and row["repeats"] == 2 and row["distributed"] is None
+        if row["method"] == "ar":
+            assert row["speedup_measured"] == 1.0 and row["acceptance_rate"] is None
+        else:
+            assert 0.0 <= row["acceptance_rate"] <= 1.0 and row["speedup_projected"] > 0
+    greedy_eesd = [r for r in rows if r["method"] == "eesd" and r["temperature"] == 0.0]
+    assert all(r["matches_hf"] is True and r["hf_tokens_per_second"] > 0 for r in greedy_eesd)
+    assert "x AR meas" in captured.err  # the table goes to stderr when stdout carries JSON
+    with open(tmp_path / "bench.csv") as f:
+        assert len(list(csv.DictReader(f))) == len(rows)
+    assert json.loads((tmp_path / "bench.json").read_text())["results"] == rows
+    page = (tmp_path / "bench.html").read_text()
+    assert "Speedup over AR against acceptance rate" in page and "ideal S_PPSD" in page
+    assert "| setting |" in (tmp_path / "bench.md").read_text()
+
+
+def test_bad_settings_fail_before_timing(saved_model, tmp_path, capsys):
+    assert main(["bench", "--model", saved_model, "--out", str(tmp_path), "--stages", "9"]) == 2
+    assert "no valid" in capsys.readouterr().err
+    assert main(["bench", "--model", saved_model, "--out", str(tmp_path), "--temperatures", "-1"]) == 2
+    assert "temperature" in capsys.readouterr().err
+
+
+def test_csv_flattens_rows():
+    row = bench.make_row(bench.Setting("ppsd", 1, 2, 0.0), [bench.cell_from_results("p", "c", [ppsd_run()])],
+                         [bench.cell_from_results("p", "c", [ar_run()])], num_layers=2)
+    text = bench_report.to_csv({"results": [row]})
+    parsed = next(csv.DictReader(io.StringIO(text)))
+    assert parsed["stage_utilization"] == "0.600 0.600" and float(parsed["speedup_projected"]) == pytest.approx(1.2)
