@@ -22,6 +22,24 @@ from ppsd.generate import check_prompt
 THROTTLE_SECONDS = 0.25  # live UI refresh period; the final snapshot always follows
 WARMUP_TOKENS = 4
 
+_counts = {"open": 0, "finished": 0}  # decoders open now; comparisons run to the end
+_counts_lock = threading.Lock()
+
+
+def active_decodes() -> int:
+    """How many decoders are open right now: Stop must bring this back to 0."""
+    return _counts["open"]
+
+
+def finished_runs() -> int:
+    """How many comparisons ran to their end in this process (a stopped one does not count)."""
+    return _counts["finished"]
+
+
+def _count(key: str, delta: int) -> None:
+    with _counts_lock:
+        _counts[key] += delta
+
 
 class PausableStopwatch:
     """Seconds since the run began, not counting the time spent paused (handing snapshots to
@@ -229,6 +247,7 @@ def run_comparison(request: RunRequest, cache: ModelCache, *,
         yield snapshot
         yield from _decode(run, model, snapshot, throttle)
     snapshot.active, snapshot.done = None, True
+    _count("finished", +1)
     yield snapshot
 
 
@@ -241,6 +260,7 @@ def _decode(run: MethodRun, model: StagedModel, snapshot: Snapshot, throttle: fl
     stopwatch = PausableStopwatch(sync)
     steps = ppsd.stream(model, list(run.prompt_ids), run.config, stopwatch=stopwatch)
     shown = time.perf_counter()
+    _count("open", +1)
     try:
         for step in steps:
             run.recorder.add(step)
@@ -252,6 +272,7 @@ def _decode(run: MethodRun, model: StagedModel, snapshot: Snapshot, throttle: fl
         wall = stopwatch.now()
     finally:
         steps.close()  # Stop: close the decoder now, not when the garbage collector gets to it
+        _count("open", -1)
     run.result = Result(run.prompt_ids, tuple(run.recorder.tokens), tuple(run.recorder.drafts),
                         run.trace().validate(), run.config, wall)
     yield snapshot

@@ -92,3 +92,24 @@ def test_unloadable_model_keeps_the_loaded_one(server, name, tmp_path):
     assert model in ui.CACHE and bad not in ui.CACHE
     outputs = client.predict(*run_args(model, max_new_tokens=3), api_name="/run")
     assert len(outputs[-1]["ar"]["token_ids"]) == 3
+
+
+def test_stop_ends_a_run_and_leaves_nothing_running(server):
+    import time
+
+    from app.runner import active_decodes, finished_runs
+
+    client, model = server
+    finished = finished_runs()
+    job = client.submit(*run_args(model, eesd=True, max_new_tokens=240), api_name="/run")
+    deadline = time.monotonic() + 60
+    while active_decodes() == 0 and time.monotonic() < deadline:  # wait until a decoder is running
+        time.sleep(0.05)
+    assert active_decodes() == 1
+    job.cancel()
+    while active_decodes() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert active_decodes() == 0
+    assert finished_runs() == finished  # it stopped, it did not just run to its end
+    outputs = client.predict(*run_args(model, max_new_tokens=3), api_name="/run")  # and it still serves
+    assert len(outputs[-1]["ppsd"]["token_ids"]) == 3
