@@ -112,6 +112,7 @@ class DistributedExecutor:
         self._offsets = [0.0] * (len(spec.stages) + 1)  # worker clock minus coordinator clock
         self._origin = time.monotonic()
         self._queues: list[list[_Queued]] = [[] for _ in spec.stages]
+        self._outbox: dict[int, list[_Sent]] = {k: [] for k in range(1, len(spec.stages) + 1)}
         self._started = False
         self._closed = False
         self._broken = False  # a failed group: kill the workers, send them nothing
@@ -129,13 +130,13 @@ class DistributedExecutor:
         _POOLS.add(self)
         store = dist.TCPStore("127.0.0.1", 0, len(self.stages) + 1, is_master=True,
                               timeout=timedelta(seconds=self.spec.startup_timeout), wait_for_workers=False)
-        context = torch.multiprocessing.get_context("spawn")
+        context = _process_context()
         pipes = []
         try:
             for k in range(1, len(self.stages) + 1):
                 receiver, sender = context.Pipe(duplex=False)
                 process = context.Process(target=_spawned_worker, name=f"ppsd-stage-{k}", daemon=True,
-                                          args=(k, self.spec, store.port, os.getpid(), sender))
+                                          args=(k, self.spec, store.port, sender))
                 process.start()
                 sender.close()
                 self._processes.append(process)
@@ -159,7 +160,7 @@ class DistributedExecutor:
                 self._broadcast(_header(SHUTDOWN))
             except Exception:  # noqa: BLE001 - a broken pool is killed below anyway
                 pass
-        deadline = time.monotonic() + 5.0
+        deadline = time.monotonic() + (0.0 if self._broken else 5.0)  # a broken pool is killed at once
         for process in self._processes:
             process.join(timeout=max(0.0, deadline - time.monotonic()))
         for process in self._processes:
@@ -216,7 +217,19 @@ class DistributedExecutor:
 
     def _broadcast(self, header: list[int]) -> None:
         for k in range(1, len(self.stages) + 1):
-            _send_header(header, k)
+            self._post(header, k)
+
+    def _post(self, message: list[int] | tuple[int, ...], k: int) -> None:
+        """Send a control message without waiting: a gloo send completes only once the receiver
+        takes it, so a hung worker would block us forever; its silence shows as a late report."""
+        tensor = torch.tensor(message, dtype=torch.long)
+        self._outbox[k].append(_Sent(dist.isend(tensor, dst=k), tensor))
+
+    def _delivered(self, k: int) -> None:
+        """Worker k reported, so it took every message we sent it before: release them."""
+        for sent in self._outbox[k]:
+            sent.wait()
+        self._outbox[k].clear()
 
     def reset(self) -> None:
         """Empty every cache and queue and restart the clock: the next call begins a run."""
@@ -266,13 +279,14 @@ class DistributedExecutor:
     def _exchange(self, call: _Call, feed: Feed | None, slot: int | None) -> Output:
         for k, header in enumerate(call.headers):
             if header is not None:
-                _send_header(header, k + 1)
+                self._post(header, k + 1)
                 if k == 0 and header[8] > 1:
-                    dist.send(torch.tensor(call.tokens, dtype=torch.long), dst=1)
+                    self._post(call.tokens, 1)
         reports = {}
         for k in call.ran:
             reports[k] = torch.empty(2 + self._payload(call, k), dtype=torch.float64)
             _recv(reports[k], src=k + 1, group=_GROUPS["calls"])
+            self._delivered(k + 1)
         results: dict = {"events": []}
         for k in call.ran:  # recording order: later stages first in a slot, earlier first in a flow
             report = reports[k]
@@ -368,7 +382,8 @@ _SHARED: dict = {}
 
 
 @atexit.register
-def _close_all() -> None:
+def close_all() -> None:
+    """Stop every pipeline this process started (also run at interpreter exit)."""
     for pool in list(_POOLS):
         pool.close()
 
@@ -417,7 +432,7 @@ def _header(op: int, *, position: int = 0) -> list[int]:
 
 
 def _send_header(header: list[int], k: int) -> None:
-    dist.send(torch.tensor(header, dtype=torch.long), dst=k)
+    dist.send(torch.tensor(header, dtype=torch.long), dst=k)  # blocks until k takes it: startup only
 
 
 def _exit_text(code: int | None) -> str:
@@ -444,9 +459,19 @@ def _clock_offset(k: int, rounds: int = 8) -> float:
 # The worker ----------------------------------------------------------------------------------
 
 
-def _spawned_worker(rank: int, spec: PipelineSpec, port: int, parent: int, pipe) -> None:
-    """Entry point of a locally spawned worker: pin, load, report, then serve until shut down."""
-    _die_with_parent(parent)
+def _process_context():
+    """Workers fork from a clean server process that has imported torch and transformers once
+    (not from the caller, whose threads make fork unsafe): a new pool starts in the time it
+    takes to load the weights, not K times the imports."""
+    context = torch.multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(["ppsd.distributed", "transformers.models.llama.modeling_llama",
+                                    "transformers.models.auto.modeling_auto"])
+    return context
+
+
+def _spawned_worker(rank: int, spec: PipelineSpec, port: int, pipe) -> None:
+    """Entry point of a locally started worker: pin, load, report, then serve until shut down."""
+    _die_with_parent(os.getppid())
     try:
         worker = _Worker(spec, rank, len(spec.stages))
     except ValueError as error:  # a bad model path or head: the coordinator shows the reason
@@ -457,7 +482,20 @@ def _spawned_worker(rank: int, spec: PipelineSpec, port: int, parent: int, pipe)
     store = dist.TCPStore("127.0.0.1", port, len(spec.stages) + 1, is_master=False,
                           timeout=timedelta(seconds=spec.startup_timeout))
     _init_group(spec, rank=rank, world=len(spec.stages) + 1, store=store)
-    worker.serve()
+    _serve_quietly(worker, rank)
+
+
+def _serve_quietly(worker: "_Worker", rank: int) -> None:
+    """Serve; on failure (mostly: the coordinator or a neighbour went away) say so in one line
+    with where it happened, and exit 1: the coordinator raises the PipelineError."""
+    try:
+        worker.serve()
+    except Exception as error:  # noqa: BLE001
+        where = traceback.extract_tb(error.__traceback__)[-1]
+        first = (str(error).strip().splitlines() or [""])[0][:300]
+        print(f"ppsd pipeline stage {rank} stopped: {type(error).__name__}: {first} "
+              f"(at {os.path.basename(where.filename)}:{where.lineno})", file=sys.stderr)
+        sys.exit(1)
 
 
 def run_worker(spec: PipelineSpec) -> None:
@@ -465,13 +503,16 @@ def run_worker(spec: PipelineSpec) -> None:
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     worker = _Worker(spec, rank, world - 1)
     _init_group(spec, rank=rank, world=world)
-    worker.serve()
+    _serve_quietly(worker, rank)
 
 
 class _Worker:
     """Stage `rank` of `stages`: its layers, its KV cache, its queue of incoming hidden states."""
 
     def __init__(self, spec: PipelineSpec, rank: int, stages: int) -> None:
+        from transformers.utils import logging
+
+        logging.disable_progress_bar()  # K workers drawing bars over each other helps nobody
         self.k, self.last = rank - 1, rank == stages
         self.layers = spec.stages[self.k]
         self.device = _place(spec, rank)
@@ -638,8 +679,9 @@ def _place(spec: PipelineSpec, rank: int) -> str:
 
 
 def _die_with_parent(parent: int) -> None:
-    """No orphans: exit as soon as the coordinator is gone. Its death also breaks our sockets
-    (the blocked receive fails), but a worker busy elsewhere is caught by this watchdog.
+    """No orphans: exit as soon as the parent (the fork server, which itself exits with the
+    coordinator) is gone. The coordinator's death also breaks our sockets (the blocked receive
+    fails), but a worker busy elsewhere is caught by this watchdog.
     (PR_SET_PDEATHSIG is not used: it fires when the parent *thread* ends, and a web app may
     start the pool from a short-lived request thread.)"""
 

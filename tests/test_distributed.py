@@ -1,0 +1,161 @@
+"""The distributed executor: same outputs as the in-process one, call by call; greedy AR, EESD and
+PPSD token-identical to in-process AR; a measured, concurrent trace that validates; a killed or
+hung worker gives a clear error and leaves no process behind.
+
+Workers start once per pool (seconds each on a shared 2-core machine), so one K=2 pool serves
+every test that does not break it; the hang test breaks it last; a K=3 pool covers a middle stage
+and the kill test. Nothing here asserts speed.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from dataclasses import replace
+
+import pytest
+import torch
+
+import ppsd
+from ppsd import DecodeConfig, StagedModel
+from ppsd.config import stage_layers
+from ppsd.distributed import DistributedExecutor, PipelineError, PipelineSpec, close_all, make_executor
+from ppsd.executor import InProcessExecutor
+from ppsd.trace import Stopwatch
+
+from conftest import tiny_llama
+
+PROMPTS = {"short": [1, 5, 9, 3, 7], "long": list(range(2, 60, 3))}
+NEW_TOKENS = 24
+TIMEOUT = 5.0  # seconds a call may wait for a worker: the hang test waits this long
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory) -> str:
+    """Workers load weights from a path, as they would a real checkpoint."""
+    path = tmp_path_factory.mktemp("tiny-dist")
+    tiny_llama().save_pretrained(path)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def model(checkpoint) -> StagedModel:
+    """The coordinator's copy of the same seeded weights: the in-process reference."""
+    return StagedModel(tiny_llama(), name=checkpoint)
+
+
+@pytest.fixture(scope="module")
+def pool(model):
+    close_all()  # one pipeline per process: torch.distributed has one default group
+    executor = make_executor(model, DecodeConfig(stages=2), timeout=TIMEOUT)
+    yield executor
+    executor.close()
+
+
+class Twin:
+    """Forwards every executor call to the reference and the candidate, checks that their
+    Outputs agree (logits up to float noise, events apart from times), drives the decoder with
+    the candidate's."""
+
+    def __init__(self, reference, candidate) -> None:
+        self.reference, self.candidate = reference, candidate
+        self.stages, self.device, self.concurrent = candidate.stages, candidate.device, candidate.concurrent
+        self.calls = 0
+
+    def slot(self, feed, *, slot):
+        return self._check(self.reference.slot(feed, slot=slot), self.candidate.slot(feed, slot=slot))
+
+    def push(self, feed):
+        return self._check(self.reference.push(feed), self.candidate.push(feed))
+
+    def flow(self):
+        return self._check(self.reference.flow(), self.candidate.flow())
+
+    def rollback(self, length):
+        self.reference.rollback(length)
+        self.candidate.rollback(length)
+
+    def _check(self, ref, got):
+        self.calls += 1
+        untimed = lambda events: [replace(e, start=0.0, end=0.0) for e in events]  # noqa: E731
+        assert untimed(got.events) == untimed(ref.events)
+        assert got.final_position == ref.final_position
+        for a, b in ((ref.exit_logits, got.exit_logits), (ref.final_logits, got.final_logits)):
+            assert (a is None) == (b is None)
+            if a is not None:
+                torch.testing.assert_close(b, a, atol=1e-4, rtol=1e-4)
+        return got
+
+
+@pytest.mark.parametrize("method", ["ppsd", "eesd", "ar"])
+def test_every_call_returns_what_the_in_process_executor_returns(model, pool, method):
+    config = DecodeConfig(method=method, max_new_tokens=NEW_TOKENS).resolved(model.num_layers)
+    reference = InProcessExecutor(model, pool.stages, Stopwatch())
+    twin = Twin(reference, pool)
+    result = ppsd.generate(model, PROMPTS["short"], config, executor=twin)
+    assert twin.calls > NEW_TOKENS
+    if method != "ar":  # the run must exercise both verdicts, so flushes and rollbacks happen
+        assert {t.status for t in result.tokens} >= {"accepted", "corrected"}
+
+
+@pytest.mark.parametrize("prompt", sorted(PROMPTS))
+@pytest.mark.parametrize("method", ["ar", "eesd", "ppsd"])
+def test_greedy_output_equals_in_process_ar(model, pool, method, prompt):
+    expected = ppsd.generate(model, PROMPTS[prompt], DecodeConfig(method="ar", max_new_tokens=NEW_TOKENS))
+    result = ppsd.generate(model, PROMPTS[prompt], DecodeConfig(method=method, max_new_tokens=NEW_TOKENS),
+                           executor=pool)
+    assert result.token_ids == expected.token_ids
+    # generate validated the trace: stage order, one piece of work per stage at a time and the
+    # restart after a correction all hold on times stamped in K processes on one clock.
+    assert result.trace.clock == "measured" and result.trace.concurrent
+    assert result.metrics().clock == "measured"
+    assert 0.0 <= result.trace.events[0].start < result.measured_wall_seconds  # each run restarts the clock
+
+
+def test_workers_are_reused_while_the_settings_match(model, pool):
+    assert make_executor(model, DecodeConfig(method="ar", stages=2), timeout=TIMEOUT) is pool
+    assert pool.alive and all(_running(pid) for pid in pool.pids)
+
+
+def test_a_hung_worker_fails_the_call_within_the_timeout_and_is_cleaned_up(model, pool):
+    pids = pool.pids
+    stream = ppsd.stream(model, PROMPTS["short"], DecodeConfig(max_new_tokens=NEW_TOKENS), executor=pool)
+    next(stream)
+    os.kill(pids[1], signal.SIGSTOP)  # alive but silent: only the timeout can tell
+    started = time.monotonic()
+    with pytest.raises(PipelineError, match="did not answer within 5 s"):
+        list(stream)
+    assert time.monotonic() - started < TIMEOUT + 5.0
+    assert not pool.alive and not any(_running(pid) for pid in pids)
+    with pytest.raises(PipelineError, match="not running"):
+        pool.flow()
+
+
+def test_three_stages_then_a_killed_worker(checkpoint, model):
+    close_all()
+    spec = PipelineSpec(model=checkpoint, stages=stage_layers(8, 3, 3), timeout=TIMEOUT)
+    with DistributedExecutor(spec) as pool:
+        config = DecodeConfig(method="ppsd", exit_layer=3, stages=3, max_new_tokens=NEW_TOKENS)
+        expected = ppsd.generate(model, PROMPTS["long"], replace(config, method="ar"))
+        assert ppsd.generate(model, PROMPTS["long"], config, executor=pool).token_ids == expected.token_ids
+
+        pids = pool.pids
+        stream = ppsd.stream(model, PROMPTS["long"], config, executor=pool)
+        for _ in range(5):
+            next(stream)
+        os.kill(pids[1], signal.SIGKILL)
+        started = time.monotonic()
+        with pytest.raises(PipelineError, match=rf"stage 2 \(pid {pids[1]}\) died \(killed by SIGKILL\)"):
+            list(stream)
+        assert time.monotonic() - started < TIMEOUT  # a death is seen at once, not at the timeout
+        assert not any(_running(pid) for pid in pids)
+
+
+def _running(pid: int) -> bool:
+    """Whether `pid` exists and is not a zombie (a reaped child no longer exists)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
