@@ -326,7 +326,7 @@ def render_stats(method: str, projected: Metrics | None, measured: Metrics | Non
              ("wall (measured)", _ms(measured.wall_seconds)),
              ("acceptance", rate)]
     if method == "ar":
-        cells[-1] = ("acceptance", "— (no drafts)")
+        cells[-1] = ("acceptance (no drafts)", "—")
     body = "".join(f'<div class="stat"><div class="stat-value">{v}</div><div class="stat-name">{k}</div></div>'
                    for k, v in cells)
     return f'<div class="stats">{body}</div>'
