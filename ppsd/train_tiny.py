@@ -191,7 +191,8 @@ def evaluate(model: LlamaForCausalLM, windows: torch.Tensor, batch_size: int = 8
         targets = chunk[:, 1:].reshape(-1)
         for e, lg in layer_logits(model, chunk[:, :-1]).items():
             flat = lg.reshape(-1, lg.size(-1)).float()
-            loss_sum[e] = loss_sum.get(e, 0.0) + F.cross_entropy(flat, targets, reduction="sum").item()
+            loss = F.cross_entropy(flat, targets, reduction="sum").item()
+            loss_sum[e] = loss_sum.get(e, 0.0) + loss
             hits[e] = hits.get(e, 0.0) + (flat.argmax(-1) == targets).sum().item()
     model.train()
     n = windows.size(0) * (windows.size(1) - 1)
@@ -373,7 +374,8 @@ def parse_args(argv: list[str] | None = None) -> TrainConfig:
     return TrainConfig(out=args.out, checkpoint=checkpoint, shape=SHAPES[args.config],
                        steps=args.steps, batch_size=args.batch_size, seq_len=args.seq_len,
                        lr=args.lr, warmup=args.warmup, seed=args.seed,
-                       eval_every=args.eval_every, minutes=args.minutes, max_chars=args.max_chars, device=device,
+                       eval_every=args.eval_every, minutes=args.minutes,
+                       max_chars=args.max_chars, device=device,
                        resume=args.resume)
 
 

@@ -106,3 +106,14 @@ def test_exit_logits_come_from_the_shared_head(tmp_path):
     assert exit_layers(4) == [1, 2, 3] and sorted(logits) == [1, 2, 3, 4]
     torch.testing.assert_close(logits[2], model.lm_head(model.model.norm(hidden[2])))
     torch.testing.assert_close(logits[4], model(ids).logits)
+
+
+def test_evaluation_formulas():
+    from ppsd.evaluate_tiny import distinct_bigram_ratio, ideal_speedup
+
+    # docs/ppsd-algorithm.md: E/L = 1/4 gives 2.0x at a = 0.67 and K = 4x at a = 1.
+    assert ideal_speedup(2 / 3, 2, 8) == pytest.approx(2.0)
+    assert ideal_speedup(1.0, 2, 8) == pytest.approx(4.0)
+    assert ideal_speedup(0.0, 4, 8) == 1.0
+    assert distinct_bigram_ratio([1, 2, 1, 2, 1]) == 0.5
+    assert distinct_bigram_ratio([1, 2, 3]) == 1.0
