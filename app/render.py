@@ -69,7 +69,7 @@ def render_tokens(
     for draft in sorted(pending, key=lambda d: d.position):
         if draft.position > committed:
             tip = f"position {draft.position} · draft {piece(draft.id)!r} · pending: still in the pipeline"
-            parts.append(f'<span class="tok tok-pending" title="{_attr(tip)}">{_text(piece(draft.id))}</span>')
+            parts.append(f'<span class="tok tok-pending" title="{_attr(tip)}">{_token_text(piece(draft.id))}</span>')
     if not tokens and not pending and placeholder:
         parts.append(f'<span class="tok-placeholder">{html.escape(placeholder)}</span>')
     return f'<div class="ppsd-stream">{"".join(parts)}</div>'
@@ -81,17 +81,25 @@ def _token_span(token: Token, piece: Piece, decider: Event | None) -> str:
         f" · slot {decider.slot}" if decider.slot is not None else "")
     if token.draft is None:
         tip = f"position {token.position} · no draft · final {final!r}{where}"
-        return f'<span class="tok tok-verified" title="{_attr(tip)}">{_text(final)}</span>'
+        return f'<span class="tok tok-verified" title="{_attr(tip)}">{_token_text(final)}</span>'
     drafted = piece(token.draft)
     tip = f"position {token.position} · draft {drafted!r} · final {final!r} · {token.status}{where}"
     if token.status == "accepted":
-        return f'<span class="tok tok-accepted" title="{_attr(tip)}">{_text(final)}</span>'
-    return (f'<span class="tok-pair" title="{_attr(tip)}"><span class="tok tok-rejected">{_text(drafted)}</span>'
-            f'<span class="tok tok-corrected">{_text(final)}</span></span>')
+        return f'<span class="tok tok-accepted" title="{_attr(tip)}">{_token_text(final)}</span>'
+    return (f'<span class="tok-pair" title="{_attr(tip)}"><span class="tok tok-rejected">{_token_text(drafted)}'
+            f'</span><span class="tok tok-corrected">{_token_text(final)}</span></span>')
 
 
 def _text(text: str) -> str:
     return html.escape(text, quote=False)
+
+
+def _token_text(text: str) -> str:
+    """Escaped token text that stays visible: a newline gets a faint ↵ before the line break
+    (a coloured span holding only a line break has no width), an empty piece shows ∅."""
+    if not text:
+        return '<span class="ws">∅</span>'
+    return _text(text).replace("\n", '<span class="ws">↵</span>\n')
 
 
 def _attr(text: str) -> str:
@@ -258,7 +266,7 @@ def render_theory(
                         color=KIND_COLORS["verify"] if point.label.startswith("PPSD") else KIND_COLORS["draft"],
                         line=dict(width=1.5, color="#111827")),
             hovertemplate=f"{html.escape(point.label)}<br>a=%{{x:.2f}}, %{{y:.2f}}×<extra></extra>"))
-    fig.update_xaxes(title_text="acceptance rate a", range=[0, 1])
+    fig.update_xaxes(title_text="acceptance rate a", range=[-0.02, 1.06])
     fig.update_yaxes(title_text="speedup over AR", rangemode="tozero")
     _style(fig, "Theory: ideal speedup vs acceptance rate", height=420)
     fig.update_layout(margin_b=100, legend=dict(y=-55 / (420 - 160)))

@@ -88,6 +88,7 @@ def test_token_spans_escape_text_and_colour_by_status():
     assert out.count('class="tok tok-accepted"') == 1
     # The corrected token keeps its rejected draft beside it, struck through (CSS class).
     assert '<span class="tok tok-rejected">say "hi"</span><span class="tok tok-corrected">a &amp; b</span>' in out
+    assert 'class="ws">∅<' in render.render_tokens([Token(0, 9, "verified")], {9: ""}.__getitem__)
     assert 'title="position 4 · draft &#x27;say &quot;hi&quot;&#x27; · final &#x27;a &amp; b&#x27; · corrected' in out
     assert "stage 2 · slot 2" in out  # the final-stage event that decided position 4
     assert "stage 2 · slot 1" in out and "no draft" in out
@@ -102,7 +103,7 @@ def test_pending_drafts_are_dashed_and_only_beyond_the_committed_tokens():
 
 def test_whitespace_is_kept_for_css_to_preserve():
     out = render.render_tokens([Token(0, 4, "verified"), Token(1, 3, "verified")], piece)
-    assert ">\n</span>" in out and "> x</span>" in out
+    assert '<span class="ws">↵</span>\n</span>' in out and "> x</span>" in out
 
 
 def test_deciding_events_skip_flushed_work_and_cover_prefill_width():
