@@ -7,16 +7,20 @@ import argparse
 import os
 
 from app import create_demo, launch_kwargs
-from app.ui import QUEUE_SIZE
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--host", default=os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1"))
     parser.add_argument("--port", type=int, default=int(os.environ.get("GRADIO_SERVER_PORT", "7860")))
+    parser.add_argument("--threads", type=int, default=None,
+                        help="CPU threads for torch (default: torch's choice; 1 helps on busy shared CPUs)")
     args = parser.parse_args(argv)
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
     demo = create_demo()
-    demo.queue(max_size=QUEUE_SIZE)
     demo.launch(server_name=args.host, server_port=args.port, **launch_kwargs())
 
 

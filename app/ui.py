@@ -473,6 +473,7 @@ def create_demo() -> gr.Blocks:
         demo.load(idle_outputs, None, outputs, api_visibility="private", show_progress="hidden")
         demo.load(on_page_load, c["model"], [c["exit_layer"], c["stages"], c["layers"], c["model_status"]],
                   api_visibility="private", show_progress="hidden")
+    demo.queue(max_size=QUEUE_SIZE)  # bounded: a crowd waits in line, it does not pile up
     return demo
 
 
