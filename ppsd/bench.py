@@ -48,10 +48,12 @@ FALLBACK_PROMPTS = (
     {"name": "mean", "category": "math",
      "prompt": ">>> mean([1, 2, 3, 4, 4])\n2.8\n>>> mean([-1.0, 2.5, 3.25, 5.75])\n"},
 )
-QUICK = {"max_new_tokens": 32, "repeats": 3, "warmup": 1, "stages": (2, 4), "draft_lens": (4,),
-         "temperatures": (0.0, 0.8)}
+# Presets; flags override each entry. Exit layers None: the balanced E = L/K of each K. The full
+# sweep adds the early and late exits L/4 and 3L/4, where EESD's drafting costs most.
+QUICK = {"max_new_tokens": 32, "repeats": 2, "warmup": 1, "stages": (2, 4), "draft_lens": (4,),
+         "temperatures": (0.0, 0.8), "exit_fractions": None}
 FULL = {"max_new_tokens": 64, "repeats": 5, "warmup": 2, "stages": (2, 3, 4), "draft_lens": (1, 2, 4),
-        "temperatures": (0.0, 0.8)}
+        "temperatures": (0.0, 0.8), "exit_fractions": (0.25, 0.5, 0.75)}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -93,15 +95,15 @@ def sweep(num_layers: int, *, stages: Iterable[int], draft_lens: Iterable[int],
     Without `exit_layers` each K uses its balanced E = L/K; invalid (E, K) pairs are skipped
     (DecodeConfig decides what is valid).
     """
+    layouts = sorted({(e, k) for k in stages
+                      for e in ([balanced_exit_layer(num_layers, k)] if exit_layers is None else exit_layers)
+                      if _valid(num_layers, e, k)})
+    eesd_home: dict[int, int] = {}
+    for e, k in layouts:
+        eesd_home.setdefault(e, k)
     groups = []
-    for temperature in dict.fromkeys(temperatures):
-        layouts = sorted({(e, k) for k in stages
-                          for e in ([balanced_exit_layer(num_layers, k)] if exit_layers is None else exit_layers)
-                          if _valid(num_layers, e, k)})
-        eesd_home = {}
-        for e, k in layouts:
-            eesd_home.setdefault(e, k)
-        for e, k in layouts:
+    for e, k in layouts:  # temperatures innermost: one partition's groups run back to back
+        for temperature in dict.fromkeys(temperatures):
             group = [Setting("ar", e, k, temperature), Setting("ppsd", e, k, temperature)]
             if eesd_home[e] == k:
                 group += [Setting("eesd", e, k, temperature, g) for g in dict.fromkeys(draft_lens)]
@@ -267,7 +269,7 @@ def _by_category(cells: Sequence[Cell], ar_cells: Sequence[Cell]) -> dict:
 
 def central_point(rows: Sequence[dict]) -> list[dict]:
     """The paper's claim per (E, T): does EESD fall below 1x (measured, one device) while PPSD
-    stays at or above 1x (projected on K workers)? Each entry states what the data say."""
+    stays at or above 1x (projected on K workers)? Each entry states what the data say in `verdict`."""
     found = []
     for (e, t), group in itertools.groupby(sorted(rows, key=lambda r: (r["exit_layer"], r["temperature"])),
                                            key=lambda r: (r["exit_layer"], r["temperature"])):
@@ -287,6 +289,12 @@ def central_point(rows: Sequence[dict]) -> list[dict]:
         })
     for entry in found:
         entry["supports_paper"] = entry["eesd_below_1"] and entry["ppsd_at_least_1"]
+        if entry["supports_paper"]:
+            entry["verdict"] = "shows the paper's point: EESD below 1x, PPSD at or above 1x"
+        elif not entry["ppsd_at_least_1"]:
+            entry["verdict"] = "disagrees with the paper: PPSD (projected) falls below 1x"
+        else:
+            entry["verdict"] = "EESD does not fall below 1x here; PPSD stays at or above 1x"
     return found
 
 
@@ -360,7 +368,9 @@ class Run:
     warmup: int
     repeats: int
     tick: Callable[[], None]
+    pipeline: Callable | None = None  # ppsd.distributed.make_executor when K-worker runs are wanted
     cells: dict = field(default_factory=dict)  # Setting -> list[Cell], settings done on every prompt
+    pipeline_cells: dict = field(default_factory=dict)  # Setting -> list[Cell], AR and PPSD on K workers
     hf_assisted: dict = field(default_factory=dict)  # Setting -> {"tokens_per_second", "matches"}
 
     def total_runs(self) -> int:
@@ -404,6 +414,11 @@ class Run:
         configs = [s.config(self.max_new_tokens) for s in group]
         checked = [s.method == "eesd" and s.temperature == 0.0 for s in group]  # HF has greedy EESD only
         cells: dict[Setting, list[Cell]] = {s: [] for s in group}
+        # AR and PPSD again on K worker processes: the only measured (not projected) overlap.
+        on_pipeline = [s for s in group if s.method in ("ar", "ppsd")] if self.pipeline else []
+        executor = self.pipeline(self.model, configs[0]) if on_pipeline else None
+        on_pipeline = on_pipeline if executor is not None else []
+        pipeline_cells: dict[Setting, list[Cell]] = {s: [] for s in on_pipeline}
         hf_walls: dict[Setting, list[list[float]]] = {s: [] for s, c in zip(group, checked) if c}
         matches = dict.fromkeys(hf_walls, True)
         for p in self.prompts:
@@ -414,6 +429,9 @@ class Run:
                     hf = hf_assisted_early_exit(self.model, p["ids"], self.max_new_tokens,
                                                 exit_layer=s.exit_layer, draft_len=s.draft_len) if check else None
                     found.append((ours, hf))
+                for s in on_pipeline:
+                    found.append((generate(self.model, p["ids"], s.config(self.max_new_tokens), executor=executor),
+                                  None))
                 return found
             rounds = repeat(one_round, warmup=self.warmup, repeats=self.repeats, tick=self.tick)
             for i, s in enumerate(group):
@@ -421,7 +439,10 @@ class Run:
                 if s in hf_walls:
                     hf_walls[s].append([r[i][1][1] for r in rounds])
                     matches[s] &= same_output(rounds[0][i][0].token_ids, rounds[0][i][1][0], eos)
+            for i, s in enumerate(on_pipeline, start=len(group)):
+                pipeline_cells[s].append(cell_from_results(p["name"], p["category"], [r[i][0] for r in rounds]))
         self.cells.update(cells)
+        self.pipeline_cells.update(pipeline_cells)
         tokens = self.max_new_tokens * len(self.prompts)
         for s, walls in hf_walls.items():
             self.hf_assisted[s] = {"tokens_per_second": tokens / sum(statistics.median(w) for w in walls),
@@ -434,11 +455,40 @@ class Run:
             if base is None:
                 continue
             row = make_row(setting, cells, base, num_layers=self.model.num_layers)
+            if setting in self.pipeline_cells and setting.baseline() in self.pipeline_cells:
+                row.update(distributed_fields(row, self.pipeline_cells[setting],
+                                              self.pipeline_cells[setting.baseline()], base))
             if setting in self.hf_assisted:
                 row["hf_tokens_per_second"] = self.hf_assisted[setting]["tokens_per_second"]
                 row["matches_hf"] = self.hf_assisted[setting]["matches"]
             rows.append(row)
         return rows
+
+
+def distributed_fields(row: dict, cells: Sequence[Cell], pipeline_ar: Sequence[Cell],
+                       single_ar: Sequence[Cell]) -> dict:
+    """Measured speedups of a method run on K worker processes: against AR on the same K-worker
+    pipeline (the fair baseline) and against AR on one device."""
+    mine = speed(cells)
+    versus_pipeline = speedup(mine, speed(pipeline_ar))
+    return {
+        "speedup_measured_distributed": versus_pipeline,
+        "distributed": {
+            "tokens_per_second": mine.median, "tokens_per_second_min": mine.low, "tokens_per_second_max": mine.high,
+            "ar_pipeline_tokens_per_second": speed(pipeline_ar).median,
+            "speedup_vs_ar_pipeline": versus_pipeline,
+            "speedup_vs_ar_pipeline_min": min(round_speedups(cells, pipeline_ar)),
+            "speedup_vs_ar_pipeline_max": max(round_speedups(cells, pipeline_ar)),
+            "speedup_vs_ar_single_device": speedup(mine, speed(single_ar)),
+            "efficiency": versus_pipeline / row["ideal_speedup"],
+            "acceptance_rate": _rate(cells),
+        },
+    }
+
+
+def _rate(cells: Sequence[Cell]) -> float | None:
+    accepted, rejected = sum(c.accepted for c in cells), sum(c.rejected for c in cells)
+    return accepted / (accepted + rejected) if accepted + rejected else None
 
 
 def _hf_eos(model: StagedModel) -> tuple[int, ...]:
@@ -494,8 +544,7 @@ def machine_info(model: StagedModel) -> dict:
         "device": device, "dtype": model.info.dtype,
         "torch": torch.__version__, "transformers": transformers.__version__,
         "python": platform.python_version(), "platform": platform.platform(),
-        "distributed_executor": ("present, not yet wired into the bench"
-                                 if importlib.util.find_spec("ppsd.distributed") else "absent"),
+        "distributed_executor": "available" if importlib.util.find_spec("ppsd.distributed") else "absent",
         "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
 
@@ -525,6 +574,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--stages", type=int, nargs="+", default=None, help="K values for PPSD")
     parser.add_argument("--draft-lens", type=int, nargs="+", default=None, help="g values for EESD")
     parser.add_argument("--temperatures", type=float, nargs="+", default=None, help="0 is greedy")
+    parser.add_argument("--distributed", choices=("auto", "on", "off"), default="auto",
+                        help="also run AR and PPSD on K worker processes (ppsd.distributed); auto: when "
+                             "available and not --quick (each stage layout starts K processes)")
     parser.add_argument("--threads", type=int, default=1,
                         help="torch CPU threads (default 1: small models gain nothing from more, and on a "
                              "busy machine spinning threads cost far more than they give)")
@@ -559,14 +611,17 @@ def run(args: argparse.Namespace) -> int:
     model = fixed_length(loaded)
     for p in prompts:
         p["ids"] = _prompt_ids(tokenizer, p["prompt"], model.info.max_context - new_tokens)
+    exit_layers = args.exit_layers or (preset["exit_fractions"] and sorted(
+        {max(1, round(f * model.num_layers)) for f in preset["exit_fractions"]}))
     groups = sweep(model.num_layers, stages=pick("stages"), draft_lens=pick("draft_lens"),
-                   temperatures=pick("temperatures"), exit_layers=args.exit_layers)
+                   temperatures=pick("temperatures"), exit_layers=exit_layers)
     if not groups:
         raise ValueError(f"no valid (exit layer, stages) pair for a {model.num_layers}-layer model")
     for s in itertools.chain(*groups):
         s.config(new_tokens).resolved(model.num_layers)  # bad values fail before any timing
     bar = tqdm(total=0, desc="bench", unit="round", file=sys.stderr, dynamic_ncols=True)
-    bench = Run(model, prompts, groups, new_tokens, warmup, repeats, tick=lambda: bar.update())
+    bench = Run(model, prompts, groups, new_tokens, warmup, repeats, tick=lambda: bar.update(),
+                pipeline=_pipeline(args))
     bar.total = bench.total_runs()
     baselines, interrupted = {}, False
     try:
@@ -577,6 +632,9 @@ def run(args: argparse.Namespace) -> int:
             bench.measure(group)
     except KeyboardInterrupt:
         interrupted = True
+    finally:
+        if bench.pipeline is not None:
+            importlib.import_module("ppsd.distributed").close_all()
     bar.close()
     rows = bench.rows()
     hf_checks = [v["matches"] for v in bench.hf_assisted.values()]
@@ -610,6 +668,24 @@ def run(args: argparse.Namespace) -> int:
         print("interrupted: kept the settings finished so far", file=sys.stderr)
         return 130
     return 0
+
+
+def _pipeline(args: argparse.Namespace) -> Callable | None:
+    """`ppsd.distributed.make_executor` when K-worker runs are asked for (or auto and available)."""
+    available = importlib.util.find_spec("ppsd.distributed") is not None
+    if args.distributed == "on" and not available:
+        raise ValueError("--distributed on, but ppsd.distributed is not part of this installation")
+    if args.distributed == "off" or not available or (args.distributed == "auto" and args.quick):
+        return None
+    module = importlib.import_module("ppsd.distributed")
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+    def make(model: StagedModel, config: DecodeConfig):
+        # K processes sharing fewer cores run in turn again: not a K-worker measurement.
+        if args.distributed == "auto" and model.info.device == "cpu" and config.stages * args.threads > cores:
+            return None
+        return module.make_executor(model, config, threads_per_worker=args.threads)
+    return make
 
 
 def _prompt_ids(tokenizer, text: str, room: int) -> list[int]:

@@ -26,7 +26,7 @@ TABLE = (
     ("setting", "label", "{}"), ("accept", "acceptance_rate", "{:.2f}"),
     ("tok/s", "tokens_per_second", "{:.1f}"), ("x AR meas", "speedup_measured", "{:.2f}"),
     ("meas range", None, "speedup_measured"), ("x AR proj", "speedup_projected", "{:.2f}"),
-    ("proj range", None, "speedup_projected"),
+    ("proj range", None, "speedup_projected"), ("x AR K-proc", "speedup_measured_distributed", "{:.2f}"),
     ("ideal", "ideal_speedup", "{:.2f}"), ("/ideal", "efficiency", "{:.2f}"),
     ("bubble", "bubble_fraction", "{:.2f}"), ("wasted", "wasted_stage_slots", "{}"),
     ("HF tok/s", "hf_tokens_per_second", "{:.1f}"), ("=HF", "matches_hf", "{}"),
@@ -71,10 +71,9 @@ def _baseline_lines(report: dict) -> list[str]:
 def _central_lines(report: dict) -> list[str]:
     lines = []
     for c in report["central_point"]:
-        verdict = "supports the paper" if c["supports_paper"] else "does NOT show the paper's pattern"
         lines.append(f"E={c['exit_layer']} T={c['temperature']:g}: worst EESD {c['eesd_speedup_measured']:.2f}x "
                      f"measured ({c['eesd_worst']}), worst PPSD {c['ppsd_speedup_projected']:.2f}x projected "
-                     f"({c['ppsd_worst']}): {verdict}")
+                     f"({c['ppsd_worst']}): {c['verdict']}")
     return lines
 
 
@@ -142,10 +141,15 @@ def figures(report: dict) -> list:
         fig.add_trace(go.Scatter(x=grid, y=[ideal_eesd_speedup(a, g, e / layers) for a in grid], mode="lines",
                                  line={"dash": "dot"}, name=f"ideal S_EESD, g={g}, E/L={e}/{layers}"))
     for method, key, clock in (("ppsd", "speedup_projected", "projected on K workers"),
+                               ("ppsd", "speedup_measured_distributed", "measured on K worker processes"),
                                ("eesd", "speedup_measured", "measured, one device")):
-        mine = [r for r in rows if r["method"] == method and r["acceptance_rate"] is not None]
+        mine = [r for r in rows if r["method"] == method and r["acceptance_rate"] is not None
+                and r.get(key) is not None]
+        if not mine:
+            continue
         fig.add_trace(go.Scatter(x=[r["acceptance_rate"] for r in mine], y=[r[key] for r in mine], mode="markers",
-                                 marker={"size": 10, "symbol": "circle" if method == "ppsd" else "x"},
+                                 marker={"size": 10, "symbol": {"speedup_projected": "circle", "speedup_measured":
+                                                                "x"}.get(key, "diamond")},
                                  text=[r["label"] for r in mine], name=f"{method.upper()} ({clock})",
                                  hovertemplate="%{text}<br>a=%{x:.2f}<br>%{y:.2f}x<extra></extra>"))
     fig.add_hline(y=1.0, line={"color": "grey"})
@@ -158,8 +162,11 @@ def figures(report: dict) -> list:
         pp = [r for r in rows if r["method"] == "ppsd" and r["temperature"] == t]
         xs = [f"E={r['exit_layer']} K={r['stages']}" for r in pp]
         by.add_trace(go.Bar(x=xs, y=[r["speedup_projected"] for r in pp], name=f"PPSD projected, T={t:g}"), 1, 1)
-        by.add_trace(go.Bar(x=xs, y=[r["speedup_measured"] for r in pp], name=f"PPSD measured, T={t:g}",
+        by.add_trace(go.Bar(x=xs, y=[r["speedup_measured"] for r in pp], name=f"PPSD measured one device, T={t:g}",
                             opacity=0.5), 1, 1)
+        if any(r.get("speedup_measured_distributed") is not None for r in pp):
+            by.add_trace(go.Bar(x=xs, y=[r.get("speedup_measured_distributed") for r in pp],
+                                name=f"PPSD measured on K processes (vs AR on them), T={t:g}"), 1, 1)
         ee = [r for r in rows if r["method"] == "eesd" and r["temperature"] == t]
         by.add_trace(go.Bar(x=[f"E={r['exit_layer']} g={r['draft_len']}" for r in ee],
                             y=[r["speedup_measured"] for r in ee], name=f"EESD measured, T={t:g}"), 1, 2)

@@ -141,6 +141,7 @@ def test_central_point_states_what_the_data_say():
     found = {c["exit_layer"]: c for c in bench.central_point(rows)}
     assert found[4]["supports_paper"] and found[4]["eesd_speedup_measured"] == 0.8
     assert not found[2]["supports_paper"] and not found[2]["eesd_below_1"] and not found[2]["ppsd_at_least_1"]
+    assert "disagrees" in found[2]["verdict"] and "shows the paper's point" in found[4]["verdict"]
 
 
 def test_ctrl_c_keeps_finished_groups(saved_model, tmp_path, monkeypatch, capsys):
