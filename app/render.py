@@ -292,8 +292,10 @@ def speedup_headline(ar: Metrics, ppsd: Metrics, *, stages: int, device: str) ->
 def render_headline(
     ar: Metrics | None, ppsd: Metrics | None, eesd: Metrics | None, *, stages: int, device: str,
     ar_measured: Metrics | None = None, ppsd_measured: Metrics | None = None, status: str = "",
+    agreement: str = "",
 ) -> str:
-    """Headline plus the honest single-device line; `status` while a run is in flight."""
+    """Headline plus the honest single-device line; `status` while a run is in flight;
+    `agreement` says whether the methods' outputs are identical."""
     if ar is None or ppsd is None:
         body = html.escape(status or "Press Run: AR, then PPSD (then EESD) decode the prompt one after another.")
         return f'<div class="headline-box"><div class="headline-status">{body}</div></div>'
@@ -314,9 +316,24 @@ def render_headline(
         lines.append(
             f'<div class="headline-note">EESD (draft then verify, one device): {ratio:.2f}× AR on the measured '
             f"clock; ideal S<sub>EESD</sub> at a={rate} is {eesd.ideal_speedup:.2f}×.</div>")
+    if agreement:
+        lines.append(f'<div class="headline-note headline-agreement">{html.escape(agreement)}</div>')
     if status:
         lines.append(f'<div class="headline-status">{html.escape(status)}</div>')
     return f'<div class="headline-box">{"".join(lines)}</div>'
+
+
+def agreement_note(token_ids: Mapping[str, Sequence[int]], *, greedy: bool) -> str:
+    """Whether every method produced the same tokens, and what that means here."""
+    names = " = ".join(METHOD_NAMES.get(m, m) for m in token_ids)
+    same = len({tuple(ids) for ids in token_ids.values()}) == 1
+    if same:
+        return f"✓ Identical output, token for token ({names}): speculation changed only the speed."
+    if greedy:
+        return (f"✗ Outputs differ ({', '.join(METHOD_NAMES.get(m, m) for m in token_ids)}) although decoding "
+                "is greedy: this should not happen, please report it.")
+    return ("Outputs differ: with temperature > 0 each method draws its own sample. PPSD and EESD keep the "
+            "full model's distribution (speculative sampling), not its exact draws.")
 
 
 def _ms(seconds: float) -> str:

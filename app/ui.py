@@ -178,9 +178,12 @@ def _headline(snap: Snapshot, finished: dict) -> str:
     if "ar" not in finished or "ppsd" not in finished:
         return render.render_headline(None, None, None, stages=snap.stages, device=snap.device, status=status)
     eesd = finished.get("eesd")
+    done = {m: r.result.token_ids for m, r in snap.runs.items() if r.done}
+    agreement = render.agreement_note(done, greedy=snap.request.temperature == 0) if snap.done else ""
     return render.render_headline(
         finished["ar"][1], finished["ppsd"][1], eesd[0] if eesd else None, stages=snap.stages,
-        device=snap.device, ar_measured=finished["ar"][0], ppsd_measured=finished["ppsd"][0], status=status)
+        device=snap.device, ar_measured=finished["ar"][0], ppsd_measured=finished["ppsd"][0], status=status,
+        agreement=agreement)
 
 
 def _timeline(snap: Snapshot):

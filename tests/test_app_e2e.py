@@ -65,7 +65,7 @@ def test_greedy_run_gives_identical_ar_ppsd_and_eesd_text(server):
     assert summary["ppsd"]["projected"]["clock"] == "projected"
     assert summary["ar"]["measured"]["clock"] == "measured"
     headline = outputs[0]
-    assert "than AR" in headline and "projected clock" in headline
+    assert "than AR" in headline and "projected clock" in headline and "Identical output" in headline
     assert 'class="tok tok-' in outputs[4]  # PPSD's token stream has coloured spans
 
 

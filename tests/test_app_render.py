@@ -242,3 +242,9 @@ def test_runner_rejects_bad_requests_and_keeps_the_loaded_model(tiny_cache, requ
     with pytest.raises(ValueError, match=message):
         list(run_comparison(request_, tiny_cache))
     assert tiny_cache.names() == ["tiny"] and tiny_cache.loads == ["tiny"]  # loaded once, still there
+
+
+def test_agreement_note_tells_identical_from_sampled_from_broken():
+    assert "Identical output" in render.agreement_note({"ar": [1, 2], "ppsd": [1, 2]}, greedy=True)
+    assert "should not happen" in render.agreement_note({"ar": [1, 2], "ppsd": [1, 3]}, greedy=True)
+    assert "distribution" in render.agreement_note({"ar": [1, 2], "ppsd": [1, 3]}, greedy=False)
