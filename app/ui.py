@@ -17,7 +17,6 @@ from typing import Any, Callable, Iterator
 import gradio as gr
 
 import ppsd
-from ppsd.metrics import DEFINITIONS
 
 from . import render
 from .runner import ModelCache, RunRequest, Snapshot, run_comparison
@@ -114,8 +113,7 @@ def stage_updates(num_layers: int, stages: int, exit_layer: int | None = None) -
     exit_layer = ppsd.balanced_exit_layer(num_layers, stages) if exit_layer is None else exit_layer
     exit_layer = max(1, min(int(exit_layer), top))
     return (gr.update(minimum=1, maximum=top, value=exit_layer,
-                      info=f"draft after layers 0–{exit_layer - 1}; balanced E = L/K = "
-                           f"{ppsd.balanced_exit_layer(num_layers, stages)}"),
+                      info=f"drafts use layers 0…E−1; balanced E = L/K = {ppsd.balanced_exit_layer(num_layers, stages)}"),
             gr.update(minimum=2, maximum=num_layers, value=stages, info=f"1 ≤ K − 1 ≤ L − E; L = {num_layers}"))
 
 
@@ -334,14 +332,17 @@ def on_page_load(name: str) -> tuple:
     return e_update, k_update, layers, _status(f"{layers} layers · {note}", "ok" if loaded else "idle")
 
 
-def model_status(name: str) -> str:
-    """The model box's status line after a run (loaded, or still waiting)."""
+def after_run(name: str, exit_layer: float, stages: float) -> tuple:
+    """After a run (which may have loaded the model): the status line, and the E/K ranges fitted
+    to the model, keeping the values the user chose when they fit."""
     name = (name or "").strip() or ppsd.DEFAULT_MODEL
     if name not in CACHE:
         kept = ", ".join(CACHE.names()) or "none"
-        return _status(f"{name} is not loaded (loaded: {kept})", "idle")
+        return _status(f"{name} is not loaded (loaded: {kept})", "idle"), gr.skip(), gr.skip(), gr.skip()
     info = CACHE.get(name).model.info
-    return _status(f"{info.name}: {info.model_type}, {info.num_layers} layers, {info.device} {info.dtype}", "ok")
+    e_update, k_update = stage_updates(info.num_layers, int(stages), int(exit_layer))
+    status = _status(f"{info.name}: {info.model_type}, {info.num_layers} layers, {info.device} {info.dtype}", "ok")
+    return status, e_update, k_update, info.num_layers
 
 
 def _status(text: str, kind: str) -> str:
@@ -455,7 +456,8 @@ def create_demo() -> gr.Blocks:
             on_run, inputs, outputs, api_name="run", concurrency_limit=1, concurrency_id="device",
             show_progress="minimal", trigger_mode="once",
         )
-        run_event.then(model_status, c["model"], c["model_status"], api_visibility="private",
+        run_event.then(after_run, [c["model"], c["exit_layer"], c["stages"]],
+                       [c["model_status"], c["exit_layer"], c["stages"], c["layers"]], api_visibility="private",
                        show_progress="hidden")
         replay_after = run_event.success(on_replay, out.race, race, api_visibility="private",
                                          show_progress="hidden")
