@@ -1,18 +1,21 @@
-"""Real pipeline-parallel execution: one worker process per stage, over torch.distributed.
+"""Real pipeline-parallel execution: one process per stage, over torch.distributed.
 
 Boundary: `DistributedExecutor` implements the `Executor` protocol of ppsd/executor.py with K
-worker processes; it knows nothing of drafts or acceptance (the decoders, unchanged, decide).
+processes; it knows nothing of drafts or acceptance (the decoders, unchanged, decide).
 
-- The calling process is the coordinator, rank 0. It holds no weights: it runs the decoder's
-  state machine and sends each worker a small control message per call. Why no stage there:
-  the caller (CLI, web app) stays unpinned and responsive, every stage runs the same worker
-  code pinned the same way, and under torchrun rank 0 can live on any host. The cost is two
-  small messages per slot (feed out, exit logits back).
-- Worker k (rank k) loads the model, keeps only stage k's layers (plus embeddings and exit head
-  for stage 1, final norm and LM head for stage K) and its own `KVCache`. Hidden states flow
-  worker k -> k+1 by point-to-point send/recv (gloo on CPU; NCCL between distinct GPUs; gloo
-  through host memory when the workers share one GPU). Stage 1's exit logits and stage K's final
-  logits come back to rank 0 together with each worker's timestamps.
+- Rank 0 is the calling process (the coordinator): it runs the decoder's state machine and
+  computes stage 1 itself (embeddings, layers [0, E), exit head) with the caller's `StagedModel`.
+  Why stage 1 here and not in a worker: in a PPSD slot the coordinator must see stage 1's exit
+  logits before it can feed the next draft, so stage 1 *is* the critical path; computed in
+  place it costs no message and no process wake-up, and stage K's work (started by a message
+  sent before stage 1 computes) hides behind it. It also means exactly K processes compute
+  (on this 2-core machine no third process competes for the cores), a trained exit head needs
+  no shipping (only stage 1 drafts), and under torchrun the world is just the K stages.
+- Worker k (rank k, stage k+1) loads the weights from the same path and dtype, keeps only its
+  layers (plus the final norm and LM head on stage K) and its own `KVCache`, and is pinned to
+  its own cores (or GPU). Hidden states flow rank k -> k+1 by point-to-point send/recv (gloo on
+  CPU; NCCL between distinct GPUs; gloo through host memory when the ranks share one GPU).
+  Stage K's final logits come back to rank 0 with each worker's timestamps.
 - The coordinator mirrors what is queued before each stage (position, token, kind, width), so
   it builds the same events as the in-process executor; only their times differ (measured where
   each stage ran, on one clock, seconds since the run began: the trace is `concurrent`).
@@ -21,8 +24,8 @@ worker processes; it knows nothing of drafts or acceptance (the decoders, unchan
   hangs trips the per-call timeout. Either way the pool is torn down, no process is left, and a
   `PipelineError` names the stage.
 
-Control message (int64): [op, run, merge, incoming, in_position, in_width, in_kind, position,
-n_tokens, kind, token]. A report (float64) is [start, end, logits...].
+Control message (int64): [op, run, merge, incoming, in_position, in_width, in_kind, length].
+A report (float64) is [start, end, final logits...].
 """
 
 from __future__ import annotations
@@ -50,7 +53,7 @@ from .steps import Event
 
 WORK, ROLLBACK, PING, SHUTDOWN = 1, 2, 3, 4
 KINDS = ("prefill", "draft", "verify")
-HEADER = 11
+HEADER = 8
 FOREVER = timedelta(days=365)  # an idle worker waits for its next request as long as it takes
 
 
@@ -62,16 +65,16 @@ class PipelineError(RuntimeError):
 class PipelineSpec:
     """What every worker loads and how the workers are placed.
 
-    `device` "cpu": worker k gets `threads_per_worker` cores of its own (wrapping round when there
-    are fewer cores than K * threads). "cuda": worker k gets cuda:(k-1) mod the GPU count; on one
-    GPU all workers share cuda:0 as separate processes.
+    `device` "cpu": rank k gets cores [k t, (k+1) t) of the caller's, t = `threads_per_worker`
+    (wrapping round when there are fewer cores than K t); rank 0's cores are left to the caller,
+    whose own thread count applies to stage 1. "cuda": rank k gets cuda:k mod the GPU count; on
+    one GPU every rank shares cuda:0 as a separate process.
     """
 
-    model: str
+    model: str  # path or hub id the workers load (stage 1 uses the caller's StagedModel)
     stages: tuple[range, ...]
     device: str = "cpu"
     dtype: str | None = None  # None: the library default for the device
-    exit_head: str | None = None  # a trained head directory (ppsd.heads), loaded by stage 1
     threads_per_worker: int = 1
     timeout: float = 30.0  # seconds one call may wait for a worker
     startup_timeout: float = 300.0  # seconds to load the model and meet
@@ -89,38 +92,43 @@ class _Queued:
 
 @dataclass
 class _Call:
-    """What one executor call asks of each worker (index k = stage k+1)."""
+    """What one executor call asks of each stage (index k = stage k+1 = rank k; k = 0 is here)."""
 
     headers: list[list[int] | None]
-    tokens: tuple[int, ...] = ()
     ran: list[int] = field(default_factory=list)  # stages that compute, in recording order
     items: dict[int, _Queued] = field(default_factory=dict)  # what each of them computes
 
 
 class DistributedExecutor:
-    """K worker processes, one per stage; the stages of one `slot` compute at the same time."""
+    """Stage 1 here, stages 2..K in worker processes; the stages of one `slot` compute at once.
+
+    `model` (the caller's, on `spec.device`) computes stage 1; it may be swapped between runs
+    for one with another exit head over the same weights.
+    """
 
     concurrent = True
 
-    def __init__(self, spec: PipelineSpec) -> None:
+    def __init__(self, spec: PipelineSpec, model: StagedModel) -> None:
         self.spec = spec
+        self.model = model
         self.stages = spec.stages
         self.device = spec.device
         self.lock = threading.Lock()  # one run at a time: callers hold it around a whole generate
-        self.vocab_size = 0
+        self.cache = KVCache()  # stage 1's layers and a stateful exit head's entries
         self._processes: list = []
-        self._offsets = [0.0] * (len(spec.stages) + 1)  # worker clock minus coordinator clock
+        self._offsets = [0.0] * len(spec.stages)  # rank k's clock minus ours
         self._origin = time.monotonic()
         self._queues: list[list[_Queued]] = [[] for _ in spec.stages]
-        self._outbox: dict[int, list[_Sent]] = {k: [] for k in range(1, len(spec.stages) + 1)}
+        self._outbox: dict[int, list[_Sent]] = {k: [] for k in range(1, len(spec.stages))}
         self._started = False
         self._closed = False
         self._broken = False  # a failed group: kill the workers, send them nothing
+        self._caller_threads = 0
 
     # Lifecycle -----------------------------------------------------------------------------
 
     def start(self) -> "DistributedExecutor":
-        """Spawn the K workers, wait until each has loaded its stage, and join them in one group."""
+        """Start the K - 1 workers, wait until each has loaded its stage, join them in one group."""
         if self._started:
             return self
         if dist.is_initialized():
@@ -128,21 +136,22 @@ class DistributedExecutor:
                                 "close the other pipeline first (one pool per process)")
         self._started = True
         _POOLS.add(self)
-        store = dist.TCPStore("127.0.0.1", 0, len(self.stages) + 1, is_master=True,
+        self._claim_threads()
+        store = dist.TCPStore("127.0.0.1", 0, len(self.stages), is_master=True,
                               timeout=timedelta(seconds=self.spec.startup_timeout), wait_for_workers=False)
         context = _process_context()
         pipes = []
         try:
-            for k in range(1, len(self.stages) + 1):
+            for k in range(1, len(self.stages)):
                 receiver, sender = context.Pipe(duplex=False)
-                process = context.Process(target=_spawned_worker, name=f"ppsd-stage-{k}", daemon=True,
+                process = context.Process(target=_spawned_worker, name=f"ppsd-stage-{k + 1}", daemon=True,
                                           args=(k, self.spec, store.port, sender))
                 process.start()
                 sender.close()
                 self._processes.append(process)
                 pipes.append(receiver)
             self._await_loaded(pipes)
-            _init_group(self.spec, rank=0, world=len(self.stages) + 1, store=store)
+            _init_group(self.spec, rank=0, world=len(self.stages), store=store)
             self._hello()
         except BaseException:
             self.close()
@@ -170,6 +179,8 @@ class DistributedExecutor:
         if dist.is_initialized():
             dist.destroy_process_group()
         _GROUPS.clear()
+        if self._caller_threads:
+            torch.set_num_threads(self._caller_threads)
 
     @property
     def alive(self) -> bool:
@@ -177,7 +188,25 @@ class DistributedExecutor:
 
     @property
     def pids(self) -> list[int]:
+        """Process ids of the workers for stages 2..K."""
         return [p.pid for p in self._processes]
+
+    def join(self) -> "DistributedExecutor":
+        """Become rank 0 of a group that torchrun started (env:// rendezvous); ranks >= 1 call
+        `run_worker`. The workers are not our children: `close()` shuts them down by message."""
+        self._started = True
+        _POOLS.add(self)
+        self._claim_threads()
+        _init_group(self.spec, rank=0, world=len(self.stages))
+        self._hello()
+        return self
+
+    def _claim_threads(self) -> None:
+        """Stage 1 computes in this process: give it the workers' thread count while the pool
+        lives (more threads than cores left free would make torch's threads fight the workers
+        for theirs). Restored by `close()`."""
+        self._caller_threads = torch.get_num_threads()
+        torch.set_num_threads(self.spec.threads_per_worker)
 
     def __enter__(self) -> "DistributedExecutor":
         return self.start()
@@ -213,17 +242,17 @@ class DistributedExecutor:
 
     def rollback(self, length: int) -> None:
         self._queues = [[] for _ in self.stages]
+        self.cache.truncate(length)
         self._guarded(lambda: self._broadcast(_header(ROLLBACK, position=length)))
 
     def _broadcast(self, header: list[int]) -> None:
-        for k in range(1, len(self.stages) + 1):
-            self._post(header, k)
+        for k in range(1, len(self.stages)):
+            self._post(torch.tensor(header, dtype=torch.long), k)
 
-    def _post(self, message: list[int] | tuple[int, ...], k: int) -> None:
-        """Send a control message without waiting: a gloo send completes only once the receiver
-        takes it, so a hung worker would block us forever; its silence shows as a late report."""
-        tensor = torch.tensor(message, dtype=torch.long)
-        self._outbox[k].append(_Sent(dist.isend(tensor, dst=k), tensor))
+    def _post(self, tensor: torch.Tensor, k: int, group=None) -> None:
+        """Send without waiting: a gloo send completes only once the receiver takes it, so a hung
+        worker would block us forever; its silence shows as a late report instead."""
+        self._outbox[k].append(_Sent(dist.isend(tensor, dst=k, group=group), tensor))
 
     def _delivered(self, k: int) -> None:
         """Worker k reported, so it took every message we sent it before: release them."""
@@ -239,10 +268,6 @@ class DistributedExecutor:
     # Planning: the coordinator's mirror of the queues -------------------------------------
 
     def _plan_stage1(self, call: _Call, feed: Feed) -> None:
-        header = self._header_for(call, 0)
-        header[1] = 1
-        header[7:11] = [feed.position, len(feed.tokens), KINDS.index(feed.kind), feed.tokens[0]]
-        call.tokens = feed.tokens
         call.ran.append(0)
         kind = "prefill" if feed.kind == "prefill" else "verify"
         call.items[0] = _Queued(feed.position, feed.tokens[0], kind, len(feed.tokens))
@@ -277,38 +302,48 @@ class DistributedExecutor:
         return self._guarded(lambda: self._exchange(call, feed, slot))
 
     def _exchange(self, call: _Call, feed: Feed | None, slot: int | None) -> Output:
-        for k, header in enumerate(call.headers):
+        for k, header in enumerate(call.headers[1:], start=1):  # the workers start first...
             if header is not None:
-                self._post(header, k + 1)
-                if k == 0 and header[8] > 1:
-                    self._post(call.tokens, 1)
-        reports = {}
-        for k in call.ran:
-            reports[k] = torch.empty(2 + self._payload(call, k), dtype=torch.float64)
-            _recv(reports[k], src=k + 1, group=_GROUPS["calls"])
-            self._delivered(k + 1)
-        results: dict = {"events": []}
-        for k in call.ran:  # recording order: later stages first in a slot, earlier first in a flow
-            report = reports[k]
-            start, end = (float(t) - self._offsets[k + 1] - self._origin for t in report[:2])
-            results["events"].append(self._event(call, k, feed, start, end, slot))
-            payload = report[2:].float()
-            if k == 0 and feed.kind == "draft":
-                results["exit_logits"] = payload
-            elif k == len(self.stages) - 1:
-                logits = payload.view(-1, self.vocab_size)
+                self._post(torch.tensor(header, dtype=torch.long), k)
+        reports = {k: torch.empty(2 + self._payload(call, k), dtype=torch.float64) for k in call.ran if k}
+        pending = {k: dist.irecv(report, src=k, group=_GROUPS["calls"]) for k, report in reports.items()}
+        results: dict = {}
+        times: dict[int, tuple[float, float]] = {}
+        if 0 in call.ran:  # ...then stage 1 computes here, while they do
+            times[0] = self._stage1(feed, results)
+        for k, work in pending.items():
+            work.wait()
+            self._delivered(k)
+            times[k] = (float(reports[k][0]) - self._offsets[k], float(reports[k][1]) - self._offsets[k])
+            if k == len(self.stages) - 1:
+                logits = reports[k][2:].float().view(-1, self.model.info.vocab_size)
                 results["final_position"] = call.items[k].position + call.items[k].width - len(logits)
                 results["final_logits"] = logits
-        return Output(events=tuple(results.pop("events")), **results)
+        events = tuple(self._event(call, k, feed, times[k][0] - self._origin, times[k][1] - self._origin, slot)
+                       for k in call.ran)  # recording order: later stages first in a slot
+        return Output(events=events, **results)
+
+    def _stage1(self, feed: Feed, results: dict) -> tuple[float, float]:
+        """Embeddings, layers [0, E) and (for a draft) the exit head, here; the hidden state goes
+        on to rank 1. Returns (start, end) on this process's monotonic clock."""
+        start = time.monotonic()
+        model = self.model
+        hidden = model.embed(list(feed.tokens))
+        hidden = model.run_layers(hidden, self.stages[0], position=feed.position, cache=self.cache)
+        if feed.kind == "draft":
+            results["exit_logits"] = model.exit_logits(hidden, position=feed.position, cache=self.cache)
+        _sync(self.device)
+        end = time.monotonic()
+        tensor = hidden.contiguous().cpu() if _GROUPS["staged"] else hidden.contiguous()
+        self._post(tensor, 1, group=_GROUPS["hidden"])
+        return start, end
 
     def _payload(self, call: _Call, k: int) -> int:
-        """Number of logits in stage k's report: V for a draft, T x V at the last stage."""
-        if k == 0:
-            return self.vocab_size if call.headers[0][9] == KINDS.index("draft") else 0
+        """Number of logits in rank k's report: T x V at the last stage, else none."""
         if k < len(self.stages) - 1:
             return 0
         item = call.items[k]
-        return self.vocab_size * (1 if item.kind == "prefill" else item.width)
+        return self.model.info.vocab_size * (1 if item.kind == "prefill" else item.width)
 
     @staticmethod
     def _event(call: _Call, k: int, feed: Feed | None, start: float, end: float, slot: int | None) -> Event:
@@ -331,10 +366,13 @@ class DistributedExecutor:
 
     def _diagnose(self, error: Exception) -> str:
         time.sleep(0.2)  # let a dying worker finish dying, so it is named rather than its neighbour
-        for k, process in enumerate(self._processes, start=1):
-            if not process.is_alive():
-                return (f"pipeline worker for stage {k} (pid {process.pid}) died "
-                        f"({_exit_text(process.exitcode)}); the pipeline was shut down")
+        dead = [(k, p) for k, p in enumerate(self._processes, start=2) if not p.is_alive()]
+        # A neighbour of the culprit exits with 1 when its connection breaks: name the culprit.
+        dead.sort(key=lambda item: item[1].exitcode == 1)
+        if dead:
+            k, process = dead[0]
+            return (f"pipeline worker for stage {k} (pid {process.pid}) died "
+                    f"({_exit_text(process.exitcode)}); the pipeline was shut down")
         first = (str(error).strip().splitlines() or [type(error).__name__])[0][:200]
         return (f"a pipeline worker did not answer within {self.spec.timeout:g} s or failed ({first}); "
                 f"the pipeline was shut down")
@@ -344,7 +382,7 @@ class DistributedExecutor:
     def _await_loaded(self, pipes: list) -> None:
         """Wait for every worker's 'loaded' (or its load error), watching that it stays alive."""
         deadline = time.monotonic() + self.spec.startup_timeout
-        waiting = dict(enumerate(pipes, start=1))
+        waiting = dict(enumerate(pipes, start=1))  # rank -> pipe
         while waiting:
             for k, pipe in list(waiting.items()):
                 if pipe.poll():
@@ -357,7 +395,7 @@ class DistributedExecutor:
                             raise ValueError(message.removeprefix("error: "))
                         process = self._processes[k - 1]
                         process.join(timeout=1.0)
-                        raise PipelineError(f"pipeline worker for stage {k} died while loading "
+                        raise PipelineError(f"pipeline worker for stage {k + 1} died while loading "
                                             f"({_exit_text(process.exitcode)})")
                     del waiting[k]
             if time.monotonic() > deadline:
@@ -365,11 +403,13 @@ class DistributedExecutor:
             multiprocessing.connection.wait(list(waiting.values()), timeout=0.2)
 
     def _hello(self) -> None:
-        """Learn the workers' vocabulary and hosts; measure remote clocks' offsets."""
-        hellos: list = [None] * (len(self.stages) + 1)
-        dist.all_gather_object(hellos, {"host": socket.gethostname(), "vocab": 0})
-        self.vocab_size = hellos[1]["vocab"]
-        for k in range(1, len(self.stages) + 1):
+        """Check the workers hold the same model; measure the clock offsets of remote hosts."""
+        hellos: list = [None] * len(self.stages)
+        dist.all_gather_object(hellos, {"host": socket.gethostname(), "vocab": self.model.info.vocab_size})
+        for k in range(1, len(self.stages)):
+            if hellos[k]["vocab"] != self.model.info.vocab_size:
+                raise PipelineError(f"stage {k + 1} loaded a model with vocabulary {hellos[k]['vocab']}, "
+                                    f"stage 1 has {self.model.info.vocab_size}: not the same model")
             if hellos[k]["host"] != socket.gethostname():
                 self._offsets[k] = _clock_offset(k)
 
@@ -388,23 +428,25 @@ def close_all() -> None:
         pool.close()
 
 
-def make_executor(model: StagedModel, config: DecodeConfig, *, exit_head: str | None = None,
-                  threads_per_worker: int = 1, timeout: float = 30.0) -> DistributedExecutor:
-    """The process's pipeline for `model` (loaded by each worker from `model.info.name`) and
-    `config`'s stages, started once and reused while the settings match; otherwise the old pool
-    is closed and a new one started."""
+def make_executor(model: StagedModel, config: DecodeConfig, *, threads_per_worker: int = 1,
+                  timeout: float = 30.0) -> DistributedExecutor:
+    """The process's pipeline for `model` and `config`'s stages: stage 1 runs here on `model`,
+    stages 2..K in workers that load `model.info.name` (a local directory or hub id). Started
+    once and reused while the settings and weights match (the exit head may change: only stage 1
+    uses it); otherwise the old pool is closed and a new one started."""
     config = config.resolved(model.num_layers)
     spec = PipelineSpec(
         model=model.info.name, stages=stage_layers(model.num_layers, config.exit_layer, config.stages),
-        device=model.info.device.split(":")[0], dtype=model.info.dtype, exit_head=exit_head,
-        threads_per_worker=threads_per_worker, timeout=timeout,
+        device=model.info.device.split(":")[0], dtype=model.info.dtype, threads_per_worker=threads_per_worker,
+        timeout=timeout,
     )
     current = _SHARED.get("pool")
-    if current is not None and current.alive and current.spec == spec:
+    if current is not None and current.alive and current.spec == spec and current.model.hf_model is model.hf_model:
+        current.model = model
         return current
     if current is not None:
         current.close()
-    _SHARED["pool"] = DistributedExecutor(spec).start()
+    _SHARED["pool"] = DistributedExecutor(spec, model).start()
     return _SHARED["pool"]
 
 
@@ -414,9 +456,8 @@ def _init_group(spec: PipelineSpec, *, rank: int, world: int, store=None) -> Non
     dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=FOREVER)
     _GROUPS["calls"] = dist.new_group(backend="gloo", timeout=timedelta(seconds=spec.timeout))
     gpus = torch.cuda.device_count() if spec.device == "cuda" else 0
-    nccl = gpus >= world - 1 and gpus > 1
-    workers = list(range(1, world))
-    hidden = dist.new_group(workers, backend="nccl", timeout=timedelta(seconds=spec.timeout)) if nccl else None
+    nccl = gpus >= world > 1  # NCCL needs a GPU per rank
+    hidden = dist.new_group(backend="nccl", timeout=timedelta(seconds=spec.timeout)) if nccl else None
     _GROUPS["hidden"] = hidden or _GROUPS["calls"]
     _GROUPS["staged"] = hidden is None and spec.device == "cuda"  # through host memory
 
@@ -429,6 +470,12 @@ def _header(op: int, *, position: int = 0) -> list[int]:
     header = [op] + [0] * (HEADER - 1)
     header[7] = position
     return header
+
+
+def _sync(device: str) -> None:
+    """Wait for queued GPU work, so a timestamp says when the work ended, not when it was queued."""
+    if device.startswith("cuda"):
+        torch.cuda.synchronize(device)
 
 
 def _send_header(header: list[int], k: int) -> None:
@@ -479,9 +526,9 @@ def _spawned_worker(rank: int, spec: PipelineSpec, port: int, pipe) -> None:
         sys.exit(1)
     pipe.send("loaded")
     pipe.close()
-    store = dist.TCPStore("127.0.0.1", port, len(spec.stages) + 1, is_master=False,
+    store = dist.TCPStore("127.0.0.1", port, len(spec.stages), is_master=False,
                           timeout=timedelta(seconds=spec.startup_timeout))
-    _init_group(spec, rank=rank, world=len(spec.stages) + 1, store=store)
+    _init_group(spec, rank=rank, world=len(spec.stages), store=store)
     _serve_quietly(worker, rank)
 
 
@@ -493,37 +540,30 @@ def _serve_quietly(worker: "_Worker", rank: int) -> None:
     except Exception as error:  # noqa: BLE001
         where = traceback.extract_tb(error.__traceback__)[-1]
         first = (str(error).strip().splitlines() or [""])[0][:300]
-        print(f"ppsd pipeline stage {rank} stopped: {type(error).__name__}: {first} "
+        print(f"ppsd pipeline stage {rank + 1} stopped: {type(error).__name__}: {first} "
               f"(at {os.path.basename(where.filename)}:{where.lineno})", file=sys.stderr)
         sys.exit(1)
 
 
-def run_worker(spec: PipelineSpec) -> None:
-    """Entry point of a torchrun rank k >= 1 (rank 0 is the coordinator): env:// rendezvous."""
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    worker = _Worker(spec, rank, world - 1)
-    _init_group(spec, rank=rank, world=world)
+def run_worker(spec: PipelineSpec, rank: int) -> None:
+    """Entry point of torchrun rank k >= 1, stage k+1 (rank 0 is the coordinator, `join`)."""
+    worker = _Worker(spec, rank, len(spec.stages))
+    _init_group(spec, rank=rank, world=len(spec.stages))
     _serve_quietly(worker, rank)
 
 
 class _Worker:
-    """Stage `rank` of `stages`: its layers, its KV cache, its queue of incoming hidden states."""
+    """Stage k+1 (rank k >= 1): its layers, its KV cache, its queue of incoming hidden states."""
 
     def __init__(self, spec: PipelineSpec, rank: int, stages: int) -> None:
         from transformers.utils import logging
 
         logging.disable_progress_bar()  # K workers drawing bars over each other helps nobody
-        self.k, self.last = rank - 1, rank == stages
-        self.layers = spec.stages[self.k]
+        self.k, self.last = rank, rank == stages - 1
+        self.layers = spec.stages[rank]
         self.device = _place(spec, rank)
         model = _load_weights(spec, self.device)
-        if spec.exit_head and self.k == 0:
-            from .heads import load_exit_head
-
-            model = model.with_exit_head(load_exit_head(spec.exit_head, model, self.layers.stop))
-        _keep_stage(model, self.layers, first=self.k == 0, last=self.last)
-        if self.k > 0:
-            model.exit_head = None  # only stage 1 drafts
+        _keep_stage(model, self.layers, last=self.last)
         self.model = model
         self.cache = KVCache()
         self.queue: deque[tuple[int, str, torch.Tensor]] = deque()  # (position, kind, (1, T, hidden))
@@ -550,45 +590,35 @@ class _Worker:
         dist.destroy_process_group()
 
     def _work(self, h: list[int]) -> None:
+        """One call: take the previous stage's output (before our work in a flow, after it in a
+        slot), run our layers on our queue's head (or all of it, merged), report to rank 0."""
         run, merge, incoming = h[1], h[2], h[3]
-        if incoming == 2:  # a flow: the previous stage's output joins this stage's work
+        if incoming == 2:
             self.queue.append(self._receive(h))
         pending = self._post_receive(h) if incoming == 1 else None
-        sends = []
+        sent = None
         if run:
             start = time.monotonic()
-            hidden, position, kind, logits = self._compute(h, merge)
-            if not self.last:
-                sends.append(self._send_hidden(hidden))
-            if self.device.startswith("cuda"):
-                torch.cuda.synchronize(self.device)
+            hidden, kind = self._compute(merge)
+            if self.last:
+                # Prefill only needs the last position's logits: skip the LM head on the rest.
+                logits = self.model.final_logits(hidden[:, -1:] if kind == "prefill" else hidden)
+            else:
+                sent = self._send_hidden(hidden)
+            _sync(self.device)
             end = time.monotonic()
             report = torch.tensor([start, end], dtype=torch.float64)
-            if logits is not None:
+            if self.last:
                 report = torch.cat([report, logits.reshape(-1).double().cpu()])
             dist.send(report, dst=0, group=_GROUPS["calls"])
         if pending is not None:
             work, buffer, position, kind = pending
             work.wait()
             self.queue.append((position, kind, buffer.to(self.device)))
-        for work in sends:
-            work.wait()
+        if sent is not None:
+            sent.wait()
 
-    def _compute(self, h: list[int], merge: bool):
-        """Run this stage on its input; return (hidden, position, kind, logits to report)."""
-        if self.k == 0:
-            position, count, kind = h[7], h[8], KINDS[h[9]]
-            tokens = [h[10]]
-            if count > 1:
-                buffer = torch.empty(count, dtype=torch.long)
-                dist.recv(buffer, src=0)
-                tokens = buffer.tolist()
-            hidden = self.model.embed(tokens)
-            hidden = self.model.run_layers(hidden, self.layers, position=position, cache=self.cache)
-            logits = None
-            if kind == "draft":
-                logits = self.model.exit_logits(hidden, position=position, cache=self.cache)
-            return hidden, position, kind, logits
+    def _compute(self, merge: bool) -> tuple[torch.Tensor, str]:
         if merge:
             items = list(self.queue)
             self.queue.clear()
@@ -596,24 +626,17 @@ class _Worker:
             hidden = torch.cat([item[2] for item in items], dim=1)
         else:
             position, kind, hidden = self.queue.popleft()
-        hidden = self.model.run_layers(hidden, self.layers, position=position, cache=self.cache)
-        return hidden, position, kind, self._final(hidden, kind) if self.last else None
+        return self.model.run_layers(hidden, self.layers, position=position, cache=self.cache), kind
 
-    def _final(self, hidden: torch.Tensor, kind: str) -> torch.Tensor:
-        # Prefill only needs the last position's logits: skip the LM head on the rest.
-        return self.model.final_logits(hidden[:, -1:] if kind == "prefill" else hidden)
-
-    def _send_hidden(self, hidden: torch.Tensor):
-        group = _GROUPS["hidden"]
+    def _send_hidden(self, hidden: torch.Tensor) -> "_Sent":
         tensor = hidden.contiguous().cpu() if _GROUPS["staged"] else hidden.contiguous()
-        return _Sent(dist.isend(tensor, dst=self.k + 2, group=group), tensor)
+        return _Sent(dist.isend(tensor, dst=self.k + 1, group=_GROUPS["hidden"]), tensor)
 
     def _post_receive(self, h: list[int]):
         position, width, kind = h[4], h[5], KINDS[h[6]]
-        on_device = not _GROUPS["staged"]
         buffer = torch.empty((1, width, self.hidden_size), dtype=self.dtype,
-                             device=self.device if on_device else "cpu")
-        return dist.irecv(buffer, src=self.k, group=_GROUPS["hidden"]), buffer, position, kind
+                             device="cpu" if _GROUPS["staged"] else self.device)
+        return dist.irecv(buffer, src=self.k - 1, group=_GROUPS["hidden"]), buffer, position, kind
 
     def _receive(self, h: list[int]) -> tuple[int, str, torch.Tensor]:
         work, buffer, position, kind = self._post_receive(h)
@@ -648,33 +671,31 @@ def _load_weights(spec: PipelineSpec, device: str) -> StagedModel:
     return StagedModel(hf_model, name=spec.model)  # raises ValueError on an unsupported architecture
 
 
-def _keep_stage(model: StagedModel, layers: range, *, first: bool, last: bool) -> None:
-    """Free every decoder layer outside `layers`; embeddings only on stage 1, heads where used."""
+def _keep_stage(model: StagedModel, layers: range, *, last: bool) -> None:
+    """Free every decoder layer outside `layers`, the embeddings and the exit head (stage 1's, on
+    rank 0), and the LM head unless this is the last stage."""
     decoder = model.hf_model.model
     for index in range(len(decoder.layers)):
         if index not in layers:
             decoder.layers[index] = torch.nn.Identity()
-    if not first:
-        decoder.embed_tokens = None
-    shared_exit = first and getattr(model.exit_head, "lm_head", None) is model.hf_model.lm_head
-    if not (last or shared_exit):
+    decoder.embed_tokens = None
+    model.exit_head = None
+    if not last:
         model.hf_model.lm_head = torch.nn.Identity()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
 
 
 def _place(spec: PipelineSpec, rank: int) -> str:
-    """Pin this worker: its own cores (CPU) or its own GPU (cuda:(rank-1) mod count)."""
+    """Pin this worker: its own cores (CPU) or its own GPU (cuda:rank mod count)."""
+    torch.set_num_threads(spec.threads_per_worker)
     if spec.device == "cuda":
-        device = f"cuda:{(rank - 1) % torch.cuda.device_count()}"
+        device = f"cuda:{rank % torch.cuda.device_count()}"
         torch.cuda.set_device(device)
-        torch.set_num_threads(spec.threads_per_worker)
         return device
     cores = sorted(os.sched_getaffinity(0))
     t = spec.threads_per_worker
-    mine = {cores[((rank - 1) * t + i) % len(cores)] for i in range(t)}
-    os.sched_setaffinity(0, mine)
-    torch.set_num_threads(t)
+    os.sched_setaffinity(0, {cores[(rank * t + i) % len(cores)] for i in range(t)})
     return "cpu"
 
 

@@ -2,9 +2,9 @@
 PPSD token-identical to in-process AR; a measured, concurrent trace that validates; a killed or
 hung worker gives a clear error and leaves no process behind.
 
-Workers start once per pool (seconds each on a shared 2-core machine), so one K=2 pool serves
-every test that does not break it; the hang test breaks it last; a K=3 pool covers a middle stage
-and the kill test. Nothing here asserts speed.
+Stage 1 runs in this process; workers (stages 2..K) start once per pool (seconds on a shared
+2-core machine), so one K=2 pool serves every test that does not break it; the hang test breaks
+it last; a K=3 pool covers a middle stage and the kill test. Nothing here asserts speed.
 """
 
 from __future__ import annotations
@@ -122,7 +122,7 @@ def test_a_hung_worker_fails_the_call_within_the_timeout_and_is_cleaned_up(model
     pids = pool.pids
     stream = ppsd.stream(model, PROMPTS["short"], DecodeConfig(max_new_tokens=NEW_TOKENS), executor=pool)
     next(stream)
-    os.kill(pids[1], signal.SIGSTOP)  # alive but silent: only the timeout can tell
+    os.kill(pids[0], signal.SIGSTOP)  # stage 2, alive but silent: only the timeout can tell
     started = time.monotonic()
     with pytest.raises(PipelineError, match="did not answer within 5 s"):
         list(stream)
@@ -135,7 +135,7 @@ def test_a_hung_worker_fails_the_call_within_the_timeout_and_is_cleaned_up(model
 def test_three_stages_then_a_killed_worker(checkpoint, model):
     close_all()
     spec = PipelineSpec(model=checkpoint, stages=stage_layers(8, 3, 3), timeout=TIMEOUT)
-    with DistributedExecutor(spec) as pool:
+    with DistributedExecutor(spec, model) as pool:
         config = DecodeConfig(method="ppsd", exit_layer=3, stages=3, max_new_tokens=NEW_TOKENS)
         expected = ppsd.generate(model, PROMPTS["long"], replace(config, method="ar"))
         assert ppsd.generate(model, PROMPTS["long"], config, executor=pool).token_ids == expected.token_ids
@@ -144,9 +144,9 @@ def test_three_stages_then_a_killed_worker(checkpoint, model):
         stream = ppsd.stream(model, PROMPTS["long"], config, executor=pool)
         for _ in range(5):
             next(stream)
-        os.kill(pids[1], signal.SIGKILL)
+        os.kill(pids[1], signal.SIGKILL)  # stage 3
         started = time.monotonic()
-        with pytest.raises(PipelineError, match=rf"stage 2 \(pid {pids[1]}\) died \(killed by SIGKILL\)"):
+        with pytest.raises(PipelineError, match=rf"stage 3 \(pid {pids[1]}\) died \(killed by SIGKILL\)"):
             list(stream)
         assert time.monotonic() - started < TIMEOUT  # a death is seen at once, not at the timeout
         assert not any(_running(pid) for pid in pids)

@@ -1,0 +1,209 @@
+"""`python -m ppsd.bench_pipeline`: real pipeline parallelism, measured (issue 5, "Measure").
+
+Tokens/s of greedy decoding, same model, prompts and length, every number measured wall time:
+single-process AR (1 and 2 threads), AR on the K-worker pipeline (the fair baseline: each
+stage busy 1/K of the time), PPSD on the K-worker pipeline, and, for reference, in-process
+PPSD on the projected clock (its measured per-stage costs replayed on K workers). Then PPSD's
+measured speedup over pipeline AR against the ideal S_PPSD(a, K) at its measured acceptance.
+
+Runs are interleaved (repeat, prompt, method) so a change in the machine's other load hits
+every method alike; the first `--warmup` repeats are dropped; each method's time per prompt is
+the median of the rest. EOS is ignored, so every run generates exactly `--new-tokens` tokens.
+A benchmark, not a test: nothing is asserted except that every method's output is identical.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import torch
+
+from .config import DecodeConfig
+from .generate import Result, generate
+from .metrics import ideal_ppsd_speedup
+from .model import DEFAULT_MODEL, StagedModel, load_model
+
+PROMPTS_FILE = Path(__file__).resolve().parent.parent / "assets" / "prompts" / "prompts.json"
+
+
+@dataclass(frozen=True)
+class Method:
+    """One line of the table: a decoder on an executor, with this process's thread count."""
+
+    label: str
+    method: str
+    executor: str  # "in-process" or "pipeline"
+    threads: int  # torch threads of this (coordinator) process
+    clock: str = "measured"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m ppsd.bench_pipeline", description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default=DEFAULT_MODEL, help="checkpoint directory (default: embedded)")
+    parser.add_argument("--prompts", default=str(PROMPTS_FILE), help="prompts JSON [{name, category, prompt}]")
+    parser.add_argument("--max-prompts", type=int, default=6, help="first N prompts, spread over categories")
+    parser.add_argument("--new-tokens", type=int, default=64)
+    parser.add_argument("--stages", type=int, default=2, help="K workers (default 2)")
+    parser.add_argument("--exit-layer", type=int, default=None, help="E (default L/K)")
+    parser.add_argument("--threads-per-worker", type=int, default=1)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--warmup", type=int, default=1)
+    parser.add_argument("--device", default="cpu", help="cpu or cuda (workers share one GPU if only one)")
+    parser.add_argument("--json", default=None, help="also write the results here")
+    args = parser.parse_args(argv)
+
+    model, prompts, source = _model_and_prompts(args)
+    config = DecodeConfig(stages=args.stages, exit_layer=args.exit_layer, max_new_tokens=args.new_tokens)
+    config = config.resolved(model.num_layers)
+    methods = [
+        Method("AR, 1 process, 1 thread", "ar", "in-process", 1),
+        Method("AR, 1 process, 2 threads", "ar", "in-process", 2),
+        Method(f"AR, {args.stages}-worker pipeline", "ar", "pipeline", 1),
+        Method(f"PPSD, {args.stages}-worker pipeline", "ppsd", "pipeline", 1),
+        Method("PPSD, 1 process, projected", "ppsd", "in-process", 1, clock="projected"),
+    ]
+    from .distributed import make_executor
+
+    load_before = os.getloadavg()
+    started = time.perf_counter()
+    pool = make_executor(model, config, threads_per_worker=args.threads_per_worker, timeout=60.0)
+    startup = time.perf_counter() - started
+    print(f"model: {source}; {len(prompts)} prompts x {args.new_tokens} tokens; K={args.stages}, "
+          f"E={config.exit_layer}; pool started in {startup:.1f} s (pids {pool.pids})", flush=True)
+    walls: dict[tuple[str, int], list[float]] = {}
+    outputs: dict[tuple[str, int], list[int]] = {}
+    runs: dict[str, list[Result]] = {}
+    for repeat in range(args.warmup + args.repeats):
+        for i, prompt in enumerate(prompts):
+            for m in methods:
+                torch.set_num_threads(m.threads)
+                result = generate(model, prompt, replace(config, method=m.method),
+                                  executor=pool if m.executor == "pipeline" else None)
+                outputs.setdefault((m.label, i), result.token_ids)
+                if outputs[(m.label, i)] != outputs[(methods[0].label, i)]:
+                    raise SystemExit(f"{m.label} differs from {methods[0].label} on prompt {i}: not exact")
+                if repeat >= args.warmup:
+                    walls.setdefault((m.label, i), []).append(result.metrics(m.clock).wall_seconds)
+                    runs.setdefault(m.label, []).append(result)
+        print(f"repeat {repeat + 1}/{args.warmup + args.repeats} done"
+              f"{' (warm-up)' if repeat < args.warmup else ''}", flush=True)
+    pool.close()
+    report = _report(args, config, methods, prompts, walls, runs, source, load_before, startup)
+    print(_table(report))
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=2))
+    return 0
+
+
+def _model_and_prompts(args) -> tuple[StagedModel, list[list[int]], str]:
+    """The embedded model and prompts; else a random Llama of the embedded shape (said so)."""
+    if (Path(args.model) / "config.json").exists():
+        # A snapshot: the coordinator and the K workers load at different moments, and a
+        # checkpoint being retrained would otherwise give them different weights.
+        snapshot = shutil.copytree(args.model, Path(tempfile.mkdtemp(prefix="ppsd-bench-")) / "model")
+        model, tokenizer = load_model(str(snapshot), device=args.device)
+        entries = json.loads(Path(args.prompts).read_text()) if Path(args.prompts).exists() else []
+        chosen = _spread(entries, args.max_prompts)
+        prompts = [tokenizer(p["prompt"], add_special_tokens=False)["input_ids"] for p in chosen]
+        source = f"{args.model} ({', '.join(p['name'] for p in chosen)})"
+        if not prompts:
+            prompts = [tokenizer("def fibonacci(n):", add_special_tokens=False)["input_ids"]]
+    else:
+        model, source = _random_model(args.device)
+        generator = torch.Generator().manual_seed(0)
+        prompts = [torch.randint(1, model.info.vocab_size, (24,), generator=generator).tolist()
+                   for _ in range(args.max_prompts)]
+    # EOS treated as an ordinary token: every method times exactly the same amount of work.
+    fixed = StagedModel(model.hf_model, name=model.info.name, exit_head=model.exit_head)
+    fixed.info = replace(fixed.info, eos_token_ids=())
+    return fixed, prompts, source
+
+
+def _random_model(device: str) -> tuple[StagedModel, str]:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=4096, hidden_size=256, intermediate_size=768, num_hidden_layers=8,
+                         num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=1024,
+                         eos_token_id=None)
+    path = tempfile.mkdtemp(prefix="ppsd-bench-")
+    LlamaForCausalLM(config).save_pretrained(path)
+    model = StagedModel(LlamaForCausalLM.from_pretrained(path).to(device).eval(), name=path)
+    return model, f"random Llama (hidden 256, 8 layers, vocab 4096; the embedded model is missing) at {path}"
+
+
+def _spread(entries: list[dict], count: int) -> list[dict]:
+    """Up to `count` prompts, taking categories in turn so each is represented."""
+    by_category: dict[str, list[dict]] = {}
+    for entry in entries:
+        by_category.setdefault(entry["category"], []).append(entry)
+    chosen: list[dict] = []
+    while len(chosen) < count and any(by_category.values()):
+        for queue in by_category.values():
+            if queue and len(chosen) < count:
+                chosen.append(queue.pop(0))
+    return chosen
+
+
+def _report(args, config, methods, prompts, walls, runs, source, load_before, startup) -> dict:
+    tokens = args.new_tokens * len(prompts)
+    speed = {m.label: tokens / sum(statistics.median(walls[(m.label, i)]) for i in range(len(prompts)))
+             for m in methods}
+    ppsd_label, ar_label = methods[3].label, methods[2].label
+    ppsd_metrics = [r.metrics("measured") for r in runs[ppsd_label]]
+    accepted = sum(m.accepted for m in ppsd_metrics)
+    verified = accepted + sum(m.rejected for m in ppsd_metrics)
+    acceptance = accepted / verified if verified else 0.0
+    ideal = ideal_ppsd_speedup(acceptance, config.stages)
+    measured = speed[ppsd_label] / speed[ar_label]
+    best_single = max(speed[methods[0].label], speed[methods[1].label])
+    utilization = [statistics.mean(u) for u in zip(*(m.stage_utilization for m in ppsd_metrics))]
+    return {
+        "command": "python -m ppsd.bench_pipeline " + " ".join(sys.argv[1:]),
+        "model": source, "device": args.device, "prompts": len(prompts), "new_tokens": args.new_tokens,
+        "stages": config.stages, "exit_layer": config.exit_layer,
+        "stage_layers": [[r.start, r.stop] for r in runs[ar_label][0].trace.stages],
+        "threads_per_worker": args.threads_per_worker, "repeats": args.repeats, "warmup": args.warmup,
+        "pool_startup_seconds": startup,
+        "tokens_per_second": speed,
+        "ppsd_acceptance_rate": acceptance,
+        "ideal_ppsd_speedup": ideal,
+        "measured_ppsd_speedup_vs_pipeline_ar": measured,
+        "measured_over_ideal": measured / ideal,
+        "ppsd_speedup_vs_best_single_process_ar": speed[ppsd_label] / best_single,
+        "ppsd_speedup_vs_single_process_ar_1_thread": speed[ppsd_label] / speed[methods[0].label],
+        "ppsd_stage_utilization_measured": utilization,
+        "loadavg_before": load_before, "loadavg_after": os.getloadavg(),
+        "cpus": len(os.sched_getaffinity(0)),
+    }
+
+
+def _table(report: dict) -> str:
+    lines = [f"{'method':<34} {'tokens/s':>9}  (median of {report['repeats']}, measured wall clock"
+             f" unless said, {report['device']})"]
+    lines += [f"{label:<34} {speed:>9.1f}" for label, speed in report["tokens_per_second"].items()]
+    lines += [
+        f"PPSD acceptance a = {report['ppsd_acceptance_rate']:.3f}; ideal S_PPSD(a, K={report['stages']}) = "
+        f"{report['ideal_ppsd_speedup']:.3f}",
+        f"PPSD measured speedup over pipeline AR = {report['measured_ppsd_speedup_vs_pipeline_ar']:.3f} "
+        f"-> {report['measured_over_ideal']:.3f} of ideal",
+        f"PPSD over best single-process AR = {report['ppsd_speedup_vs_best_single_process_ar']:.3f}; "
+        f"over 1-thread AR = {report['ppsd_speedup_vs_single_process_ar_1_thread']:.3f}",
+        "PPSD stage utilization (measured) = " + ", ".join(f"{u:.2f}" for u in report["ppsd_stage_utilization_measured"]),
+        f"load average before {report['loadavg_before'][0]:.2f}, after {report['loadavg_after'][0]:.2f} "
+        f"on {report['cpus']} CPUs",
+    ]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
