@@ -83,10 +83,10 @@ def stream(model: StagedModel, prompt_ids: list[int], config: DecodeConfig, *,
 
 
 def generate(model: StagedModel, prompt_ids: list[int], config: DecodeConfig, *,
-             executor: Executor | None = None) -> Result:
+             executor: Executor | None = None, stopwatch: Stopwatch | None = None) -> Result:
     """Run to the end; the returned trace is validated."""
     config = config.resolved(model.num_layers)
-    stopwatch = _stopwatch(model)
+    stopwatch = stopwatch or _stopwatch(model)
     executor = executor or make_executor(model, config, stopwatch)
     recorder = Recorder()
     started = time.perf_counter()

@@ -1,0 +1,58 @@
+"""Shared fixtures: tiny seeded models built in code (no network, no downloads)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+from ppsd import StagedModel
+
+# Tests never need the hub; offline mode turns "not found" into an immediate error, not a retry loop.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+def tiny_llama(*, vocab: int = 64, layers: int = 8, seed: int = 0, **overrides) -> LlamaForCausalLM:
+    """A random-weight Llama small enough to run hundreds of decodes per second."""
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+        bos_token_id=None, eos_token_id=None, pad_token_id=None, **overrides,
+    )
+    return LlamaForCausalLM(config).eval()
+
+
+def tiny_tokenizer(vocab: int = 300) -> PreTrainedTokenizerFast:
+    """A byte-level BPE trained in memory on a few lines: real tokenization, no files."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab, special_tokens=["<|endoftext|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    text = ["def fibonacci(n):\n    return n if n < 2 else fibonacci(n - 1) + fibonacci(n - 2)\n",
+            "The quick brown fox jumps over the lazy dog. 1 + 2 = 3.\n"] * 20
+    tokenizer.train_from_iterator(text, trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token="<|endoftext|>")
+
+
+@pytest.fixture(scope="session")
+def llama() -> StagedModel:
+    return StagedModel(tiny_llama(), name="tiny-llama")
+
+
+@pytest.fixture(scope="session")
+def saved_model(tmp_path_factory) -> str:
+    """A tiny Llama and its tokenizer saved like a hub checkpoint, for loaders and the CLI."""
+    path = tmp_path_factory.mktemp("tiny-model")
+    tokenizer = tiny_tokenizer()
+    model = tiny_llama(vocab=len(tokenizer))
+    model.config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return str(path)

@@ -1,0 +1,96 @@
+"""The command line contract: documented JSON fields, and one-line errors with exit status 2."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from ppsd.cli import main
+
+
+def cli(capsys, *args: str) -> tuple[int, str, str]:
+    code = main(list(args))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_json_has_every_documented_field(saved_model, capsys):
+    code, out, _ = cli(capsys, "generate", "--model", saved_model, "--prompt", "def fibonacci(n):",
+                       "--max-new-tokens", "12", "--json")
+    assert code == 0
+    data = json.loads(out)
+    assert {"text", "token_ids", "tokens", "drafts", "metrics", "trace", "config"} <= set(data)
+    assert len(data["token_ids"]) == len(data["tokens"]) == 12
+    assert {"id", "text", "status", "draft"} <= set(data["tokens"][0])
+    assert {t["status"] for t in data["tokens"]} <= {"verified", "accepted", "corrected"}
+    assert all({"position", "id", "text", "fate"} <= set(d) for d in data["drafts"])
+    assert {d["fate"] for d in data["drafts"]} <= {"accepted", "rejected", "flushed"}
+    assert {"acceptance_rate", "accepted", "rejected", "flushed", "tokens_per_second", "wall_seconds",
+            "stage_utilization", "ideal_speedup", "clock"} <= set(data["metrics"])
+    assert data["metrics"]["clock"] == "projected"  # in-process PPSD: overlap can only be projected
+    assert {"stage", "position", "kind", "start", "end", "token_id"} <= set(data["trace"]["events"][0])
+    config = data["config"]
+    assert (config["model"], config["exit_layer"], config["stages"], config["device"], config["dtype"]) == \
+        (saved_model, 4, 2, "cpu", "float32")
+    assert {"draft_len", "seed"} <= set(config)
+
+
+def test_methods_agree_and_text_mode_prints_a_summary(saved_model, capsys):
+    texts = set()
+    for method in ("ar", "eesd", "ppsd"):
+        code, out, _ = cli(capsys, "generate", "--model", saved_model, "--prompt", "The quick",
+                           "--method", method, "--max-new-tokens", "10")
+        assert code == 0
+        text, summary = out.rstrip("\n").rsplit("\n", 1)
+        assert summary.startswith(f"[{method}] 10 tokens")
+        texts.add(text)
+    assert len(texts) == 1
+
+
+BAD_INPUTS = [
+    (["--exit-layer", "0"], "exit layer E=0 is out of range: 1 <= E < 8"),
+    (["--exit-layer", "8"], "exit layer E=8 is out of range: 1 <= E < 8"),
+    (["--stages", "1"], "stages K=1 is out of range: 2 <= K <= 8"),
+    (["--stages", "9"], "stages K=9 is out of range"),
+    (["--stages", "4", "--exit-layer", "6"], "stages K=4 do not fit"),
+    (["--method", "eesd", "--draft-len", "0"], "draft length G=0 is out of range: G >= 1"),
+    (["--max-new-tokens", "0"], "max_new_tokens=0 is out of range: 1 <= N <= 1024"),
+    (["--max-new-tokens", "5000"], "max_new_tokens=5000 is out of range: 1 <= N <= 1024"),
+    (["--temperature", "-1"], "temperature=-1.0 is out of range: T >= 0"),
+    (["--top-p", "0"], "top_p=0.0 is out of range: 0 < P <= 1"),
+    (["--top-p", "1.5"], "top_p=1.5 is out of range: 0 < P <= 1"),
+    (["--method", "beam"], "method 'beam' is unknown; choose one of: ar, eesd, ppsd"),
+    (["--prompt", "   "], "prompt is empty"),
+    (["--prompt", "fox " * 400], "is too long"),
+]
+
+
+@pytest.mark.parametrize("args,message", BAD_INPUTS, ids=[m.split(" ")[0] + str(i) for i, (_, m) in enumerate(BAD_INPUTS)])
+def test_bad_input_exits_2_with_one_line(saved_model, capsys, args, message):
+    base = ["generate", "--model", saved_model, "--prompt", "hello"]
+    code, out, err = cli(capsys, *base, *args)
+    assert code == 2
+    assert message in err
+    assert err.count("\n") == 1 and err.startswith("error: ")
+    assert out == ""
+
+
+def test_models_that_cannot_be_loaded(tmp_path, capsys):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "gpt2"}))
+    cases = {"no/such-model-anywhere": "cannot load model 'no/such-model-anywhere'",
+             str(tmp_path / "missing"): "cannot load model",
+             str(tmp_path): "unsupported architecture 'gpt2'"}
+    for name, message in cases.items():
+        code, _, err = cli(capsys, "generate", "--model", name, "--prompt", "hi")
+        assert code == 2 and message in err and err.count("\n") == 1
+
+
+def test_real_process_exit_status_and_no_traceback(saved_model):
+    done = subprocess.run([sys.executable, "-m", "ppsd", "generate", "--model", saved_model, "--prompt", "hi",
+                           "--stages", "1"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    assert done.stderr.strip() == "error: stages K=1 is out of range: 2 <= K <= 8 (layers)"
+    assert "Traceback" not in done.stderr
