@@ -145,7 +145,7 @@ class LayerExitHead(nn.Module):
         self.exit_layer = exit_layer
         self.adapter = LayerAdapter(model.hf_model.model.layers[exit_layer - 1])
         config = model.hf_model.config
-        self._kv_shape = (getattr(config, "num_key_value_heads", config.num_attention_heads), self.adapter.head_dim)
+        self._kv_heads = getattr(config, "num_key_value_heads", config.num_attention_heads)
         self._base = (model.hf_model.model.norm, model.hf_model.lm_head, model.hf_model.model.rotary_emb,
                       model.hf_model.model.layers[exit_layer - 1])
 
@@ -180,7 +180,7 @@ class LayerExitHead(nn.Module):
 
     def forward(self, hidden: torch.Tensor, position: int, cache: KVCache) -> torch.Tensor:
         # An empty update returns everything layer E-1 cached, without appending anything.
-        empty = hidden.new_empty((hidden.shape[0], *self._kv_shape[:1], 0, self._kv_shape[1]))
+        empty = hidden.new_empty((hidden.shape[0], self._kv_heads, 0, self.adapter.head_dim))
         keys, values = cache.update(empty, empty, self.exit_layer - 1)
         if keys.shape[2] != position + hidden.shape[1]:
             raise RuntimeError(f"layer {self.exit_layer - 1} caches {keys.shape[2]} tokens, "
@@ -387,10 +387,17 @@ def render_card(config: HeadConfig) -> str:
         e.get("description", "Not measured."),
         "",
     ]
-    rows = [(k.removeprefix("acceptance_"), v) for k, v in e.items() if k.startswith("acceptance_")]
+    rows = []
+    if "acceptance_shared" in e and "acceptance_trained" in e:
+        rows.append((f"teacher-forced, {e.get('positions', '?')} held-out positions",
+                     e["acceptance_shared"], e["acceptance_trained"]))
+    prompts = e.get("ppsd_prompts")
+    if prompts and prompts.get("shared") is not None:
+        rows.append((f"greedy PPSD, K={prompts['stages']}, {prompts['prompts']} prompts x "
+                     f"{prompts['max_new_tokens']} tokens", prompts["shared"], prompts["head"]))
     if rows:
-        lines += ["| head | acceptance |", "|---|---|"]
-        lines += [f"| {name} | {value:.3f} |" for name, value in rows]
+        lines += ["| measurement | shared head (before) | trained head (after) |", "|---|---|---|"]
+        lines += [f"| {name} | {before:.3f} | {after:.3f} |" for name, before, after in rows]
         lines.append("")
     for extra in e.get("notes", []):
         lines += [extra, ""]

@@ -399,5 +399,4 @@ def _prompt_evaluation(model, tokenizer, head, path: Path, exit_layer: int) -> d
     note = (f"Greedy PPSD decodes (in process, K={rates['stages']}, {rates['max_new_tokens']} new tokens) of the "
             f"{rates['prompts']} prompts in {path.name}: acceptance rate (accepted / verified drafts) "
             f"shared {rates['shared']:.3f}, trained {rates['head']:.3f}.")
-    return {"ppsd_prompts": rates, "acceptance_ppsd_prompts_shared": rates["shared"],
-            "acceptance_ppsd_prompts_trained": rates["head"], "notes": [note]}
+    return {"ppsd_prompts": rates, "notes": [note]}
