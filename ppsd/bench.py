@@ -574,9 +574,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--stages", type=int, nargs="+", default=None, help="K values for PPSD")
     parser.add_argument("--draft-lens", type=int, nargs="+", default=None, help="g values for EESD")
     parser.add_argument("--temperatures", type=float, nargs="+", default=None, help="0 is greedy")
-    parser.add_argument("--distributed", choices=("auto", "on", "off"), default="auto",
-                        help="also run AR and PPSD on K worker processes (ppsd.distributed); auto: when "
-                             "available and not --quick (each stage layout starts K processes)")
+    parser.add_argument("--distributed", choices=("auto", "on", "off"), default=None,
+                        help="also run AR and PPSD on K worker processes (ppsd.distributed). auto: when "
+                             "available, for each K whose workers get a core each; on: every K. Default: "
+                             "off with --quick (each stage layout starts K processes), else auto")
     parser.add_argument("--threads", type=int, default=1,
                         help="torch CPU threads (default 1: small models gain nothing from more, and on a "
                              "busy machine spinning threads cost far more than they give)")
@@ -673,16 +674,17 @@ def run(args: argparse.Namespace) -> int:
 def _pipeline(args: argparse.Namespace) -> Callable | None:
     """`ppsd.distributed.make_executor` when K-worker runs are asked for (or auto and available)."""
     available = importlib.util.find_spec("ppsd.distributed") is not None
-    if args.distributed == "on" and not available:
+    mode = args.distributed or ("off" if args.quick else "auto")
+    if mode == "on" and not available:
         raise ValueError("--distributed on, but ppsd.distributed is not part of this installation")
-    if args.distributed == "off" or not available or (args.distributed == "auto" and args.quick):
+    if mode == "off" or not available:
         return None
     module = importlib.import_module("ppsd.distributed")
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
     def make(model: StagedModel, config: DecodeConfig):
         # K processes sharing fewer cores run in turn again: not a K-worker measurement.
-        if args.distributed == "auto" and model.info.device == "cpu" and config.stages * args.threads > cores:
+        if mode == "auto" and model.info.device == "cpu" and config.stages * args.threads > cores:
             return None
         return module.make_executor(model, config, threads_per_worker=args.threads)
     return make

@@ -121,8 +121,28 @@ def markdown(report: dict) -> str:
         f"{meth['max_new_tokens']} tokens per run, {meth['repeats']} timed repeats after {meth['warmup']} warm-up.", "",
         *[f"- {line}" for line in _baseline_lines(report)], "",
         header, rule, *body, "",
-        *[f"- {line}" for line in _central_lines(report)],
+        *[f"- {line}" for line in _central_lines(report)], "",
+        *_category_table(report["results"]),
     ]) + "\n"
+
+
+def _category_table(rows: list[dict]) -> list[str]:
+    """Per task: acceptance rate and speedup (projected for PPSD, measured for EESD)."""
+    rows = [r for r in rows if r["method"] != "ar"]
+    categories = list(dict.fromkeys(c for r in rows for c in r["by_category"]))
+    if not rows:
+        return []
+    lines = ["Per task: acceptance rate / speedup over AR (PPSD projected, EESD measured).", "",
+             "| setting | " + " | ".join(categories) + " |", "|---|" + "---|" * len(categories)]
+    for r in rows:
+        key = "speedup_projected" if r["method"] == "ppsd" else "speedup_measured"
+        cells = []
+        for c in categories:
+            v = r["by_category"].get(c)
+            rate = "-" if v is None or v["acceptance_rate"] is None else f"{v['acceptance_rate']:.2f}"
+            cells.append("-" if v is None else f"{rate} / {v[key]:.2f}x")
+        lines.append(f"| {r['label']} | " + " | ".join(cells) + " |")
+    return lines
 
 
 def figures(report: dict) -> list:
