@@ -5,9 +5,11 @@ from __future__ import annotations
 import argparse
 import json
 
+import transformers
+
 from .config import DecodeConfig, METHODS
 from .generate import Result, generate
-from .model import DEFAULT_MODEL, load_model
+from .model import DEFAULT_MODEL, load_model, model_config
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -34,8 +36,10 @@ def run(args: argparse.Namespace) -> int:
     )
     if not args.prompt.strip():
         raise ValueError("prompt is empty: give some text to continue")
+    # Settings are checked against the checkpoint's config before any weights load.
+    config = config.resolved(model_config(args.model).num_hidden_layers)
+    transformers.utils.logging.disable_progress_bar()  # keeps stderr to one line on error
     model, tokenizer = load_model(args.model, device=args.device)
-    config = config.resolved(model.num_layers)  # before any work: bad settings fail fast
     if args.exit_head:
         from .heads import load_exit_head
 

@@ -235,11 +235,26 @@ def load_model(
     Never runs remote code. Any failure (missing, offline, not a causal LM, unsupported
     architecture) raises ValueError with a one-line reason naming the model.
     """
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     device = resolve_device(device)
     dtype = dtype or default_dtype(device)
     name = str(name_or_path).strip()
+    model_config(name)
+    try:
+        hf_model = AutoModelForCausalLM.from_pretrained(
+            name, dtype=dtype, trust_remote_code=False, attn_implementation="sdpa"
+        ).to(device)
+        tokenizer = AutoTokenizer.from_pretrained(name, trust_remote_code=False)
+    except Exception as error:  # noqa: BLE001
+        raise ValueError(f"cannot load model {name!r}: {_first_line(error)}") from None
+    return StagedModel(hf_model, name=name), tokenizer
+
+
+def model_config(name: str):
+    """The checkpoint's config (cheap: no weights), refused unless it is a supported architecture."""
+    from transformers import AutoConfig
+
     if not name:
         raise ValueError("model name is empty: give a local directory or a Hugging Face hub id")
     try:
@@ -251,14 +266,7 @@ def load_model(
             f"model {name!r} has unsupported architecture {config.model_type!r}; "
             f"supported: {', '.join(SUPPORTED_MODEL_TYPES)}"
         )
-    try:
-        hf_model = AutoModelForCausalLM.from_pretrained(
-            name, dtype=dtype, trust_remote_code=False, attn_implementation="sdpa"
-        ).to(device)
-        tokenizer = AutoTokenizer.from_pretrained(name, trust_remote_code=False)
-    except Exception as error:  # noqa: BLE001
-        raise ValueError(f"cannot load model {name!r}: {_first_line(error)}") from None
-    return StagedModel(hf_model, name=name), tokenizer
+    return config
 
 
 def _first_line(error: Exception) -> str:
