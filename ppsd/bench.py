@@ -353,10 +353,6 @@ def _sync(model: StagedModel) -> None:
         torch.cuda.synchronize()
 
 
-def _median_speed(tokens: int, walls: Sequence[float]) -> float:
-    return tokens / statistics.median(walls)
-
-
 @dataclass
 class Run:
     """A benchmark in progress: what it measures and what has finished (kept on Ctrl-C)."""
@@ -382,7 +378,7 @@ class Run:
         hits both alike."""
         from .generate import generate
 
-        eos = self.model.info.eos_token_ids or _hf_eos(self.model)
+        eos = _hf_eos(self.model)  # the bench's own model ignores EOS; HF's generation config knows it
         config = Setting("ar", balanced_exit_layer(self.model.num_layers, 2), 2, 0.0).config(self.max_new_tokens)
         ours, theirs, matches = [], [], True
         for p in self.prompts:
@@ -447,6 +443,35 @@ class Run:
         for s, walls in hf_walls.items():
             self.hf_assisted[s] = {"tokens_per_second": tokens / sum(statistics.median(w) for w in walls),
                                    "matches": matches[s]}
+
+    def report(self, baselines: dict, *, interrupted: bool, prompts_source: str, args: argparse.Namespace) -> dict:
+        """The whole record: machine, model, method, baselines, one row per finished setting."""
+        rows = self.rows()
+        hf_checks = [v["matches"] for v in self.hf_assisted.values()]
+        baselines = dict(baselines, eesd_matches_hf_assistant_early_exit=all(hf_checks) if hf_checks else None,
+                         eesd_hf_settings_checked=len(hf_checks))
+        info = self.model.info
+        return {
+            "machine": machine_info(self.model),
+            "model": {"name": info.name, "model_type": info.model_type, "num_layers": info.num_layers,
+                      "vocab_size": info.vocab_size},
+            "method": {
+                "warmup": self.warmup, "repeats": self.repeats, "max_new_tokens": self.max_new_tokens,
+                "quick": args.quick, "prompts_source": prompts_source, "command": command_line(args),
+                "prompts": [{"name": p["name"], "category": p["category"], "prompt_tokens": len(p["ids"])}
+                            for p in self.prompts],
+                "clocks": {"measured": "wall time on this one device, stages run in turn",
+                           "projected": "the same measured stage work replayed on K concurrent workers",
+                           "distributed": "wall time with one worker process per stage (ppsd.distributed)"},
+                "timing": "rounds run every setting of a group once, interleaved; median of the rounds after "
+                          "warm-up; ranges are the lowest and highest per-round (paired) speedups",
+                "eos": "ignored: every run generates exactly max_new_tokens",
+            },
+            "baselines": baselines,
+            "results": rows,
+            "central_point": central_point(rows),
+            "interrupted": interrupted,
+        }
 
     def rows(self) -> list[dict]:
         rows = []
@@ -637,26 +662,7 @@ def run(args: argparse.Namespace) -> int:
         if bench.pipeline is not None:
             importlib.import_module("ppsd.distributed").close_all()
     bar.close()
-    rows = bench.rows()
-    hf_checks = [v["matches"] for v in bench.hf_assisted.values()]
-    baselines["eesd_matches_hf_assistant_early_exit"] = all(hf_checks) if hf_checks else None
-    baselines["eesd_hf_settings_checked"] = len(hf_checks)
-    report = {
-        "machine": machine_info(model),
-        "model": {"name": model.info.name, "model_type": model.info.model_type, "num_layers": model.num_layers,
-                  "vocab_size": model.info.vocab_size},
-        "method": {"warmup": warmup, "repeats": repeats, "max_new_tokens": new_tokens, "quick": args.quick,
-                   "prompts_source": source, "prompts": [{k: p[k] for k in ("name", "category")} | {
-                       "prompt_tokens": len(p["ids"])} for p in prompts],
-                   "command": command_line(args),
-                   "clocks": {"measured": "wall time on this one device, stages run in turn",
-                              "projected": "the same measured stage work replayed on K concurrent workers"},
-                   "timing": "median of repeats after warm-up; spread = fastest/slowest repeat per prompt"},
-        "baselines": baselines,
-        "results": rows,
-        "central_point": central_point(rows),
-        "interrupted": interrupted,
-    }
+    report = bench.report(baselines, interrupted=interrupted, prompts_source=source, args=args)
     bench_report.write_all(report, Path(args.out), plotly_js=args.plotly_js)
     table = bench_report.table(report)
     if args.json:
