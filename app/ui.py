@@ -28,6 +28,7 @@ DEFAULT_LAYERS = 8  # slider ranges before any model is described; replaced on p
 REPLAY_SECONDS = 4.0  # screen time of the slowest lane in the race replay
 REPLAY_FPS = 12
 QUEUE_SIZE = 16
+FIGURE_SECONDS = 1.0  # live redraw period of the plots (the token streams follow every snapshot)
 
 BUILTIN_EXAMPLES = (
     {"name": "fibonacci", "category": "code", "prompt": "def fibonacci(n):\n    "},
@@ -137,8 +138,9 @@ class Outputs:
         return [self.headline, *cols, self.timeline, self.theory, self.metrics, self.summary, self.race]
 
 
-def render_snapshot(snap: Snapshot) -> tuple:
-    """Every output of the page for one snapshot (live or final), in `Outputs` order."""
+def render_snapshot(snap: Snapshot, *, figures: bool = True) -> tuple:
+    """Every output of the page for one snapshot (live or final), in `Outputs` order; with
+    `figures` False the two plots are left as they are (gr.skip)."""
     piece = snap.loaded.piece
     prompt = snap.request.prompt
     finished = {m: (r.result.metrics("measured"), r.result.metrics("projected"))
@@ -162,7 +164,8 @@ def render_snapshot(snap: Snapshot) -> tuple:
             pending = run.recorder.pending
         columns += [stats, render.render_tokens(run.recorder.tokens, piece, prompt=prompt, pending=pending,
                                                 deciders=deciders)]
-    return (_headline(snap, finished), *columns, _timeline(snap), _theory(snap, finished),
+    plots = (_timeline(snap), _theory(snap, finished)) if figures else (gr.skip(), gr.skip())
+    return (_headline(snap, finished), *columns, *plots,
             render.render_metrics_table(finished), _summary(snap, finished) if snap.done else None,
             _race_state(snap) if snap.done else None)
 
@@ -277,10 +280,27 @@ def on_run(prompt: str, model: str, exit_layer: float, stages: float, eesd: bool
             loading = render.render_headline(None, None, None, stages=request.stages, device="",
                                              status=f"Loading {request.model} (first use)…")
             yield (loading, *[gr.skip()] * 11)
-        for snapshot in run_comparison(request, CACHE):
-            yield render_snapshot(snapshot)
+        yield from _updates(run_comparison(request, CACHE))
     except ValueError as error:
         raise gr.Error(str(error), title="Cannot run") from None
+
+
+def _updates(snapshots: Iterator[Snapshot]) -> Iterator[tuple]:
+    """Outputs for each snapshot, sending only what changed: a long run re-sent in full four
+    times a second (thousands of timeline bars, every column's HTML) chokes the browser. Live
+    figures are redrawn at most every FIGURE_SECONDS, and whenever a method finishes."""
+    sent: list = []
+    drawn_at, finished = 0.0, 0
+    for snap in snapshots:
+        done = sum(run.done for run in snap.runs.values())
+        figures = snap.done or done != finished or time.perf_counter() - drawn_at >= FIGURE_SECONDS
+        values = render_snapshot(snap, figures=figures)
+        if figures:
+            drawn_at, finished = time.perf_counter(), done
+        changed = tuple(gr.skip() if i < len(sent) and isinstance(v, str) and v == sent[i] else v
+                        for i, v in enumerate(values))
+        sent = list(values)
+        yield changed
 
 
 def on_replay(race: dict | None) -> Iterator[str]:
