@@ -14,6 +14,7 @@ in turn; "projected" replays the same measured stage work on K concurrent worker
 from __future__ import annotations
 
 import argparse
+import hashlib
 import importlib.util
 import itertools
 import json
@@ -454,7 +455,7 @@ class Run:
         return {
             "machine": machine_info(self.model),
             "model": {"name": info.name, "model_type": info.model_type, "num_layers": info.num_layers,
-                      "vocab_size": info.vocab_size},
+                      "vocab_size": info.vocab_size, "weights_sha256": weights_digest(info.name)},
             "method": {
                 "warmup": self.warmup, "repeats": self.repeats, "max_new_tokens": self.max_new_tokens,
                 "quick": args.quick, "prompts_source": prompts_source, "command": command_line(args),
@@ -572,6 +573,18 @@ def machine_info(model: StagedModel) -> dict:
         "distributed_executor": "available" if importlib.util.find_spec("ppsd.distributed") else "absent",
         "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
+
+
+def weights_digest(name: str) -> str | None:
+    """SHA-256 over a local model folder's safetensors files: which weights were measured
+    (a folder can be overwritten later, for example by a training run)."""
+    files = sorted(Path(name).glob("*.safetensors")) if Path(name).is_dir() else []
+    if not files:
+        return None
+    digest = hashlib.sha256()
+    for file in files:
+        digest.update(file.read_bytes())
+    return digest.hexdigest()
 
 
 def _read(path: str) -> str:

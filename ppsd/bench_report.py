@@ -116,7 +116,8 @@ def markdown(report: dict) -> str:
         f"threads, device {m['device']}{' (' + m['gpu'] + ')' if m.get('gpu') else ''}, dtype {m['dtype']}, torch "
         f"{m['torch']}, transformers {m['transformers']}, load average at start "
         f"{', '.join(f'{x:.1f}' for x in m['load_average_at_start'] or [])}, {m['date_utc']}.", "",
-        f"Model: {report['model']['name']} ({report['model']['num_layers']} layers). Prompts: "
+        f"Model: {report['model']['name']} ({report['model']['num_layers']} layers, weights sha256 "
+        f"{(report['model'].get('weights_sha256') or 'n/a')[:16]}). Prompts: "
         f"{', '.join(p['name'] + ' (' + p['category'] + ')' for p in meth['prompts'])} from {meth['prompts_source']}. "
         f"{meth['max_new_tokens']} tokens per run, {meth['repeats']} timed repeats after {meth['warmup']} warm-up.", "",
         *[f"- {line}" for line in _baseline_lines(report)], "",
