@@ -176,6 +176,7 @@ def test_bench_quick_on_a_tiny_model(saved_model, tmp_path, capsys):
     report = json.loads(captured.out)
     assert status == 0 and not report["interrupted"]
     assert {"cpu", "cores", "torch_threads", "torch", "transformers", "device", "dtype"} <= report["machine"].keys()
+    assert len(report["model"]["weights_sha256"]) == 64 and report["model"]["num_layers"] == 8
     b = report["baselines"]
     assert b["ar_tokens_per_second"] > 0 and b["hf_generate_tokens_per_second"] > 0
     assert b["ar_vs_hf_speed_ratio"] == pytest.approx(b["ar_tokens_per_second"] / b["hf_generate_tokens_per_second"])
