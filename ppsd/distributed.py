@@ -254,11 +254,12 @@ class DistributedExecutor:
         worker would block us forever; its silence shows as a late report instead."""
         self._outbox[k].append(_Sent(dist.isend(tensor, dst=k, group=group), tensor))
 
-    def _delivered(self, k: int) -> None:
-        """Worker k reported, so it took every message we sent it before: release them."""
-        for sent in self._outbox[k]:
+    def _delivered(self, k: int, count: int) -> None:
+        """Worker k reported, so it took the first `count` messages we sent it: release them.
+        (Not the hidden state sent since: waiting for its transfer would put it on the critical path.)"""
+        for sent in self._outbox[k][:count]:
             sent.wait()
-        self._outbox[k].clear()
+        del self._outbox[k][:count]
 
     def reset(self) -> None:
         """Empty every cache and queue and restart the clock: the next call begins a run."""
@@ -305,6 +306,7 @@ class DistributedExecutor:
         for k, header in enumerate(call.headers[1:], start=1):  # the workers start first...
             if header is not None:
                 self._post(torch.tensor(header, dtype=torch.long), k)
+        taken = {k: len(sent) for k, sent in self._outbox.items()}  # what a report proves delivered
         reports = {k: torch.empty(2 + self._payload(call, k), dtype=torch.float64) for k in call.ran if k}
         pending = {k: dist.irecv(report, src=k, group=_GROUPS["calls"]) for k, report in reports.items()}
         results: dict = {}
@@ -313,7 +315,7 @@ class DistributedExecutor:
             times[0] = self._stage1(feed, results)
         for k, work in pending.items():
             work.wait()
-            self._delivered(k)
+            self._delivered(k, taken[k])
             times[k] = (float(reports[k][0]) - self._offsets[k], float(reports[k][1]) - self._offsets[k])
             if k == len(self.stages) - 1:
                 logits = reports[k][2:].float().view(-1, self.model.info.vocab_size)
@@ -511,7 +513,7 @@ def _process_context():
     (not from the caller, whose threads make fork unsafe): a new pool starts in the time it
     takes to load the weights, not K times the imports."""
     context = torch.multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(["ppsd.distributed", "transformers.models.llama.modeling_llama",
+    context.set_forkserver_preload(["ppsd.model", "torch.distributed", "transformers.models.llama.modeling_llama",
                                     "transformers.models.auto.modeling_auto"])
     return context
 
@@ -545,9 +547,10 @@ def _serve_quietly(worker: "_Worker", rank: int) -> None:
         sys.exit(1)
 
 
-def run_worker(spec: PipelineSpec, rank: int) -> None:
-    """Entry point of torchrun rank k >= 1, stage k+1 (rank 0 is the coordinator, `join`)."""
-    worker = _Worker(spec, rank, len(spec.stages))
+def run_worker(spec: PipelineSpec, rank: int, *, local_rank: int) -> None:
+    """Entry point of torchrun rank k >= 1, stage k+1 (rank 0 is the coordinator, `join`);
+    `local_rank` (this host's) picks the GPU or the cores."""
+    worker = _Worker(spec, rank, len(spec.stages), local_rank=local_rank)
     _init_group(spec, rank=rank, world=len(spec.stages))
     _serve_quietly(worker, rank)
 
@@ -555,13 +558,13 @@ def run_worker(spec: PipelineSpec, rank: int) -> None:
 class _Worker:
     """Stage k+1 (rank k >= 1): its layers, its KV cache, its queue of incoming hidden states."""
 
-    def __init__(self, spec: PipelineSpec, rank: int, stages: int) -> None:
+    def __init__(self, spec: PipelineSpec, rank: int, stages: int, *, local_rank: int | None = None) -> None:
         from transformers.utils import logging
 
         logging.disable_progress_bar()  # K workers drawing bars over each other helps nobody
         self.k, self.last = rank, rank == stages - 1
         self.layers = spec.stages[rank]
-        self.device = _place(spec, rank)
+        self.device = _place(spec, rank if local_rank is None else local_rank)
         model = _load_weights(spec, self.device)
         _keep_stage(model, self.layers, last=self.last)
         self.model = model
@@ -687,7 +690,7 @@ def _keep_stage(model: StagedModel, layers: range, *, last: bool) -> None:
 
 
 def _place(spec: PipelineSpec, rank: int) -> str:
-    """Pin this worker: its own cores (CPU) or its own GPU (cuda:rank mod count)."""
+    """Pin this worker (`rank` on this host): its own cores (CPU) or GPU (cuda:rank mod count)."""
     torch.set_num_threads(spec.threads_per_worker)
     if spec.device == "cuda":
         device = f"cuda:{rank % torch.cuda.device_count()}"
@@ -714,3 +717,70 @@ def _die_with_parent(parent: int) -> None:
     threading.Thread(target=watch, daemon=True, name="ppsd-parent-watch").start()
     if os.getppid() != parent:
         sys.exit(1)
+
+
+# Command line: local pipeline, or one rank of a torchrun launch -------------------------------
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m ppsd.distributed --prompt TEXT`: one generation on a K-stage pipeline.
+
+    Plain: K - 1 local workers are started. Under torchrun (RANK set): the world is the K
+    stages; rank 0 loads the model and tokenizer, decodes and prints; ranks >= 1 serve.
+    """
+    import argparse
+
+    from .config import METHODS
+    from .generate import generate
+    from .model import DEFAULT_MODEL, load_model
+
+    parser = argparse.ArgumentParser(prog="python -m ppsd.distributed", description=main.__doc__.splitlines()[0])
+    parser.add_argument("--prompt", required=True)
+    parser.add_argument("--model", default=DEFAULT_MODEL, help="a path every host can read, or a hub id")
+    parser.add_argument("--method", default="ppsd", choices=METHODS)
+    parser.add_argument("--stages", type=int, default=2, help="K (under torchrun: the world size)")
+    parser.add_argument("--exit-layer", type=int, default=None)
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--device", default="cpu", help="cpu or cuda")
+    parser.add_argument("--threads-per-worker", type=int, default=1)
+    parser.add_argument("--timeout", type=float, default=30.0)
+    args = parser.parse_args(argv)
+    rank = int(os.environ.get("RANK", "0"))
+    torchrun = "RANK" in os.environ
+    stages = int(os.environ["WORLD_SIZE"]) if torchrun else args.stages
+    config = DecodeConfig(method=args.method, stages=stages, exit_layer=args.exit_layer,
+                          max_new_tokens=args.max_new_tokens)
+    if rank > 0:
+        from transformers import AutoConfig
+
+        layers = AutoConfig.from_pretrained(args.model).num_hidden_layers
+        config = config.resolved(layers)
+        spec = PipelineSpec(model=args.model, stages=stage_layers(layers, config.exit_layer, stages),
+                            device=args.device, threads_per_worker=args.threads_per_worker, timeout=args.timeout)
+        run_worker(spec, rank, local_rank=int(os.environ.get("LOCAL_RANK", "0")))
+        return 0
+    model, tokenizer = load_model(args.model, device=args.device)
+    config = config.resolved(model.num_layers)
+    if torchrun:
+        spec = PipelineSpec(model=args.model, stages=stage_layers(model.num_layers, config.exit_layer, stages),
+                            device=args.device, dtype=model.info.dtype,
+                            threads_per_worker=args.threads_per_worker, timeout=args.timeout)
+        executor = DistributedExecutor(spec, model).join()
+    else:
+        executor = make_executor(model, config, threads_per_worker=args.threads_per_worker, timeout=args.timeout)
+    with executor:
+        prompt_ids = tokenizer(args.prompt, add_special_tokens=False)["input_ids"]
+        result = generate(model, prompt_ids, config, executor=executor)
+    m = result.metrics()
+    rate = "n/a" if m.acceptance_rate is None else f"{m.acceptance_rate:.2f}"
+    print(tokenizer.decode(result.token_ids))
+    print(f"[{config.method}, {stages}-stage pipeline, {args.device}] {m.tokens} tokens, "
+          f"{m.tokens_per_second:.1f} tok/s ({m.clock} clock), acceptance {rate}, "
+          f"stage utilization {', '.join(f'{u:.2f}' for u in m.stage_utilization)}")
+    return 0
+
+
+if __name__ == "__main__":
+    from ppsd.distributed import main as _main  # the importable module, not a __main__ copy of it
+
+    sys.exit(_main())
