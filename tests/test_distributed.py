@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import time
 from dataclasses import replace
 
@@ -150,6 +152,33 @@ def test_three_stages_then_a_killed_worker(checkpoint, model):
             list(stream)
         assert time.monotonic() - started < TIMEOUT  # a death is seen at once, not at the timeout
         assert not any(_running(pid) for pid in pids)
+
+
+def test_workers_exit_when_the_coordinator_is_killed(checkpoint):
+    """No orphans even when the caller dies without cleaning up (SIGKILL skips atexit)."""
+    script = (
+        "import sys, time, ppsd\n"
+        "from ppsd.distributed import make_executor\n"
+        "from conftest import tiny_llama\n"
+        "if __name__ == '__main__':\n"
+        f"    model = ppsd.StagedModel(tiny_llama(), name={checkpoint!r})\n"
+        "    pool = make_executor(model, ppsd.DecodeConfig(stages=3, max_new_tokens=4))\n"
+        "    ppsd.generate(model, [1, 2, 3], ppsd.DecodeConfig(stages=3, max_new_tokens=4), executor=pool)\n"
+        "    print(*pool.pids, flush=True)\n"
+        "    time.sleep(300)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.path.dirname(__file__), os.getcwd()])}
+    coordinator = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        pids = [int(pid) for pid in coordinator.stdout.readline().split()]
+        assert len(pids) == 2 and all(_running(pid) for pid in pids)
+    finally:
+        coordinator.kill()
+        coordinator.wait()
+    deadline = time.monotonic() + 10.0
+    while any(_running(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(_running(pid) for pid in pids)
 
 
 def _running(pid: int) -> bool:
