@@ -297,8 +297,9 @@ def _updates(snapshots: Iterator[Snapshot]) -> Iterator[tuple]:
         values = render_snapshot(snap, figures=figures)
         if figures:
             drawn_at, finished = time.perf_counter(), done
-        changed = tuple(gr.skip() if i < len(sent) and isinstance(v, str) and v == sent[i] else v
-                        for i, v in enumerate(values))
+        # The last update goes out whole: it is what an API client receives as the result.
+        changed = values if snap.done else tuple(
+            gr.skip() if i < len(sent) and isinstance(v, str) and v == sent[i] else v for i, v in enumerate(values))
         sent = list(values)
         yield changed
 
