@@ -256,7 +256,7 @@ def render_theory(
                              mode="lines", name=f"ideal EESD, g={draft_len}, E/L={exit_fraction:.2f}",
                              line=dict(color=KIND_COLORS["draft"], width=3, dash="dash")))
     fig.add_hline(y=1.0, line=dict(color=_FONT, width=1, dash="dot"), annotation_text="1× (AR)",
-                  annotation_position="bottom right")
+                  annotation_position="bottom left")
     symbols = {"PPSD": "star", "EESD": "diamond"}
     for point in points:
         fig.add_trace(go.Scatter(

@@ -248,3 +248,15 @@ def test_agreement_note_tells_identical_from_sampled_from_broken():
     assert "Identical output" in render.agreement_note({"ar": [1, 2], "ppsd": [1, 2]}, greedy=True)
     assert "should not happen" in render.agreement_note({"ar": [1, 2], "ppsd": [1, 3]}, greedy=True)
     assert "distribution" in render.agreement_note({"ar": [1, 2], "ppsd": [1, 3]}, greedy=False)
+
+
+def test_live_updates_send_only_changes_and_end_complete(tiny_cache):
+    from app import ui
+
+    request = RunRequest(prompt="def fibonacci(n):", model="tiny", max_new_tokens=12)
+    updates = list(ui._updates(run_comparison(request, tiny_cache, throttle=0.0)))
+    skipped = lambda value: isinstance(value, dict) and value.get("__type__") == "update"  # noqa: E731
+    assert not any(skipped(v) for v in updates[-1])  # the result an API client receives is whole
+    assert 'class="tok tok-' in updates[-1][4] and updates[-1][-2]["ar"]["token_ids"]
+    ar_stream = [u[2] for u in updates[:-1]]
+    assert sum(not skipped(v) for v in ar_stream) < len(ar_stream) // 2  # unchanged AR text is not re-sent
