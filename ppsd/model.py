@@ -14,6 +14,7 @@ from typing import Protocol
 
 import torch
 from torch import nn
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 # Architectures whose decoder stacks expose model.model.{embed_tokens, layers, norm, rotary_emb}
 # and whose layers only need (hidden, mask, position_embeddings, cache): verified exact in tests.
@@ -235,8 +236,6 @@ def load_model(
     Never runs remote code. Any failure (missing, offline, not a causal LM, unsupported
     architecture) raises ValueError with a one-line reason naming the model.
     """
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     device = resolve_device(device)
     dtype = dtype or default_dtype(device)
     name = str(name_or_path).strip()
@@ -253,8 +252,6 @@ def load_model(
 
 def model_config(name: str):
     """The checkpoint's config (cheap: no weights), refused unless it is a supported architecture."""
-    from transformers import AutoConfig
-
     if not name:
         raise ValueError("model name is empty: give a local directory or a Hugging Face hub id")
     try:
