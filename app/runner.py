@@ -15,11 +15,6 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Callable, Iterator
 
-# Imported here, once, at import time in the main thread: transformers resolves these names
-# lazily and that is not thread-safe; Gradio runs handlers (page load, Load, Run) in worker
-# threads at the same time, and a concurrent first import fails with "cannot import name".
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer  # noqa: F401
-
 import ppsd
 from ppsd import DecodeConfig, Recorder, Result, StagedModel, Trace
 from ppsd.generate import check_prompt
