@@ -27,7 +27,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Iterable, Sequence, TypeVar
 
-from .config import DecodeConfig, balanced_exit_layer
+from .config import DecodeConfig, balanced_exit_layer, stage_layers
 from .metrics import ideal_eesd_speedup
 from .model import DEFAULT_MODEL, StagedModel
 
@@ -202,9 +202,16 @@ def round_speedups(cells: Sequence[Cell], baseline: Sequence[Cell], *, projected
     return [ratio * sum(w[r] for w in base) / sum(w[r] for w in mine) for r in range(len(mine[0]))]
 
 
-def ideal_ppsd(acceptance: float, exit_fraction: float) -> float:
-    """S_PPSD = 1 / (1 - a (1 - E/L)): the spec's form, equal to 1 / (a/K + 1 - a) at E = L/K."""
-    return 1.0 / (1.0 - acceptance * (1.0 - exit_fraction))
+def ideal_ppsd(acceptance: float, slot_fraction: float) -> float:
+    """S_PPSD = 1 / (1 - a (1 - s)), s = layers of the largest stage / L: an accepted token costs
+    one slot and the slowest stage sets the slot (spec: ideal model). With balanced stages s = E/L
+    = 1/K, the spec's 1 / (a/K + 1 - a); for E=2, K=2 on 8 layers the slot is stage 2's 6 layers."""
+    return 1.0 / (1.0 - acceptance * (1.0 - slot_fraction))
+
+
+def slot_fraction(num_layers: int, exit_layer: int, stages: int) -> float:
+    """Layers of the largest stage of the partition, over all layers."""
+    return max(len(r) for r in stage_layers(num_layers, exit_layer, stages)) / num_layers
 
 
 # ---------------------------------------------------------------------------------------------
@@ -221,7 +228,7 @@ def make_row(setting: Setting, cells: Sequence[Cell], ar_cells: Sequence[Cell], 
     measured, ar_measured = speed(cells), speed(ar_cells)
     projected, ar_projected = speed(cells, projected=True), speed(ar_cells, projected=True)
     s_measured, s_projected = speedup(measured, ar_measured), speedup(projected, ar_projected)
-    s_ppsd = ideal_ppsd(rate or 0.0, fraction)
+    s_ppsd = ideal_ppsd(rate or 0.0, slot_fraction(num_layers, setting.exit_layer, setting.stages))
     s_eesd = ideal_eesd_speedup(rate or 0.0, g, fraction)
     own_ideal = {"ppsd": s_ppsd, "eesd": s_eesd}.get(setting.method, 1.0)
     # PPSD in-process can only overlap on the projected clock; EESD and AR are single-device methods.

@@ -9,6 +9,7 @@ import json
 import math
 from pathlib import Path
 
+from .bench import ideal_ppsd, slot_fraction
 from .metrics import ideal_eesd_speedup
 
 CSV_COLUMNS = (
@@ -155,9 +156,10 @@ def figures(report: dict) -> list:
     layers = report["model"]["num_layers"]
     grid = [i / 100 for i in range(101)]
     fig = go.Figure()
-    for e in sorted({r["exit_layer"] for r in rows if r["method"] == "ppsd"}):
-        fig.add_trace(go.Scatter(x=grid, y=[1 / (1 - a * (1 - e / layers)) for a in grid], mode="lines",
-                                 line={"dash": "dash"}, name=f"ideal S_PPSD, E/L={e}/{layers}"))
+    for e, k in sorted({(r["exit_layer"], r["stages"]) for r in rows if r["method"] == "ppsd"}):
+        s = slot_fraction(layers, e, k)
+        fig.add_trace(go.Scatter(x=grid, y=[ideal_ppsd(a, s) for a in grid], mode="lines", line={"dash": "dash"},
+                                 name=f"ideal S_PPSD, E={e} K={k} (slot {round(s * layers)}/{layers} layers)"))
     for e, g in sorted({(r["exit_layer"], r["draft_len"]) for r in rows if r["method"] == "eesd"}):
         fig.add_trace(go.Scatter(x=grid, y=[ideal_eesd_speedup(a, g, e / layers) for a in grid], mode="lines",
                                  line={"dash": "dot"}, name=f"ideal S_EESD, g={g}, E/L={e}/{layers}"))

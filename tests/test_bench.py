@@ -85,6 +85,13 @@ def test_ideal_ppsd_matches_the_spec(a, fraction, expected):
     assert bench.ideal_ppsd(a, fraction) == pytest.approx(expected)
 
 
+# (L, E, K) -> layers of the slowest stage / L: it sets the slot, whichever stage it is.
+@pytest.mark.parametrize("layers,exit_layer,stages,expected", [(8, 4, 2, 4 / 8), (8, 2, 4, 2 / 8), (8, 6, 2, 6 / 8),
+                                                               (8, 2, 2, 6 / 8), (8, 3, 3, 3 / 8), (8, 1, 8, 1 / 8)])
+def test_slot_is_the_slowest_stage(layers, exit_layer, stages, expected):
+    assert bench.slot_fraction(layers, exit_layer, stages) == pytest.approx(expected)
+
+
 def test_repeat_drops_warmup_runs():
     calls, ticks = [], []
     kept = bench.repeat(lambda: calls.append(len(calls)) or len(calls), warmup=2, repeats=3,
