@@ -187,12 +187,6 @@ def speed(cells: Sequence[Cell], *, projected: bool = False) -> Speed:
                  rate(sum(max(w) for w in walls)), rate(sum(min(w) for w in walls)))
 
 
-def speedup(method: Speed, baseline: Speed) -> float:
-    """AR time / method time for the same tokens, as a ratio of speeds (lengths are equal here:
-    every run generates exactly max_new_tokens)."""
-    return method.median / baseline.median
-
-
 def round_speedups(cells: Sequence[Cell], baseline: Sequence[Cell], *, projected: bool = False) -> list[float]:
     """Speedup per round: round r of the method ran right after round r of its AR baseline on
     every prompt, so the spread of these paired ratios is the honest spread of the speedup."""
@@ -221,13 +215,14 @@ def slot_fraction(num_layers: int, exit_layer: int, stages: int) -> float:
 def make_row(setting: Setting, cells: Sequence[Cell], ar_cells: Sequence[Cell], *, num_layers: int,
              draft_len_for_ideal: int = 4) -> dict:
     """The JSON object of one setting: its cells against the cells of its AR baseline."""
-    accepted, rejected = sum(c.accepted for c in cells), sum(c.rejected for c in cells)
-    rate = accepted / (accepted + rejected) if accepted + rejected else None
+    rate = _rate(cells)
     fraction = setting.exit_layer / num_layers
     g = setting.draft_len or draft_len_for_ideal
-    measured, ar_measured = speed(cells), speed(ar_cells)
-    projected, ar_projected = speed(cells, projected=True), speed(ar_cells, projected=True)
-    s_measured, s_projected = speedup(measured, ar_measured), speedup(projected, ar_projected)
+    measured, projected = speed(cells), speed(cells, projected=True)
+    # Headline speedups are medians of the paired per-round ratios, so they sit inside their range.
+    rounds_measured = round_speedups(cells, ar_cells)
+    rounds_projected = round_speedups(cells, ar_cells, projected=True)
+    s_measured, s_projected = statistics.median(rounds_measured), statistics.median(rounds_projected)
     s_ppsd = ideal_ppsd(rate or 0.0, slot_fraction(num_layers, setting.exit_layer, setting.stages))
     s_eesd = ideal_eesd_speedup(rate or 0.0, g, fraction)
     own_ideal = {"ppsd": s_ppsd, "eesd": s_eesd}.get(setting.method, 1.0)
@@ -238,18 +233,18 @@ def make_row(setting: Setting, cells: Sequence[Cell], ar_cells: Sequence[Cell], 
         "method": setting.method, "exit_layer": setting.exit_layer, "stages": setting.stages,
         "draft_len": setting.draft_len, "temperature": setting.temperature, "label": setting.label,
         "prompts": len(cells), "tokens": measured.tokens, "repeats": len(cells[0].walls),
-        "acceptance_rate": rate, "accepted": accepted, "rejected": rejected,
+        "acceptance_rate": rate, "accepted": sum(c.accepted for c in cells),
+        "rejected": sum(c.rejected for c in cells),
         "flushed": sum(c.flushed for c in cells),
         "tokens_per_second": measured.median, "tokens_per_second_min": measured.low,
         "tokens_per_second_max": measured.high,
-        "ar_tokens_per_second": ar_measured.median,
+        "ar_tokens_per_second": speed(ar_cells).median,
         "speedup_measured": s_measured,
-        "speedup_measured_min": min(round_speedups(cells, ar_cells)),
-        "speedup_measured_max": max(round_speedups(cells, ar_cells)),
-        "projected_tokens_per_second": projected.median, "ar_projected_tokens_per_second": ar_projected.median,
+        "speedup_measured_min": min(rounds_measured), "speedup_measured_max": max(rounds_measured),
+        "projected_tokens_per_second": projected.median,
+        "ar_projected_tokens_per_second": speed(ar_cells, projected=True).median,
         "speedup_projected": s_projected,
-        "speedup_projected_min": min(round_speedups(cells, ar_cells, projected=True)),
-        "speedup_projected_max": max(round_speedups(cells, ar_cells, projected=True)),
+        "speedup_projected_min": min(rounds_projected), "speedup_projected_max": max(rounds_projected),
         "speedup_measured_distributed": None, "distributed": None,
         "ideal_speedup": own_ideal, "ideal_ppsd_speedup": s_ppsd, "ideal_eesd_speedup": s_eesd,
         "ideal_eesd_draft_len": g,
@@ -266,11 +261,10 @@ def _by_category(cells: Sequence[Cell], ar_cells: Sequence[Cell]) -> dict:
     for category in dict.fromkeys(c.category for c in cells):
         mine = [c for c in cells if c.category == category]
         base = [c for c in ar_cells if c.category == category]
-        accepted, rejected = sum(c.accepted for c in mine), sum(c.rejected for c in mine)
         found[category] = {
-            "acceptance_rate": accepted / (accepted + rejected) if accepted + rejected else None,
-            "speedup_measured": speedup(speed(mine), speed(base)),
-            "speedup_projected": speedup(speed(mine, projected=True), speed(base, projected=True)),
+            "acceptance_rate": _rate(mine),
+            "speedup_measured": statistics.median(round_speedups(mine, base)),
+            "speedup_projected": statistics.median(round_speedups(mine, base, projected=True)),
         }
     return found
 
@@ -503,7 +497,7 @@ def distributed_fields(row: dict, cells: Sequence[Cell], pipeline_ar: Sequence[C
     """Measured speedups of a method run on K worker processes: against AR on the same K-worker
     pipeline (the fair baseline) and against AR on one device."""
     mine = speed(cells)
-    versus_pipeline = speedup(mine, speed(pipeline_ar))
+    versus_pipeline = statistics.median(round_speedups(cells, pipeline_ar))
     return {
         "speedup_measured_distributed": versus_pipeline,
         "distributed": {
@@ -512,7 +506,7 @@ def distributed_fields(row: dict, cells: Sequence[Cell], pipeline_ar: Sequence[C
             "speedup_vs_ar_pipeline": versus_pipeline,
             "speedup_vs_ar_pipeline_min": min(round_speedups(cells, pipeline_ar)),
             "speedup_vs_ar_pipeline_max": max(round_speedups(cells, pipeline_ar)),
-            "speedup_vs_ar_single_device": speedup(mine, speed(single_ar)),
+            "speedup_vs_ar_single_device": statistics.median(round_speedups(cells, single_ar)),
             "efficiency": versus_pipeline / row["ideal_speedup"],
             "acceptance_rate": _rate(cells),
         },
