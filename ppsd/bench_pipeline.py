@@ -58,6 +58,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--device", default="cpu", help="cpu or cuda (workers share one GPU if only one)")
+    parser.add_argument("--random-hidden", type=int, default=None,
+                        help="use a random Llama of this width (8 layers, vocab 4096) instead of --model")
     parser.add_argument("--json", default=None, help="also write the results here")
     args = parser.parse_args(argv)
 
@@ -106,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _model_and_prompts(args) -> tuple[StagedModel, list[list[int]], str]:
     """The embedded model and prompts; else a random Llama of the embedded shape (said so)."""
-    if (Path(args.model) / "config.json").exists():
+    if args.random_hidden is None and (Path(args.model) / "config.json").exists():
         # A snapshot: the coordinator and the K workers load at different moments, and a
         # checkpoint being retrained would otherwise give them different weights.
         snapshot = shutil.copytree(args.model, Path(tempfile.mkdtemp(prefix="ppsd-bench-")) / "model")
@@ -118,7 +120,7 @@ def _model_and_prompts(args) -> tuple[StagedModel, list[list[int]], str]:
         if not prompts:
             prompts = [tokenizer("def fibonacci(n):", add_special_tokens=False)["input_ids"]]
     else:
-        model, source = _random_model(args.device)
+        model, source = _random_model(args.device, args.random_hidden or 256)
         generator = torch.Generator().manual_seed(0)
         prompts = [torch.randint(1, model.info.vocab_size, (24,), generator=generator).tolist()
                    for _ in range(args.max_prompts)]
@@ -128,17 +130,17 @@ def _model_and_prompts(args) -> tuple[StagedModel, list[list[int]], str]:
     return fixed, prompts, source
 
 
-def _random_model(device: str) -> tuple[StagedModel, str]:
+def _random_model(device: str, hidden: int) -> tuple[StagedModel, str]:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=4096, hidden_size=256, intermediate_size=768, num_hidden_layers=8,
+    config = LlamaConfig(vocab_size=4096, hidden_size=hidden, intermediate_size=3 * hidden, num_hidden_layers=8,
                          num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=1024,
                          eos_token_id=None)
     path = tempfile.mkdtemp(prefix="ppsd-bench-")
     LlamaForCausalLM(config).save_pretrained(path)
     model = StagedModel(LlamaForCausalLM.from_pretrained(path).to(device).eval(), name=path)
-    return model, f"random Llama (hidden 256, 8 layers, vocab 4096; the embedded model is missing) at {path}"
+    return model, f"random Llama (hidden {hidden}, 8 layers, vocab 4096) at {path}"
 
 
 def _spread(entries: list[dict], count: int) -> list[dict]:

@@ -31,6 +31,7 @@ A report (float64) is [start, end, final logits...].
 from __future__ import annotations
 
 import atexit
+import math
 import multiprocessing.connection
 import os
 import signal
@@ -65,10 +66,10 @@ class PipelineError(RuntimeError):
 class PipelineSpec:
     """What every worker loads and how the workers are placed.
 
-    `device` "cpu": rank k gets cores [k t, (k+1) t) of the caller's, t = `threads_per_worker`
-    (wrapping round when there are fewer cores than K t); rank 0's cores are left to the caller,
-    whose own thread count applies to stage 1. "cuda": rank k gets cuda:k mod the GPU count; on
-    one GPU every rank shares cuda:0 as a separate process.
+    `device` "cpu": rank k >= 1 is pinned to cores [k t, (k+1) t) of the caller's, t =
+    `threads_per_worker` (wrapping round when there are fewer cores than K t); rank 0 (the
+    caller, stage 1) runs t threads while the pipeline lives, its cores left free. "cuda": rank
+    k gets cuda:k mod the GPU count; on one GPU every rank shares cuda:0 as a separate process.
     """
 
     model: str  # path or hub id the workers load (stage 1 uses the caller's StagedModel)
@@ -405,13 +406,16 @@ class DistributedExecutor:
             multiprocessing.connection.wait(list(waiting.values()), timeout=0.2)
 
     def _hello(self) -> None:
-        """Check the workers hold the same model; measure the clock offsets of remote hosts."""
+        """Check every worker holds the caller's weights; measure remote hosts' clock offsets."""
         hellos: list = [None] * len(self.stages)
-        dist.all_gather_object(hellos, {"host": socket.gethostname(), "vocab": self.model.info.vocab_size})
+        dist.all_gather_object(hellos, {"host": socket.gethostname()})
         for k in range(1, len(self.stages)):
-            if hellos[k]["vocab"] != self.model.info.vocab_size:
-                raise PipelineError(f"stage {k + 1} loaded a model with vocabulary {hellos[k]['vocab']}, "
-                                    f"stage 1 has {self.model.info.vocab_size}: not the same model")
+            mine = _fingerprint(self.model, self.stages[k])
+            if not math.isclose(hellos[k]["weights"], mine, rel_tol=1e-6):
+                raise PipelineError(
+                    f"stage {k + 1} loaded other weights from {self.spec.model!r} than the caller's model "
+                    f"(fingerprint {hellos[k]['weights']:.6g} vs {mine:.6g}): was the checkpoint rewritten, "
+                    f"or the model changed in memory?")
             if hellos[k]["host"] != socket.gethostname():
                 self._offsets[k] = _clock_offset(k)
 
@@ -464,10 +468,6 @@ def _init_group(spec: PipelineSpec, *, rank: int, world: int, store=None) -> Non
     _GROUPS["staged"] = hidden is None and spec.device == "cuda"  # through host memory
 
 
-def _recv(tensor: torch.Tensor, *, src: int, group) -> None:
-    dist.recv(tensor, src=src, group=group)
-
-
 def _header(op: int, *, position: int = 0) -> list[int]:
     header = [op] + [0] * (HEADER - 1)
     header[7] = position
@@ -499,7 +499,7 @@ def _clock_offset(k: int, rounds: int = 8) -> float:
     for _ in range(rounds):
         sent = time.monotonic()
         _send_header(_header(PING), k)
-        _recv(answer, src=k, group=_GROUPS["calls"])
+        dist.recv(answer, src=k, group=_GROUPS["calls"])
         back = time.monotonic()
         best = min(best, (back - sent, float(answer) - (sent + back) / 2))
     return best[1]
@@ -566,6 +566,7 @@ class _Worker:
         self.layers = spec.stages[rank]
         self.device = _place(spec, rank if local_rank is None else local_rank)
         model = _load_weights(spec, self.device)
+        self.weights = _fingerprint(model, self.layers)
         _keep_stage(model, self.layers, last=self.last)
         self.model = model
         self.cache = KVCache()
@@ -575,7 +576,7 @@ class _Worker:
 
     def serve(self) -> None:
         dist.all_gather_object([None] * dist.get_world_size(),
-                               {"host": socket.gethostname(), "vocab": self.model.info.vocab_size})
+                               {"host": socket.gethostname(), "weights": self.weights})
         header = torch.empty(HEADER, dtype=torch.long)
         with torch.inference_mode():
             while True:
@@ -672,6 +673,15 @@ def _load_weights(spec: PipelineSpec, device: str) -> StagedModel:
         first = (str(error).strip().splitlines() or [type(error).__name__])[0][:300]
         raise ValueError(f"cannot load model {spec.model!r}: {first}") from None
     return StagedModel(hf_model, name=spec.model)  # raises ValueError on an unsupported architecture
+
+
+def _fingerprint(model: StagedModel, layers: range) -> float:
+    """Sum of |w| over the decoder layers `layers` (and the LM head's, seen by the last stage
+    and by the caller alike): equal weights give equal sums, up to summation order."""
+    total = sum(p.detach().double().abs().sum().item() for i in layers for p in model.layers[i].parameters())
+    if layers.stop == model.num_layers:
+        total += model.hf_model.lm_head.weight.detach().double().abs().sum().item()
+    return total
 
 
 def _keep_stage(model: StagedModel, layers: range, *, last: bool) -> None:

@@ -134,6 +134,17 @@ def test_a_hung_worker_fails_the_call_within_the_timeout_and_is_cleaned_up(model
         pool.flow()
 
 
+def test_workers_holding_other_weights_are_refused(checkpoint):
+    """Workers load from the path; the caller's model in memory must be the same weights (a
+    checkpoint rewritten between the two loads would silently break exactness otherwise)."""
+    close_all()
+    other = StagedModel(tiny_llama(seed=1), name=checkpoint)
+    executor = DistributedExecutor(PipelineSpec(model=checkpoint, stages=stage_layers(8, 4, 2)), other)
+    with pytest.raises(PipelineError, match="stage 2 loaded other weights"):
+        executor.start()
+    assert executor.pids and not any(_running(pid) for pid in executor.pids)
+
+
 def test_three_stages_then_a_killed_worker(checkpoint, model):
     close_all()
     spec = PipelineSpec(model=checkpoint, stages=stage_layers(8, 3, 3), timeout=TIMEOUT)
