@@ -12,7 +12,7 @@ concurrent; the projected clock (`Trace.project`) replays it on K workers.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import torch
@@ -63,6 +63,19 @@ class _Item:
     hidden: torch.Tensor  # (1, T, hidden), input to the stage that holds it
 
 
+@dataclass
+class _Collected:
+    """What the stages of one call produced, gathered into an `Output` at the end."""
+
+    events: list[Event] = field(default_factory=list)
+    exit_logits: torch.Tensor | None = None
+    final_position: int | None = None
+    final_logits: torch.Tensor | None = None
+
+    def output(self) -> Output:
+        return Output(tuple(self.events), self.exit_logits, self.final_position, self.final_logits)
+
+
 class InProcessExecutor:
     """All stages in this process, run one after the other, each timed where it ran."""
 
@@ -77,58 +90,58 @@ class InProcessExecutor:
         self._queues: list[list[_Item]] = [[] for _ in stages]
 
     def slot(self, feed: Feed | None, *, slot: int) -> Output:
-        results: dict = {"events": []}
-        for k in reversed(range(len(self.stages))):
+        out = _Collected()
+        for k in reversed(range(len(self.stages))):  # back to front: each stage reads last slot's output
             if k == 0 and feed is not None:
-                self._run_stage1(feed, results, slot=slot)
+                self._run_stage1(feed, out, slot=slot)
             elif k > 0 and self._queues[k]:
-                self._run(k, self._queues[k].pop(0), results, slot=slot)
-        return Output(events=tuple(results.pop("events")), **results)
+                self._run(k, self._queues[k].pop(0), out, slot=slot)
+        return out.output()
 
     def push(self, feed: Feed) -> Output:
-        results: dict = {"events": []}
-        self._run_stage1(feed, results, slot=None)
-        return Output(events=tuple(results.pop("events")), **results)
+        out = _Collected()
+        self._run_stage1(feed, out, slot=None)
+        return out.output()
 
     def flow(self) -> Output:
-        results: dict = {"events": []}
+        out = _Collected()
         for k in range(1, len(self.stages)):
             queued, self._queues[k] = self._queues[k], []
             if queued:
                 merged = _Item(queued[0].position, queued[0].token_id, queued[0].kind,
                                torch.cat([item.hidden for item in queued], dim=1))
-                self._run(k, merged, results, slot=None)
-        return Output(events=tuple(results.pop("events")), **results)
+                self._run(k, merged, out, slot=None)
+        return out.output()
 
     def rollback(self, length: int) -> None:
         self._queues = [[] for _ in self.stages]
         self.cache.truncate(length)
 
-    def _run_stage1(self, feed: Feed, results: dict, *, slot: int | None) -> None:
+    def _run_stage1(self, feed: Feed, out: _Collected, *, slot: int | None) -> None:
         start = self._clock.now()
         hidden = self.model.embed(list(feed.tokens))
         hidden = self.model.run_layers(hidden, self.stages[0], position=feed.position, cache=self.cache)
         if feed.kind == "draft":
-            results["exit_logits"] = self.model.exit_logits(hidden, position=feed.position, cache=self.cache)
+            out.exit_logits = self.model.exit_logits(hidden, position=feed.position, cache=self.cache)
         kind: Kind = "prefill" if feed.kind == "prefill" else "verify"
-        self._emit(0, _Item(feed.position, feed.tokens[0], kind, hidden), results)
-        results["events"].append(Event(
+        self._emit(0, _Item(feed.position, feed.tokens[0], kind, hidden), out)
+        out.events.append(Event(
             stage=1, position=feed.position, kind=feed.kind, start=start, end=self._clock.now(),
             token_id=feed.tokens[0], width=len(feed.tokens), slot=slot, from_final=feed.from_final))
 
-    def _run(self, k: int, item: _Item, results: dict, *, slot: int | None) -> None:
+    def _run(self, k: int, item: _Item, out: _Collected, *, slot: int | None) -> None:
         start = self._clock.now()
         hidden = self.model.run_layers(item.hidden, self.stages[k], position=item.position, cache=self.cache)
-        self._emit(k, _Item(item.position, item.token_id, item.kind, hidden), results)
-        results["events"].append(Event(
+        self._emit(k, _Item(item.position, item.token_id, item.kind, hidden), out)
+        out.events.append(Event(
             stage=k + 1, position=item.position, kind=item.kind, start=start, end=self._clock.now(),
             token_id=item.token_id, width=hidden.shape[1], slot=slot))
 
-    def _emit(self, k: int, item: _Item, results: dict) -> None:
+    def _emit(self, k: int, item: _Item, out: _Collected) -> None:
         if k + 1 < len(self.stages):
             self._queues[k + 1].append(item)
-        else:
-            # Prefill only needs the last position's logits: skip the LM head on the rest.
-            hidden = item.hidden[:, -1:] if item.kind == "prefill" else item.hidden
-            results["final_position"] = item.position + item.hidden.shape[1] - hidden.shape[1]
-            results["final_logits"] = self.model.final_logits(hidden)
+            return
+        # Prefill only needs the last position's logits: skip the LM head on the rest.
+        hidden = item.hidden[:, -1:] if item.kind == "prefill" else item.hidden
+        out.final_position = item.position + item.hidden.shape[1] - hidden.shape[1]
+        out.final_logits = self.model.final_logits(hidden)
