@@ -338,6 +338,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prompts", default=None,
                         help="prompts JSON [{name, prompt}] for greedy PPSD acceptance before/after "
                              "(default: assets/prompts/prompts.json when present)")
+    parser.add_argument("--decode-tokens", type=int, default=64, help="new tokens per prompt decode (default 64)")
     parser.add_argument("--device", default="cpu", help="cpu, cuda or auto (default cpu)")
     parser.add_argument("--out", required=True, help="directory for the head, its card and checkpoint")
     parser.add_argument("--resume", action="store_true", help="continue the checkpoint in --out")
@@ -368,7 +369,8 @@ def run(args: argparse.Namespace) -> int:
     }
     prompts_path = Path(args.prompts) if args.prompts else DEFAULT_PROMPTS
     if args.prompts or (prompts_path.is_file() and args.model == DEFAULT_MODEL):
-        evaluation.update(_prompt_evaluation(model, tokenizer, result.head, prompts_path, exit_layer))
+        evaluation.update(_prompt_evaluation(model, tokenizer, result.head, prompts_path, exit_layer,
+                                             args.decode_tokens))
     head_config = HeadConfig(
         head_type=config.head_type, exit_layer=exit_layer, base_model=model.info.name,
         base_fingerprint=fingerprint(model), rank=config.rank if config.head_type == "lowrank" else None,
@@ -389,13 +391,13 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _prompt_evaluation(model, tokenizer, head, path: Path, exit_layer: int) -> dict:
+def _prompt_evaluation(model, tokenizer, head, path: Path, exit_layer: int, max_new_tokens: int) -> dict:
     try:
         entries = json.loads(path.read_text())
         prompts = [tokenizer(e["prompt"], add_special_tokens=False)["input_ids"] for e in entries]
     except (OSError, json.JSONDecodeError, KeyError, TypeError) as error:
         raise ValueError(f"prompts {str(path)!r} unreadable: {error}") from None
-    rates = decode_acceptance(model, head, [p for p in prompts if p], exit_layer)
+    rates = decode_acceptance(model, head, [p for p in prompts if p], exit_layer, max_new_tokens=max_new_tokens)
     note = (f"Greedy PPSD decodes (in process, K={rates['stages']}, {rates['max_new_tokens']} new tokens) of the "
             f"{rates['prompts']} prompts in {path.name}: acceptance rate (accepted / verified drafts) "
             f"shared {rates['shared']:.3f}, trained {rates['head']:.3f}.")
