@@ -446,7 +446,8 @@ class Run:
             self.hf_assisted[s] = {"tokens_per_second": tokens / sum(statistics.median(w) for w in walls),
                                    "matches": matches[s]}
 
-    def report(self, baselines: dict, *, interrupted: bool, prompts_source: str, args: argparse.Namespace) -> dict:
+    def report(self, baselines: dict, *, machine: dict, interrupted: bool, prompts_source: str,
+               args: argparse.Namespace) -> dict:
         """The whole record: machine, model, method, baselines, one row per finished setting."""
         rows = self.rows()
         hf_checks = [v["matches"] for v in self.hf_assisted.values()]
@@ -454,7 +455,7 @@ class Run:
                          eesd_hf_settings_checked=len(hf_checks))
         info = self.model.info
         return {
-            "machine": machine_info(self.model),
+            "machine": machine,
             "model": {"name": info.name, "model_type": info.model_type, "num_layers": info.num_layers,
                       "vocab_size": info.vocab_size, "weights_sha256": weights_digest(info.name)},
             "method": {
@@ -664,6 +665,7 @@ def run(args: argparse.Namespace) -> int:
                 pipeline=_pipeline(args))
     bar.total = bench.total_runs()
     baselines, interrupted = {}, False
+    machine = machine_info(model)  # before timing: the load average and date of the start
     try:
         bar.set_postfix_str("AR vs HF generate()")
         baselines = bench.baselines()
@@ -676,7 +678,7 @@ def run(args: argparse.Namespace) -> int:
         if bench.pipeline is not None:
             importlib.import_module("ppsd.distributed").close_all()
     bar.close()
-    report = bench.report(baselines, interrupted=interrupted, prompts_source=source, args=args)
+    report = bench.report(baselines, machine=machine, interrupted=interrupted, prompts_source=source, args=args)
     bench_report.write_all(report, Path(args.out), plotly_js=args.plotly_js)
     table = bench_report.table(report)
     if args.json:
