@@ -27,8 +27,10 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 from .corpus import build_corpus
 from .train_tiny import exit_layers, heldout_windows, layer_logits
 
-HAND_PROMPTS = ("def fibonacci(n):\n",
-                "class Stack:\n    \"\"\"A last-in, first-out queue.\"\"\"\n\n")
+# Prompts end without their last newline: byte-level BPE merges a newline with the next line's
+# indent, so a bare trailing "\n" token is rare in training and derails the continuation.
+HAND_PROMPTS = ("def fibonacci(n):",
+                "class Stack:\n    \"\"\"A last-in, first-out queue.\"\"\"")
 NEW_TOKENS = 64
 # Prompts cut from held-out files: this many lines ending at a `def` line.
 PROMPT_LINES = 8
@@ -94,7 +96,7 @@ def heldout_prompts(names: list[str], texts: list[str], count: int) -> list[str]
         defs = [i for i, line in enumerate(lines) if line.lstrip().startswith("def ")]
         if name.endswith(".py") and defs and len(prompts) < count:
             cut = defs[len(defs) // 2]  # a def in the middle of the file, past the imports
-            prompts.append("".join(lines[max(0, cut - PROMPT_LINES + 1):cut + 1]))
+            prompts.append("".join(lines[max(0, cut - PROMPT_LINES + 1):cut + 1]).rstrip("\n"))
     return prompts
 
 
@@ -173,7 +175,7 @@ def evaluate(model_dir: str, *, windows: int = 64, seq_len: int = 256,
 
 
 def render_table(report: dict) -> str:
-    """The report as the plain-text tables the model card quotes."""
+    """The report as the plain-text table the model card quotes (also from parsed JSON)."""
     L = report["layers"]
     tf, gr = report["teacher_forced"], report["greedy"]
     lines = [f"model {report['model']}: {report['parameters'] / 1e6:.2f}M parameters, L={L}",
@@ -181,11 +183,11 @@ def render_table(report: dict) -> str:
              "| head | loss | ppl | top-1 | acceptance a (TF) | ideal S_PPSD (TF) | "
              "acceptance a (greedy) | ideal S_PPSD (greedy) |", "|---|---|---|---|---|---|---|---|"]
     for e, s in tf["layers"].items():
-        if e == L:
+        if int(e) == L:
             lines.append(f"| final (L={L}) | {s['loss']:.3f} | {s['perplexity']:.2f} | "
                          f"{s['top1']:.3f} | - | - | - | - |")
         else:
-            lines.append(f"| exit E={e} (K={L / e:.3g}) | {s['loss']:.3f} | "
+            lines.append(f"| exit E={e} (K={L / int(e):.3g}) | {s['loss']:.3f} | "
                          f"{s['perplexity']:.2f} | "
                          f"{s['top1']:.3f} | {s['acceptance']:.3f} | "
                          f"{tf['ideal_ppsd_speedup'][e]:.2f}x | {gr['acceptance'][e]:.3f} | "
