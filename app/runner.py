@@ -116,6 +116,7 @@ class ModelCache:
         self._device = device
         self._loader = loader
         self._models: dict[str, Loaded] = {}
+        self._heads: dict[tuple[str, str, int], object] = {}
         self._lock = threading.Lock()
 
     def __contains__(self, name: str) -> bool:
@@ -126,6 +127,17 @@ class ModelCache:
 
     def names(self) -> list[str]:
         return list(self._models)
+
+    def exit_head(self, path: str, loaded: "Loaded", exit_layer: int):
+        """A trained exit head for `loaded` at `exit_layer`, loaded once (ValueError when it was
+        made for another model or another E: `ppsd.heads.load_exit_head` says which)."""
+        from ppsd.heads import load_exit_head
+
+        key = (path.strip(), loaded.name, exit_layer)
+        with self._lock:
+            if key not in self._heads:
+                self._heads[key] = load_exit_head(key[0], loaded.model, exit_layer)
+            return self._heads[key]
 
     def get(self, name: str) -> Loaded:
         """The loaded model `name`, loading and warming it up on first use (ValueError if it
@@ -165,6 +177,7 @@ class RunRequest:
     temperature: float = 0.0
     top_p: float = 1.0
     seed: int = 0
+    exit_head: str = ""  # a directory written by `python -m ppsd train-head`; empty: the shared head
 
     @property
     def methods(self) -> tuple[str, ...]:
@@ -235,6 +248,8 @@ def run_comparison(request: RunRequest, cache: ModelCache, *,
     loaded = cache.get(request.model)
     model = loaded.model
     configs = {m: request.config(m, model.num_layers) for m in request.methods}
+    if request.exit_head.strip():
+        model = model.with_exit_head(cache.exit_head(request.exit_head, loaded, configs["ar"].exit_layer))
     prompt_ids = loaded.encode(request.prompt)
     check_prompt(model, prompt_ids, configs["ar"])
     stages = ppsd.stage_layers(model.num_layers, configs["ar"].exit_layer, configs["ar"].stages)

@@ -266,12 +266,14 @@ def idle_outputs() -> tuple:
 
 @_gpu
 def on_run(prompt: str, model: str, exit_layer: float, stages: float, eesd: bool, draft_len: float,
-           max_new_tokens: float, temperature: float, top_p: float, seed: float) -> Iterator[tuple]:
+           max_new_tokens: float, temperature: float, top_p: float, seed: float,
+           exit_head: str = "") -> Iterator[tuple]:
     """Run the comparison, yielding every output at the runner's throttled pace."""
     request = RunRequest(prompt=prompt or "", model=(model or "").strip() or ppsd.DEFAULT_MODEL,
                          exit_layer=int(exit_layer), stages=int(stages), eesd=bool(eesd),
                          draft_len=int(draft_len), max_new_tokens=int(max_new_tokens),
-                         temperature=float(temperature), top_p=float(top_p), seed=int(seed))
+                         temperature=float(temperature), top_p=float(top_p), seed=int(seed),
+                         exit_head=exit_head or "")
     if not request.prompt.strip():
         raise gr.Error("The prompt is empty: type some text for the model to continue, or click an example.",
                        title="Nothing to decode")
@@ -424,6 +426,11 @@ def create_controls() -> dict[str, Any]:
                 with gr.Row():
                     c["top_p"] = gr.Slider(0.05, 1.0, value=1.0, step=0.05, label="Top-p")
                     c["seed"] = gr.Number(value=0, precision=0, label="Seed")
+                c["exit_head"] = gr.Textbox(
+                    label="Trained exit head (optional)", value="", elem_id="exit-head",
+                    placeholder="directory written by `python -m ppsd train-head`; empty: the shared head",
+                    info="Made for this model and this E, or refused with the reason. Output stays the "
+                         "full model's either way; only the drafts (and so the speed) change.")
     return c
 
 
@@ -471,7 +478,7 @@ def create_demo() -> gr.Blocks:
         out = Outputs(r["headline"], {m: r[m] for m in ("ar", "ppsd", "eesd")}, r["timeline"], r["theory"],
                       r["metrics"], summary, gr.State(None))
         inputs = [c["prompt"], c["model"], c["exit_layer"], c["stages"], c["eesd"], c["draft_len"],
-                  c["max_new_tokens"], c["temperature"], c["top_p"], c["seed"]]
+                  c["max_new_tokens"], c["temperature"], c["top_p"], c["seed"], c["exit_head"]]
         outputs = out.components()
         run_event = c["run"].click(
             on_run, inputs, outputs, api_name="run", concurrency_limit=1, concurrency_id="device",

@@ -25,9 +25,9 @@ def free_port() -> int:
 
 
 def run_args(model: str, *, prompt: str = "def fibonacci(n):", eesd: bool = False, exit_layer: int = 4,
-             stages: int = 2, max_new_tokens: int = 24) -> tuple:
+             stages: int = 2, max_new_tokens: int = 24, exit_head: str = "") -> tuple:
     """Arguments of the `run` endpoint, in the order of the page's inputs."""
-    return (prompt, model, exit_layer, stages, eesd, 3, max_new_tokens, 0.0, 1.0, 0)
+    return (prompt, model, exit_layer, stages, eesd, 3, max_new_tokens, 0.0, 1.0, 0, exit_head)
 
 
 @pytest.fixture(scope="module")

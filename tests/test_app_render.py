@@ -260,3 +260,23 @@ def test_live_updates_send_only_changes_and_end_complete(tiny_cache):
     assert 'class="tok tok-' in updates[-1][4] and updates[-1][-2]["ar"]["token_ids"]
     ar_stream = [u[2] for u in updates[:-1]]
     assert sum(not skipped(v) for v in ar_stream) < len(ar_stream) // 2  # unchanged AR text is not re-sent
+
+
+def test_runner_uses_a_trained_exit_head_and_refuses_one_for_another_e(tiny_cache, tmp_path):
+    from ppsd.heads import HeadConfig, build_head, fingerprint, save_exit_head
+
+    loaded = tiny_cache.get("tiny")
+    head = build_head("lowrank", loaded.model, 4)
+    torch.nn.init.normal_(head.adapter.up.weight, std=0.5)  # a head unlike the shared one
+    save_exit_head(head, tmp_path, HeadConfig(head_type="lowrank", exit_layer=4, base_model="tiny",
+                                              base_fingerprint=fingerprint(loaded.model), rank=head.rank))
+    shared = list(run_comparison(RunRequest(prompt="def fibonacci(n):", model="tiny", max_new_tokens=16),
+                                 tiny_cache, throttle=0.0))[-1]
+    trained = list(run_comparison(RunRequest(prompt="def fibonacci(n):", model="tiny", max_new_tokens=16,
+                                             exit_head=str(tmp_path)), tiny_cache, throttle=0.0))[-1]
+    ids = {m: r.result.token_ids for m, r in trained.runs.items()}
+    assert ids["ar"] == ids["ppsd"] == shared.runs["ppsd"].result.token_ids  # lossless either way
+    drafts = lambda snap: [d.id for d in snap.runs["ppsd"].result.drafts]  # noqa: E731
+    assert drafts(trained) != drafts(shared)  # the drafts came from the trained head
+    with pytest.raises(ValueError, match="exit layer E=4, not E=2"):
+        list(run_comparison(RunRequest(prompt="hi", model="tiny", stages=4, exit_head=str(tmp_path)), tiny_cache))
