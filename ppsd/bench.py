@@ -28,7 +28,8 @@ from pathlib import Path
 from typing import Callable, Iterable, Sequence, TypeVar
 
 from .config import DecodeConfig, balanced_exit_layer, stage_layers
-from .metrics import ideal_eesd_speedup
+from .metrics import ideal_eesd_speedup, ideal_ppsd_speedup
+from .metrics import slot_fraction as stage_slot_fraction
 from .model import DEFAULT_MODEL, StagedModel
 
 T = TypeVar("T")
@@ -197,15 +198,13 @@ def round_speedups(cells: Sequence[Cell], baseline: Sequence[Cell], *, projected
 
 
 def ideal_ppsd(acceptance: float, slot_fraction: float) -> float:
-    """S_PPSD = 1 / (1 - a (1 - s)), s = layers of the largest stage / L: an accepted token costs
-    one slot and the slowest stage sets the slot (spec: ideal model). With balanced stages s = E/L
-    = 1/K, the spec's 1 / (a/K + 1 - a); for E=2, K=2 on 8 layers the slot is stage 2's 6 layers."""
-    return 1.0 / (1.0 - acceptance * (1.0 - slot_fraction))
+    """S_PPSD at the measured acceptance for a partition whose slowest stage is `slot_fraction`."""
+    return ideal_ppsd_speedup(acceptance, round(1 / slot_fraction), slot_fraction=slot_fraction)
 
 
 def slot_fraction(num_layers: int, exit_layer: int, stages: int) -> float:
     """Layers of the largest stage of the partition, over all layers."""
-    return max(len(r) for r in stage_layers(num_layers, exit_layer, stages)) / num_layers
+    return stage_slot_fraction(stage_layers(num_layers, exit_layer, stages))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
+import torch
 import transformers
 
 from .config import DecodeConfig, METHODS
@@ -24,6 +25,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--top-p", type=float, default=1.0)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--device", default="cpu", help="cpu, cuda or auto (default cpu)")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="CPU threads for torch (default: torch's choice; 1 is faster on a busy shared CPU)")
     parser.add_argument("--exit-head", default=None, help="a trained exit head (train-head output)")
     parser.add_argument("--chrome-trace", default=None, help="also write the trace here (Chrome JSON)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
@@ -39,6 +42,8 @@ def run(args: argparse.Namespace) -> int:
     # Settings are checked against the checkpoint's config before any weights load.
     config = config.resolved(model_config(args.model).num_hidden_layers)
     transformers.utils.logging.disable_progress_bar()  # keeps stderr to one line on error
+    if args.threads:
+        torch.set_num_threads(args.threads)
     model, tokenizer = load_model(args.model, device=args.device)
     if args.exit_head:
         from .heads import load_exit_head

@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
 from .corpus import build_corpus
+from .metrics import ideal_ppsd_speedup
 from .train_tiny import exit_layers, heldout_windows, layer_logits
 
 # Prompts end without their last newline: byte-level BPE merges a newline with the next line's
@@ -58,8 +59,8 @@ class Sample:
 
 
 def ideal_speedup(acceptance: float, exit_layer: int, num_layers: int) -> float:
-    """S_PPSD(a, K) = 1 / (1 - a (1 - E/L)), K = L/E (docs/ppsd-algorithm.md)."""
-    return 1.0 / (1.0 - acceptance * (1.0 - exit_layer / num_layers))
+    """S_PPSD with balanced stages K = L/E: 1 / (1 - a (1 - E/L)) (ppsd.metrics)."""
+    return ideal_ppsd_speedup(acceptance, round(num_layers / exit_layer), slot_fraction=exit_layer / num_layers)
 
 
 def distinct_bigram_ratio(ids: list[int]) -> float:

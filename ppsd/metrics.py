@@ -16,14 +16,25 @@ DEFINITIONS = {
     "stage_utilization": "per stage: busy time / makespan",
     "bubble_fraction": "1 - mean stage utilization",
     "wasted_stage_slots": "stage-token slots spent on work later flushed",
-    "ideal_speedup": "speedup of the ideal model at the measured acceptance rate (PPSD: 1 / (a/K + 1 - a))",
+    "ideal_speedup": "speedup of the ideal model at the measured acceptance rate "
+                     "(PPSD: 1 / (1 - a (1 - s)), s = slowest stage's share of layers; 1/(a/K + 1 - a) when balanced)",
     "speedup": "AR wall time / method wall time, same model, prompt, length, device and clock",
 }
 
 
-def ideal_ppsd_speedup(acceptance: float, stages: int) -> float:
-    """S_PPSD(a, K) = 1 / (a/K + (1 - a)): accepted tokens cost one slot, corrected ones K."""
-    return 1.0 / (acceptance / stages + (1.0 - acceptance))
+def ideal_ppsd_speedup(acceptance: float, stages: int, *, slot_fraction: float | None = None) -> float:
+    """S_PPSD = 1 / (1 - a (1 - s)), s = the slowest stage's share of the layers.
+
+    An accepted token costs one slot (the slowest stage sets it), a corrected one the whole
+    pipeline (L layers). Balanced stages have s = 1/K: the spec's S_PPSD(a, K) = 1 / (a/K + 1 - a).
+    """
+    s = 1.0 / stages if slot_fraction is None else slot_fraction
+    return 1.0 / (1.0 - acceptance * (1.0 - s))
+
+
+def slot_fraction(stages: tuple[range, ...] | list[range]) -> float:
+    """Layers of the largest stage over all layers: the slot of the ideal model, as a share."""
+    return max(len(r) for r in stages) / sum(len(r) for r in stages)
 
 
 def ideal_eesd_speedup(acceptance: float, draft_len: int, exit_fraction: float) -> float:
@@ -65,7 +76,7 @@ def summarize(
     wall = measured_wall_seconds if trace.clock == "measured" else trace.makespan
     utilization = trace.utilization()
     if method == "ppsd":
-        ideal = ideal_ppsd_speedup(rate or 0.0, trace.num_stages)
+        ideal = ideal_ppsd_speedup(rate or 0.0, trace.num_stages, slot_fraction=slot_fraction(trace.stages))
     elif method == "eesd":
         ideal = ideal_eesd_speedup(rate or 0.0, draft_len, exit_fraction)
     else:

@@ -141,3 +141,11 @@ def test_chrome_trace_export(llama):
     assert len(work) == len(trace.events)
     assert {e["tid"] for e in work} == {1, 2}
     assert chrome["otherData"]["clock"] == "measured"
+
+
+def test_ideal_ppsd_speedup_takes_its_slot_from_the_slowest_stage(llama):
+    # L=8, E=2, K=2: stage 2 holds 6 layers, so an accepted token costs 6/8 of AR's time.
+    assert ideal_ppsd_speedup(1.0, 2, slot_fraction=6 / 8) == pytest.approx(8 / 6)
+    result = run(llama, "ppsd", stages=2, exit_layer=2)
+    a = result.metrics().acceptance_rate
+    assert result.metrics().ideal_speedup == pytest.approx(1 / (1 - a * (1 - 6 / 8)))
