@@ -27,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-from .config import DecodeConfig
+from .config import DecodeConfig, balanced_exit_layer
 from .generate import Result, generate
 from .metrics import ideal_ppsd_speedup
 from .model import DEFAULT_MODEL, StagedModel, load_model
@@ -60,6 +60,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="cpu", help="cpu or cuda (workers share one GPU if only one)")
     parser.add_argument("--random-hidden", type=int, default=None,
                         help="use a random Llama of this width (8 layers, vocab 4096) instead of --model")
+    parser.add_argument("--perfect-exit", action="store_true",
+                        help="with --random-hidden: layers from E on add nothing, so every draft is "
+                             "accepted (a = 1): the upper-bound control, same compute per stage")
     parser.add_argument("--json", default=None, help="also write the results here")
     args = parser.parse_args(argv)
 
@@ -120,7 +123,9 @@ def _model_and_prompts(args) -> tuple[StagedModel, list[list[int]], str]:
         if not prompts:
             prompts = [tokenizer("def fibonacci(n):", add_special_tokens=False)["input_ids"]]
     else:
-        model, source = _random_model(args.device, args.random_hidden or 256)
+        exit_layer = args.exit_layer or balanced_exit_layer(8, args.stages)
+        model, source = _random_model(args.device, args.random_hidden or 256,
+                                      perfect_from=exit_layer if args.perfect_exit else None)
         generator = torch.Generator().manual_seed(0)
         prompts = [torch.randint(1, model.info.vocab_size, (24,), generator=generator).tolist()
                    for _ in range(args.max_prompts)]
@@ -130,7 +135,7 @@ def _model_and_prompts(args) -> tuple[StagedModel, list[list[int]], str]:
     return fixed, prompts, source
 
 
-def _random_model(device: str, hidden: int) -> tuple[StagedModel, str]:
+def _random_model(device: str, hidden: int, *, perfect_from: int | None) -> tuple[StagedModel, str]:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
@@ -138,9 +143,16 @@ def _random_model(device: str, hidden: int) -> tuple[StagedModel, str]:
                          num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=1024,
                          eos_token_id=None)
     path = tempfile.mkdtemp(prefix="ppsd-bench-")
-    LlamaForCausalLM(config).save_pretrained(path)
+    hf_model = LlamaForCausalLM(config)
+    if perfect_from is not None:
+        with torch.no_grad():  # zero outputs, full cost: the residual stream passes layers >= E unchanged
+            for layer in hf_model.model.layers[perfect_from:]:
+                layer.self_attn.o_proj.weight.zero_()
+                layer.mlp.down_proj.weight.zero_()
+    hf_model.save_pretrained(path)
     model = StagedModel(LlamaForCausalLM.from_pretrained(path).to(device).eval(), name=path)
-    return model, f"random Llama (hidden {hidden}, 8 layers, vocab 4096) at {path}"
+    perfect = f", layers >= {perfect_from} zeroed (every draft accepted)" if perfect_from is not None else ""
+    return model, f"random Llama (hidden {hidden}, 8 layers, vocab 4096{perfect}) at {path}"
 
 
 def _spread(entries: list[dict], count: int) -> list[dict]:
