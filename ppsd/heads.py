@@ -144,8 +144,6 @@ class LayerExitHead(nn.Module):
         super().__init__()
         self.exit_layer = exit_layer
         self.adapter = LayerAdapter(model.hf_model.model.layers[exit_layer - 1])
-        config = model.hf_model.config
-        self._kv_heads = getattr(config, "num_key_value_heads", config.num_attention_heads)
         self._base = (model.hf_model.model.norm, model.hf_model.lm_head, model.hf_model.model.rotary_emb,
                       model.hf_model.model.layers[exit_layer - 1])
 
@@ -179,9 +177,7 @@ class LayerExitHead(nn.Module):
         return self._attend(hidden_states[self.exit_layer], keys, values, 0)
 
     def forward(self, hidden: torch.Tensor, position: int, cache: KVCache) -> torch.Tensor:
-        # An empty update returns everything layer E-1 cached, without appending anything.
-        empty = hidden.new_empty((hidden.shape[0], self._kv_heads, 0, self.adapter.head_dim))
-        keys, values = cache.update(empty, empty, self.exit_layer - 1)
+        keys, values = cache.keys_values(self.exit_layer - 1)
         if keys.shape[2] != position + hidden.shape[1]:
             raise RuntimeError(f"layer {self.exit_layer - 1} caches {keys.shape[2]} tokens, "
                                f"expected {position + hidden.shape[1]}")

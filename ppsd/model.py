@@ -55,6 +55,11 @@ class KVCache:
                 grown[:, :, :length] = store[layer_idx][:, :, :length]
             store[layer_idx] = grown
 
+    def keys_values(self, layer_idx: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(1, kv_heads, length, dim) keys and values cached for `layer_idx` (views, not copies)."""
+        length = self._lengths[layer_idx]
+        return self._keys[layer_idx][:, :, :length], self._values[layer_idx][:, :, :length]
+
     def length(self, layer_idx: int) -> int:
         """Number of positions cached for `layer_idx` (0 if the layer never ran)."""
         return self._lengths.get(layer_idx, 0)
