@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 import torch
 import transformers
@@ -28,6 +29,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, default=None,
                         help="CPU threads for torch (default: torch's choice; 1 is faster on a busy shared CPU)")
     parser.add_argument("--exit-head", default=None, help="a trained exit head (train-head output)")
+    parser.add_argument("--executor", default="in-process", choices=("in-process", "distributed"),
+                        help="in-process: stages in turn, PPSD's overlap projected (default); "
+                             "distributed: one process per stage over torch.distributed, measured")
     parser.add_argument("--chrome-trace", default=None, help="also write the trace here (Chrome JSON)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
 
@@ -50,7 +54,17 @@ def run(args: argparse.Namespace) -> int:
 
         model = model.with_exit_head(load_exit_head(args.exit_head, model, config.exit_layer))
     prompt_ids = tokenizer(args.prompt, add_special_tokens=False)["input_ids"]
-    result = generate(model, prompt_ids, config)
+    if args.executor == "distributed":
+        from .distributed import PipelineError, make_executor
+
+        try:
+            with make_executor(model, config) as executor:
+                result = generate(model, prompt_ids, config, executor=executor)
+        except PipelineError as error:  # a worker died or hung: not bad input, so status 1
+            print(f"error: the pipeline failed: {error}", file=sys.stderr)
+            return 1
+    else:
+        result = generate(model, prompt_ids, config)
     if args.chrome_trace:
         with open(args.chrome_trace, "w") as f:
             json.dump(result.trace.to_chrome(), f)

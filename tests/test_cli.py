@@ -94,3 +94,14 @@ def test_real_process_exit_status_and_no_traceback(saved_model):
     assert done.returncode == 2
     assert done.stderr.strip() == "error: stages K=1 is out of range: 2 <= K <= 8 (layers)"
     assert "Traceback" not in done.stderr
+
+
+def test_distributed_executor_gives_the_same_tokens_on_the_measured_clock(saved_model, capsys):
+    base = ["generate", "--model", saved_model, "--prompt", "def fibonacci(n):", "--max-new-tokens", "12", "--json"]
+    _, local, _ = cli(capsys, *base)
+    code, distributed, err = cli(capsys, *base, "--executor", "distributed")
+    assert code == 0, err
+    local, distributed = json.loads(local), json.loads(distributed)
+    assert distributed["token_ids"] == local["token_ids"]
+    assert distributed["metrics"]["clock"] == "measured"  # stages really ran at the same time
+    assert distributed["trace"]["events"] and local["metrics"]["clock"] == "projected"
