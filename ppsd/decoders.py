@@ -61,16 +61,17 @@ def eesd(executor: Executor, prompt: list[int], config: DecodeConfig, eos: tuple
         verdicts = [sampler.verify(out.final_logits[i], d) for i, d in enumerate(drafts)]
         accepted = next((i for i, v in enumerate(verdicts) if not v.accepted), len(drafts))
         yield from _work(out, decision="accepted" if accepted == len(drafts) else "corrected")
-        for i, verdict in enumerate(verdicts[: accepted + 1]):
-            status = "accepted" if verdict.accepted else "corrected"
-            token, position = verdict.token, position + 1
-            yield Committed(Token(position, token, status, drafts[i].token))
+        # The accepted prefix, then the full model's token: the correction, or a bonus token
+        # (no draft) read from the last position when every draft was accepted.
+        kept = [Token(0, v.token, "accepted" if v.accepted else "corrected", d.token)
+                for v, d in zip(verdicts[: accepted + 1], drafts)]
+        if accepted == len(drafts):
+            kept.append(Token(0, sampler.pick(out.final_logits[-1]).token, "verified"))
+        for kept_token in kept:
+            token, position = kept_token.id, position + 1
+            yield Committed(replace(kept_token, position=position))
             if position == last or token in eos:
                 break
-        else:
-            if accepted == len(drafts) and position < last and token not in eos:
-                token, position = sampler.pick(out.final_logits[len(drafts)]).token, position + 1
-                yield Committed(Token(position, token, "verified"))
         executor.rollback(position)
         yield Flushed(position)
 
