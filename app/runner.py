@@ -18,6 +18,7 @@ from typing import Callable, Iterator
 import ppsd
 from ppsd import DecodeConfig, Recorder, Result, StagedModel, Trace
 from ppsd.generate import check_prompt
+from ppsd.trace import Stopwatch
 
 THROTTLE_SECONDS = 0.25  # live UI refresh period; the final snapshot always follows
 WARMUP_TOKENS = 4
@@ -41,33 +42,27 @@ def _count(key: str, delta: int) -> None:
         _counts[key] += delta
 
 
-class PausableStopwatch:
-    """Seconds since the run began, not counting the time spent paused (handing snapshots to
-    the UI). `sync` (torch.cuda.synchronize on GPUs) runs before each reading so queued work
-    is counted when it finishes."""
+class PausableStopwatch(Stopwatch):
+    """A `ppsd.trace.Stopwatch` that does not count the time spent paused (handing snapshots to
+    the UI)."""
 
     def __init__(self, sync: Callable[[], None] | None = None) -> None:
-        self._sync = sync
-        self._origin = time.perf_counter()
+        super().__init__(sync)
         self._paused_total = 0.0
-        self._paused_at: float | None = None
+        self._paused_at: float | None = None  # reading of the underlying clock when paused
 
     def now(self) -> float:
         if self._paused_at is not None:
-            return self._paused_at - self._origin - self._paused_total
-        if self._sync is not None:
-            self._sync()
-        return time.perf_counter() - self._origin - self._paused_total
+            return self._paused_at - self._paused_total
+        return super().now() - self._paused_total
 
     def pause(self) -> None:
         if self._paused_at is None:
-            if self._sync is not None:
-                self._sync()
-            self._paused_at = time.perf_counter()
+            self._paused_at = super().now()
 
     def resume(self) -> None:
         if self._paused_at is not None:
-            self._paused_total += time.perf_counter() - self._paused_at
+            self._paused_total += super().now() - self._paused_at
             self._paused_at = None
 
 
