@@ -17,6 +17,7 @@ from typing import Any, Callable, Iterator
 import gradio as gr
 
 import ppsd
+from ppsd.model import model_config
 
 from . import render
 from .runner import ModelCache, RunRequest, Snapshot, run_comparison
@@ -96,10 +97,8 @@ def layer_count(name: str, cache: ModelCache = CACHE) -> int | None:
     if name in cache:
         return cache.get(name).model.num_layers
     try:
-        from transformers import AutoConfig
-
-        return int(AutoConfig.from_pretrained(name, trust_remote_code=False).num_hidden_layers)
-    except Exception:  # noqa: BLE001 - a model not described yet just keeps the default ranges
+        return int(model_config(name).num_hidden_layers)
+    except ValueError:  # a model not described yet just keeps the default ranges
         return None
 
 

@@ -49,7 +49,7 @@ import torch.distributed as dist
 
 from .config import DecodeConfig, stage_layers
 from .executor import Feed, Output
-from .model import KVCache, StagedModel
+from .model import KVCache, StagedModel, default_dtype, load_weights, model_config
 from .steps import Event
 
 WORK, ROLLBACK, PING, SHUTDOWN = 1, 2, 3, 4
@@ -661,18 +661,8 @@ class _Sent:
 
 def _load_weights(spec: PipelineSpec, device: str) -> StagedModel:
     """The model's weights alone (workers need no tokenizer), as `load_model` loads them."""
-    from transformers import AutoModelForCausalLM
-
-    from .model import default_dtype
-
     dtype = getattr(torch, spec.dtype) if spec.dtype else default_dtype(spec.device)
-    try:
-        hf_model = AutoModelForCausalLM.from_pretrained(
-            spec.model, dtype=dtype, trust_remote_code=False, attn_implementation="sdpa").to(device)
-    except Exception as error:  # noqa: BLE001 - every loader failure becomes one clear message
-        first = (str(error).strip().splitlines() or [type(error).__name__])[0][:300]
-        raise ValueError(f"cannot load model {spec.model!r}: {first}") from None
-    return StagedModel(hf_model, name=spec.model)  # raises ValueError on an unsupported architecture
+    return load_weights(spec.model, device=device, dtype=dtype)
 
 
 def _fingerprint(model: StagedModel, layers: range) -> float:
@@ -761,9 +751,7 @@ def main(argv: list[str] | None = None) -> int:
     config = DecodeConfig(method=args.method, stages=stages, exit_layer=args.exit_layer,
                           max_new_tokens=args.max_new_tokens)
     if rank > 0:
-        from transformers import AutoConfig
-
-        layers = AutoConfig.from_pretrained(args.model).num_hidden_layers
+        layers = model_config(args.model).num_hidden_layers
         config = config.resolved(layers)
         spec = PipelineSpec(model=args.model, stages=stage_layers(layers, config.exit_layer, stages),
                             device=args.device, threads_per_worker=args.threads_per_worker, timeout=args.timeout)

@@ -242,17 +242,26 @@ def load_model(
     architecture) raises ValueError with a one-line reason naming the model.
     """
     device = resolve_device(device)
-    dtype = dtype or default_dtype(device)
     name = str(name_or_path).strip()
+    model = load_weights(name, device=device, dtype=dtype or default_dtype(device))
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(name, trust_remote_code=False)
+    except Exception as error:  # noqa: BLE001 - every loader failure becomes one clear message
+        raise ValueError(f"cannot load model {name!r}: {_first_line(error)}") from None
+    return model, tokenizer
+
+
+def load_weights(name: str, *, device: str, dtype: torch.dtype) -> StagedModel:
+    """The model alone (no tokenizer) on an explicit device such as "cuda:1"; errors as in
+    `load_model`. Pipeline workers load their stage through this."""
     model_config(name)
     try:
         hf_model = AutoModelForCausalLM.from_pretrained(
             name, dtype=dtype, trust_remote_code=False, attn_implementation="sdpa"
         ).to(device)
-        tokenizer = AutoTokenizer.from_pretrained(name, trust_remote_code=False)
-    except Exception as error:  # noqa: BLE001
+    except Exception as error:  # noqa: BLE001 - every loader failure becomes one clear message
         raise ValueError(f"cannot load model {name!r}: {_first_line(error)}") from None
-    return StagedModel(hf_model, name=name), tokenizer
+    return StagedModel(hf_model, name=name)
 
 
 def model_config(name: str):
