@@ -24,8 +24,13 @@ processes; it knows nothing of drafts or acceptance (the decoders, unchanged, de
   hangs trips the per-call timeout. Either way the pool is torn down, no process is left, and a
   `PipelineError` names the stage.
 
-Control message (int64): [op, run, merge, incoming, in_position, in_width, in_kind, length].
-A report (float64) is [start, end, final logits...].
+Control message (bytes, one fixed size): a header of HEADER int64, [op, run, merge, incoming,
+in_position, in_width, in_kind, length, att_position, att_width, att_kind, 0], then room for one
+hidden state. Stage 1's output rides to rank 1 *attached* to rank 1's next control message
+(inline when it is one position wide, else in a message right after it), not sent on its own
+the moment stage 1 finishes: measured on 2 cores, a message that crosses stage K's report on the
+wire makes gloo's I/O threads spin, and that cost a PPSD slot 1.2 ms of its 1.3 (`docs/distributed.md`).
+A report (float32) is [start, end (two float64 as four float32), final logits...].
 """
 
 from __future__ import annotations
@@ -54,7 +59,7 @@ from .steps import Event
 
 WORK, ROLLBACK, PING, SHUTDOWN = 1, 2, 3, 4
 KINDS = ("prefill", "draft", "verify")
-HEADER = 8
+HEADER = 12  # int64 fields of a control message
 FOREVER = timedelta(days=365)  # an idle worker waits for its next request as long as it takes
 
 
@@ -120,11 +125,14 @@ class DistributedExecutor:
         self._offsets = [0.0] * len(spec.stages)  # rank k's clock minus ours
         self._origin = time.monotonic()
         self._queues: list[list[_Queued]] = [[] for _ in spec.stages]
+        self._attached: list[tuple[_Queued, torch.Tensor]] = []  # stage 1's output rank 1 has not got yet
+        self._control = _Control(model.hf_model.config.hidden_size, next(model.hf_model.parameters()).dtype)
         self._outbox: dict[int, list[_Sent]] = {k: [] for k in range(1, len(spec.stages))}
         self._started = False
         self._closed = False
         self._broken = False  # a failed group: kill the workers, send them nothing
         self._caller_threads = 0
+        self._caller_cores: set[int] = set()
 
     # Lifecycle -----------------------------------------------------------------------------
 
@@ -154,6 +162,7 @@ class DistributedExecutor:
             self._await_loaded(pipes)
             _init_group(self.spec, rank=0, world=len(self.stages), store=store)
             self._hello()
+            self._pin_caller()
         except BaseException:
             self.close()
             raise
@@ -182,6 +191,8 @@ class DistributedExecutor:
         _GROUPS.clear()
         if self._caller_threads:
             torch.set_num_threads(self._caller_threads)
+        if self._caller_cores:
+            _pin_threads(self._caller_cores)
 
     @property
     def alive(self) -> bool:
@@ -200,6 +211,7 @@ class DistributedExecutor:
         self._claim_threads()
         _init_group(self.spec, rank=0, world=len(self.stages))
         self._hello()
+        self._pin_caller()
         return self
 
     def _claim_threads(self) -> None:
@@ -208,6 +220,16 @@ class DistributedExecutor:
         for theirs). Restored by `close()`."""
         self._caller_threads = torch.get_num_threads()
         torch.set_num_threads(self.spec.threads_per_worker)
+
+    def _pin_caller(self) -> None:
+        """On CPU, keep every thread of this process (torch's, gloo's, the caller's own) on stage
+        1's cores while the pool lives, as each worker keeps to its own: left free to roam, the
+        scheduler parks them on a worker's core and each slot waits for a context switch there
+        (measured: a PPSD run took 1.9x as long unpinned). Restored by `close()`."""
+        if self.device != "cpu":
+            return
+        self._caller_cores = os.sched_getaffinity(0)
+        _pin_threads(_cores_of(0, self.spec.threads_per_worker, sorted(self._caller_cores)))
 
     def __enter__(self) -> "DistributedExecutor":
         return self.start()
@@ -243,12 +265,13 @@ class DistributedExecutor:
 
     def rollback(self, length: int) -> None:
         self._queues = [[] for _ in self.stages]
+        self._attached = []
         self.cache.truncate(length)
         self._guarded(lambda: self._broadcast(_header(ROLLBACK, position=length)))
 
     def _broadcast(self, header: list[int]) -> None:
         for k in range(1, len(self.stages)):
-            self._post(torch.tensor(header, dtype=torch.long), k)
+            self._post(self._control.pack(header), k)
 
     def _post(self, tensor: torch.Tensor, k: int, group=None) -> None:
         """Send without waiting: a gloo send completes only once the receiver takes it, so a hung
@@ -283,10 +306,13 @@ class DistributedExecutor:
         self._emit(call, k, call.items[k], after=not merge)
 
     def _emit(self, call: _Call, k: int, item: _Queued, *, after: bool) -> None:
-        """Stage k's output goes to stage k+1: it receives it after its own work in a slot
-        (`after`), before it in a flow (where it then runs over everything queued)."""
+        """Stage k's output goes to stage k+1: a worker's is received after its own work in a
+        slot (`after`), before it in a flow (where it then runs over everything queued); stage
+        1's is attached to rank 1's next control message (`_stage1`)."""
         if k + 1 < len(self.stages):
             self._queues[k + 1].append(item)
+            if k == 0:
+                return
             header = self._header_for(call, k + 1)
             header[3:7] = [1 if after else 2, item.position, item.width, KINDS.index(item.kind)]
 
@@ -306,9 +332,9 @@ class DistributedExecutor:
     def _exchange(self, call: _Call, feed: Feed | None, slot: int | None) -> Output:
         for k, header in enumerate(call.headers[1:], start=1):  # the workers start first...
             if header is not None:
-                self._post(torch.tensor(header, dtype=torch.long), k)
+                self._post_control(header, k)
         taken = {k: len(sent) for k, sent in self._outbox.items()}  # what a report proves delivered
-        reports = {k: torch.empty(2 + self._payload(call, k), dtype=torch.float64) for k in call.ran if k}
+        reports = {k: torch.empty(4 + self._payload(call, k), dtype=torch.float32) for k in call.ran if k}
         pending = {k: dist.irecv(report, src=k, group=_GROUPS["calls"]) for k, report in reports.items()}
         results: dict = {}
         times: dict[int, tuple[float, float]] = {}
@@ -317,9 +343,10 @@ class DistributedExecutor:
         for k, work in pending.items():
             work.wait()
             self._delivered(k, taken[k])
-            times[k] = (float(reports[k][0]) - self._offsets[k], float(reports[k][1]) - self._offsets[k])
+            start, end = reports[k][:4].view(torch.float64).tolist()
+            times[k] = (start - self._offsets[k], end - self._offsets[k])
             if k == len(self.stages) - 1:
-                logits = reports[k][2:].float().view(-1, self.model.info.vocab_size)
+                logits = reports[k][4:].view(-1, self.model.info.vocab_size)
                 results["final_position"] = call.items[k].position + call.items[k].width - len(logits)
                 results["final_logits"] = logits
         events = tuple(self._event(call, k, feed, times[k][0] - self._origin, times[k][1] - self._origin, slot)
@@ -337,9 +364,25 @@ class DistributedExecutor:
             results["exit_logits"] = model.exit_logits(hidden, position=feed.position, cache=self.cache)
         _sync(self.device)
         end = time.monotonic()
-        tensor = hidden.contiguous().cpu() if _GROUPS["staged"] else hidden.contiguous()
-        self._post(tensor, 1, group=_GROUPS["hidden"])
+        self._attached.append((self._queues[1][-1], hidden))
         return start, end
+
+    def _post_control(self, header: list[int], k: int) -> None:
+        """Send rank k its control message; rank 1's carries what stage 1 produced since its last
+        one (in a slot at most one position; prefill and EESD drafts, contiguous, in a flow)."""
+        attached, self._attached = (self._attached, []) if k == 1 else ([], self._attached)
+        if not attached:
+            self._post(self._control.pack(header), k)
+            return
+        first = attached[0][0]
+        hidden = torch.cat([tensor for _, tensor in attached], dim=1)
+        header[8:11] = [first.position, hidden.shape[1], KINDS.index(first.kind)]
+        if hidden.shape[1] == 1:
+            self._post(self._control.pack(header, hidden.cpu()), k)
+            return
+        self._post(self._control.pack(header), k)
+        self._post(hidden.contiguous().cpu() if _GROUPS["staged"] else hidden.contiguous(), k,
+                   group=_GROUPS["hidden"])
 
     def _payload(self, call: _Call, k: int) -> int:
         """Number of logits in rank k's report: T x V at the last stage, else none."""
@@ -417,7 +460,7 @@ class DistributedExecutor:
                     f"(fingerprint {hellos[k]['weights']:.6g} vs {mine:.6g}): was the checkpoint rewritten, "
                     f"or the model changed in memory?")
             if hellos[k]["host"] != socket.gethostname():
-                self._offsets[k] = _clock_offset(k)
+                self._offsets[k] = _clock_offset(self._control, k)
 
 
 # Process-wide bookkeeping: torch.distributed has one default group per process. --------------
@@ -474,14 +517,40 @@ def _header(op: int, *, position: int = 0) -> list[int]:
     return header
 
 
+@dataclass(frozen=True)
+class _Control:
+    """The fixed-size control message: the header, then room for one position's hidden state."""
+
+    hidden_size: int
+    dtype: torch.dtype
+
+    @property
+    def size(self) -> int:
+        return HEADER * 8 + self.hidden_size * self.dtype.itemsize
+
+    def pack(self, header: list[int], hidden: torch.Tensor | None = None) -> torch.Tensor:
+        message = torch.zeros(self.size, dtype=torch.uint8)
+        message[: HEADER * 8] = torch.tensor(header, dtype=torch.long).view(torch.uint8)
+        if hidden is not None:
+            message[HEADER * 8:] = hidden.reshape(-1).to(self.dtype).view(torch.uint8)
+        return message
+
+    def header(self, message: torch.Tensor) -> list[int]:
+        return message[: HEADER * 8].view(torch.long).tolist()
+
+    def hidden(self, message: torch.Tensor) -> torch.Tensor:
+        """The inline hidden state, (1, 1, hidden), a copy (the buffer is reused)."""
+        return message[HEADER * 8:].view(self.dtype).view(1, 1, self.hidden_size).clone()
+
+
 def _sync(device: str) -> None:
     """Wait for queued GPU work, so a timestamp says when the work ended, not when it was queued."""
     if device.startswith("cuda"):
         torch.cuda.synchronize(device)
 
 
-def _send_header(header: list[int], k: int) -> None:
-    dist.send(torch.tensor(header, dtype=torch.long), dst=k)  # blocks until k takes it: startup only
+def _send_header(control: _Control, header: list[int], k: int) -> None:
+    dist.send(control.pack(header), dst=k)  # blocks until k takes it: startup only
 
 
 def _exit_text(code: int | None) -> str:
@@ -492,13 +561,13 @@ def _exit_text(code: int | None) -> str:
     return f"exit code {code}"
 
 
-def _clock_offset(k: int, rounds: int = 8) -> float:
+def _clock_offset(control: _Control, k: int, rounds: int = 8) -> float:
     """Worker k's clock minus ours, from the ping with the shortest round trip (NTP-style)."""
     best = (float("inf"), 0.0)
     answer = torch.empty(1, dtype=torch.float64)
     for _ in range(rounds):
         sent = time.monotonic()
-        _send_header(_header(PING), k)
+        _send_header(control, _header(PING), k)
         dist.recv(answer, src=k, group=_GROUPS["calls"])
         back = time.monotonic()
         best = min(best, (back - sent, float(answer) - (sent + back) / 2))
@@ -573,33 +642,45 @@ class _Worker:
         self.queue: deque[tuple[int, str, torch.Tensor]] = deque()  # (position, kind, (1, T, hidden))
         self.hidden_size = model.hf_model.config.hidden_size
         self.dtype = next(model.hf_model.parameters()).dtype
+        self.control = _Control(self.hidden_size, self.dtype)
 
     def serve(self) -> None:
         dist.all_gather_object([None] * dist.get_world_size(),
                                {"host": socket.gethostname(), "weights": self.weights})
-        header = torch.empty(HEADER, dtype=torch.long)
+        message = torch.empty(self.control.size, dtype=torch.uint8)
         with torch.inference_mode():
             while True:
-                dist.recv(header, src=0)
-                op = int(header[0])
+                dist.recv(message, src=0)
+                header = self.control.header(message)
+                op = header[0]
                 if op == SHUTDOWN:
                     break
                 if op == ROLLBACK:
                     self.queue.clear()
-                    self.cache.truncate(int(header[7]))
+                    self.cache.truncate(header[7])
                 elif op == PING:
                     dist.send(torch.tensor([time.monotonic()], dtype=torch.float64), dst=0, group=_GROUPS["calls"])
                 else:
-                    self._work(header.tolist())
+                    self._attach(header, message)
+                    self._work(header)
         dist.destroy_process_group()
+
+    def _attach(self, h: list[int], message: torch.Tensor) -> None:
+        """Queue stage 1's output that came with this control message (rank 1 only)."""
+        position, width, kind = h[8], h[9], KINDS[h[10]]
+        if width == 1:
+            self.queue.append((position, kind, self.control.hidden(message).to(self.device)))
+        elif width > 1:
+            self.queue.append(self._receive(position, width, kind))
 
     def _work(self, h: list[int]) -> None:
         """One call: take the previous stage's output (before our work in a flow, after it in a
         slot), run our layers on our queue's head (or all of it, merged), report to rank 0."""
         run, merge, incoming = h[1], h[2], h[3]
+        incoming_item = h[4], h[5], KINDS[h[6]]  # position, width, kind
         if incoming == 2:
-            self.queue.append(self._receive(h))
-        pending = self._post_receive(h) if incoming == 1 else None
+            self.queue.append(self._receive(*incoming_item))
+        pending = self._post_receive(*incoming_item) if incoming == 1 else None
         sent = None
         if run:
             start = time.monotonic()
@@ -611,9 +692,9 @@ class _Worker:
                 sent = self._send_hidden(hidden)
             _sync(self.device)
             end = time.monotonic()
-            report = torch.tensor([start, end], dtype=torch.float64)
+            report = torch.tensor([start, end], dtype=torch.float64).view(torch.float32)
             if self.last:
-                report = torch.cat([report, logits.reshape(-1).double().cpu()])
+                report = torch.cat([report, logits.reshape(-1).float().cpu()])
             dist.send(report, dst=0, group=_GROUPS["calls"])
         if pending is not None:
             work, buffer, position, kind = pending
@@ -636,14 +717,13 @@ class _Worker:
         tensor = hidden.contiguous().cpu() if _GROUPS["staged"] else hidden.contiguous()
         return _Sent(dist.isend(tensor, dst=self.k + 1, group=_GROUPS["hidden"]), tensor)
 
-    def _post_receive(self, h: list[int]):
-        position, width, kind = h[4], h[5], KINDS[h[6]]
+    def _post_receive(self, position: int, width: int, kind: str):
         buffer = torch.empty((1, width, self.hidden_size), dtype=self.dtype,
                              device="cpu" if _GROUPS["staged"] else self.device)
         return dist.irecv(buffer, src=self.k - 1, group=_GROUPS["hidden"]), buffer, position, kind
 
-    def _receive(self, h: list[int]) -> tuple[int, str, torch.Tensor]:
-        work, buffer, position, kind = self._post_receive(h)
+    def _receive(self, position: int, width: int, kind: str) -> tuple[int, str, torch.Tensor]:
+        work, buffer, position, kind = self._post_receive(position, width, kind)
         work.wait()
         return position, kind, buffer.to(self.device)
 
@@ -696,10 +776,22 @@ def _place(spec: PipelineSpec, rank: int) -> str:
         device = f"cuda:{rank % torch.cuda.device_count()}"
         torch.cuda.set_device(device)
         return device
-    cores = sorted(os.sched_getaffinity(0))
-    t = spec.threads_per_worker
-    os.sched_setaffinity(0, {cores[(rank * t + i) % len(cores)] for i in range(t)})
+    os.sched_setaffinity(0, _cores_of(rank, spec.threads_per_worker, sorted(os.sched_getaffinity(0))))
     return "cpu"
+
+
+def _cores_of(rank: int, threads: int, cores: list[int]) -> set[int]:
+    """Rank `rank`'s cores: [rank t, (rank+1) t) of `cores`, wrapping round when there are too few."""
+    return {cores[(rank * threads + i) % len(cores)] for i in range(threads)}
+
+
+def _pin_threads(cores: set[int]) -> None:
+    """Set the affinity of every thread of this process (sched_setaffinity(0) moves only the caller's)."""
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            os.sched_setaffinity(int(tid), cores)
+        except OSError:  # the thread ended meanwhile
+            pass
 
 
 def _die_with_parent(parent: int) -> None:
