@@ -44,25 +44,25 @@ def _count(key: str, delta: int) -> None:
 
 class PausableStopwatch(Stopwatch):
     """A `ppsd.trace.Stopwatch` that does not count the time spent paused (handing snapshots to
-    the UI)."""
+    the UI). Stamps taken by pipeline workers during a pause (run-ahead work) read as the pause's
+    start: the clock is stopped, whoever reads it."""
 
     def __init__(self, sync: Callable[[], None] | None = None) -> None:
         super().__init__(sync)
-        self._paused_total = 0.0
-        self._paused_at: float | None = None  # reading of the underlying clock when paused
+        self._pauses: list[tuple[float, float]] = []  # (start, end) in perf_counter time
+        self._paused_at: float | None = None
 
-    def now(self) -> float:
-        if self._paused_at is not None:
-            return self._paused_at - self._paused_total
-        return super().now() - self._paused_total
+    def at(self, t: float) -> float:
+        pauses = self._pauses + ([(self._paused_at, float("inf"))] if self._paused_at is not None else [])
+        return super().at(t) - sum(max(0.0, min(t, end) - start) for start, end in pauses)
 
     def pause(self) -> None:
         if self._paused_at is None:
-            self._paused_at = super().now()
+            self._paused_at = time.perf_counter()
 
     def resume(self) -> None:
         if self._paused_at is not None:
-            self._paused_total += super().now() - self._paused_at
+            self._pauses.append((self._paused_at, time.perf_counter()))
             self._paused_at = None
 
 

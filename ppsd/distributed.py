@@ -56,6 +56,7 @@ from .config import DecodeConfig, stage_layers
 from .executor import Feed, Output
 from .model import KVCache, StagedModel, default_dtype, load_weights, model_config
 from .steps import Event
+from .trace import Stopwatch
 
 WORK, ROLLBACK, PING, SHUTDOWN = 1, 2, 3, 4
 KINDS = ("prefill", "draft", "verify")
@@ -103,6 +104,9 @@ class _Call:
     headers: list[list[int] | None]
     ran: list[int] = field(default_factory=list)  # stages that compute, in recording order
     items: dict[int, _Queued] = field(default_factory=dict)  # what each of them computes
+    reports: dict[int, tuple[object, torch.Tensor]] = field(default_factory=dict)  # rank -> (irecv, buffer)
+    taken: dict[int, int] = field(default_factory=dict)  # rank -> messages sent it before this call's report
+    launched: bool = False  # control messages sent and reports awaited
 
 
 class DistributedExecutor:
@@ -123,16 +127,19 @@ class DistributedExecutor:
         self.cache = KVCache()  # stage 1's layers and a stateful exit head's entries
         self._processes: list = []
         self._offsets = [0.0] * len(spec.stages)  # rank k's clock minus ours
-        self._origin = time.monotonic()
         self._queues: list[list[_Queued]] = [[] for _ in spec.stages]
         self._attached: list[tuple[_Queued, torch.Tensor]] = []  # stage 1's output rank 1 has not got yet
         self._control = _Control(model.hf_model.config.hidden_size, next(model.hf_model.parameters()).dtype)
-        self._outbox: dict[int, list[_Sent]] = {k: [] for k in range(1, len(spec.stages))}
+        self._outbox: dict[int, deque[_Sent]] = {k: deque() for k in range(1, len(spec.stages))}
+        self._posted = {k: 0 for k in range(1, len(spec.stages))}  # messages ever sent to rank k
+        self._released = {k: 0 for k in range(1, len(spec.stages))}  # of which known delivered
+        self._ahead: _Call | None = None  # the next slot's worker work, launched early (`slot`)
+        self._discarded: list[tuple[object, torch.Tensor]] = []  # reports of run-ahead work a rollback dropped
         self._started = False
         self._closed = False
         self._broken = False  # a failed group: kill the workers, send them nothing
-        self._caller_threads = 0
-        self._caller_cores: set[int] = set()
+        self._clock = Stopwatch()
+        self._caller: tuple[int, set[int]] | None = None  # torch threads and cores outside runs
 
     # Lifecycle -----------------------------------------------------------------------------
 
@@ -145,7 +152,6 @@ class DistributedExecutor:
                                 "close the other pipeline first (one pool per process)")
         self._started = True
         _POOLS.add(self)
-        self._claim_threads()
         store = dist.TCPStore("127.0.0.1", 0, len(self.stages), is_master=True,
                               timeout=timedelta(seconds=self.spec.startup_timeout), wait_for_workers=False)
         context = _process_context()
@@ -162,7 +168,6 @@ class DistributedExecutor:
             self._await_loaded(pipes)
             _init_group(self.spec, rank=0, world=len(self.stages), store=store)
             self._hello()
-            self._pin_caller()
         except BaseException:
             self.close()
             raise
@@ -189,10 +194,7 @@ class DistributedExecutor:
         if dist.is_initialized():
             dist.destroy_process_group()
         _GROUPS.clear()
-        if self._caller_threads:
-            torch.set_num_threads(self._caller_threads)
-        if self._caller_cores:
-            _pin_threads(self._caller_cores)
+        self.end()
 
     @property
     def alive(self) -> bool:
@@ -208,28 +210,34 @@ class DistributedExecutor:
         `run_worker`. The workers are not our children: `close()` shuts them down by message."""
         self._started = True
         _POOLS.add(self)
-        self._claim_threads()
         _init_group(self.spec, rank=0, world=len(self.stages))
         self._hello()
-        self._pin_caller()
         return self
 
-    def _claim_threads(self) -> None:
-        """Stage 1 computes in this process: give it the workers' thread count while the pool
-        lives (more threads than cores left free would make torch's threads fight the workers
-        for theirs). Restored by `close()`."""
-        self._caller_threads = torch.get_num_threads()
-        torch.set_num_threads(self.spec.threads_per_worker)
+    def begin(self, stopwatch: Stopwatch) -> None:
+        """A run starts: empty every cache and queue, stamp on `stopwatch`, and while it lasts
+        give stage 1 (this process) the workers' thread count and, on CPU, pin every thread of
+        this process (torch's, gloo's, the caller's own) to stage 1's cores, as each worker keeps
+        to its own. Left free to roam, the scheduler parks them on a worker's core, and a slot
+        then waits for a context switch there (measured: a PPSD run took 1.9x as long).
+        `end()` gives the process its threads and cores back (between runs it is the caller's)."""
+        if not self.alive:
+            raise PipelineError("the pipeline is not running: start() it (or make a new one)")
+        self._clock = stopwatch
+        self.rollback(0)
+        if self._caller is None:
+            self._caller = torch.get_num_threads(), os.sched_getaffinity(0)
+            torch.set_num_threads(self.spec.threads_per_worker)
+            if self.device == "cpu":
+                _pin_threads(_cores_of(0, self.spec.threads_per_worker, sorted(self._caller[1])))
 
-    def _pin_caller(self) -> None:
-        """On CPU, keep every thread of this process (torch's, gloo's, the caller's own) on stage
-        1's cores while the pool lives, as each worker keeps to its own: left free to roam, the
-        scheduler parks them on a worker's core and each slot waits for a context switch there
-        (measured: a PPSD run took 1.9x as long unpinned). Restored by `close()`."""
-        if self.device != "cpu":
-            return
-        self._caller_cores = os.sched_getaffinity(0)
-        _pin_threads(_cores_of(0, self.spec.threads_per_worker, sorted(self._caller_cores)))
+    def end(self) -> None:
+        if self._caller is not None:
+            threads, cores = self._caller
+            self._caller = None
+            torch.set_num_threads(threads)
+            if self.device == "cpu":
+                _pin_threads(cores)
 
     def __enter__(self) -> "DistributedExecutor":
         return self.start()
@@ -240,22 +248,19 @@ class DistributedExecutor:
     # The Executor protocol ---------------------------------------------------------------
 
     def slot(self, feed: Feed | None, *, slot: int) -> Output:
-        call = _Call(headers=[None] * len(self.stages))
-        for k in reversed(range(len(self.stages))):  # later stages take their input first
-            if k == 0 and feed is not None:
-                self._plan_stage1(call, feed)
-            elif k > 0 and self._queues[k]:
-                self._plan(call, k, [self._queues[k].pop(0)], merge=False)
+        call, self._ahead = self._ahead or self._plan_workers(), None
+        if feed is not None:
+            self._plan_stage1(call, feed)  # after the workers: later stages first, in recording order
         return self._run(call, feed, slot=slot)
 
     def push(self, feed: Feed) -> Output:
-        if feed.position == 0:
-            self.reset()  # a prefill from position 0 begins a new run
+        self._expect_no_run_ahead()
         call = _Call(headers=[None] * len(self.stages))
         self._plan_stage1(call, feed)
         return self._run(call, feed, slot=None)
 
     def flow(self) -> Output:
+        self._expect_no_run_ahead()
         call = _Call(headers=[None] * len(self.stages))
         for k in range(1, len(self.stages)):
             queued, self._queues[k] = self._queues[k], []
@@ -264,6 +269,9 @@ class DistributedExecutor:
         return self._run(call, None, slot=None)
 
     def rollback(self, length: int) -> None:
+        if self._ahead is not None:  # run-ahead work behind a correction: flushed, its reports dropped
+            self._discarded.extend(self._ahead.reports.values())
+            self._ahead = None
         self._queues = [[] for _ in self.stages]
         self._attached = []
         self.cache.truncate(length)
@@ -277,18 +285,26 @@ class DistributedExecutor:
         """Send without waiting: a gloo send completes only once the receiver takes it, so a hung
         worker would block us forever; its silence shows as a late report instead."""
         self._outbox[k].append(_Sent(dist.isend(tensor, dst=k, group=group), tensor))
+        self._posted[k] += 1
 
     def _delivered(self, k: int, count: int) -> None:
-        """Worker k reported, so it took the first `count` messages we sent it: release them.
-        (Not the hidden state sent since: waiting for its transfer would put it on the critical path.)"""
-        for sent in self._outbox[k][:count]:
-            sent.wait()
-        del self._outbox[k][:count]
+        """Worker k reported, so it took the first `count` messages we ever sent it: release them.
+        (Not those sent since: waiting for their transfer would put it on the critical path.)"""
+        while self._released[k] < count:
+            self._outbox[k].popleft().wait()
+            self._released[k] += 1
 
-    def reset(self) -> None:
-        """Empty every cache and queue and restart the clock: the next call begins a run."""
-        self.rollback(0)
-        self._origin = time.monotonic()
+    def _plan_workers(self) -> _Call:
+        """A slot's worker work: every worker runs the head of its queue, later stages first."""
+        call = _Call(headers=[None] * len(self.stages))
+        for k in reversed(range(1, len(self.stages))):
+            if self._queues[k]:
+                self._plan(call, k, [self._queues[k].pop(0)], merge=False)
+        return call
+
+    def _expect_no_run_ahead(self) -> None:
+        if self._ahead is not None:
+            raise RuntimeError("push/flow after slot without a rollback: no decoder does this")
 
     # Planning: the coordinator's mirror of the queues -------------------------------------
 
@@ -329,41 +345,58 @@ class DistributedExecutor:
             raise PipelineError("the pipeline is not running: start() it (or make a new one)")
         return self._guarded(lambda: self._exchange(call, feed, slot))
 
-    def _exchange(self, call: _Call, feed: Feed | None, slot: int | None) -> Output:
-        for k, header in enumerate(call.headers[1:], start=1):  # the workers start first...
+    def _launch(self, call: _Call) -> _Call:
+        """Send the workers of `call` their control messages and await their reports."""
+        for k, header in enumerate(call.headers[1:], start=1):
             if header is not None:
                 self._post_control(header, k)
-        taken = {k: len(sent) for k, sent in self._outbox.items()}  # what a report proves delivered
-        reports = {k: torch.empty(4 + self._payload(call, k), dtype=torch.float32) for k in call.ran if k}
-        pending = {k: dist.irecv(report, src=k, group=_GROUPS["calls"]) for k, report in reports.items()}
+        for k in call.ran:
+            if k:
+                call.taken[k] = self._posted[k]  # what its report proves delivered
+                report = torch.empty(4 + self._payload(call, k), dtype=torch.float32)
+                call.reports[k] = (dist.irecv(report, src=k, group=_GROUPS["calls"]), report)
+        call.launched = True
+        return call
+
+    def _exchange(self, call: _Call, feed: Feed | None, slot: int | None) -> Output:
+        if not call.launched:  # the workers start first...
+            self._launch(call)
         results: dict = {}
         times: dict[int, tuple[float, float]] = {}
         if 0 in call.ran:  # ...then stage 1 computes here, while they do
             times[0] = self._stage1(feed, results)
-        for k, work in pending.items():
+        if slot is not None and any(self._queues[1:]):
+            # Run ahead: the next slot's worker work depends on nothing the decoder has yet to
+            # decide (a correction flushes it, as it flushes all work in flight), so it starts now,
+            # and each worker goes from one slot's work to the next without waiting for a message.
+            self._ahead = self._launch(self._plan_workers())
+        for work, _ in self._discarded:
             work.wait()
-            self._delivered(k, taken[k])
-            start, end = reports[k][:4].view(torch.float64).tolist()
+        self._discarded = []
+        for k, (work, report) in call.reports.items():
+            work.wait()
+            self._delivered(k, call.taken[k])
+            start, end = report[:4].view(torch.float64).tolist()
             times[k] = (start - self._offsets[k], end - self._offsets[k])
             if k == len(self.stages) - 1:
-                logits = reports[k][4:].view(-1, self.model.info.vocab_size)
+                logits = report[4:].view(-1, self.model.info.vocab_size)
                 results["final_position"] = call.items[k].position + call.items[k].width - len(logits)
                 results["final_logits"] = logits
-        events = tuple(self._event(call, k, feed, times[k][0] - self._origin, times[k][1] - self._origin, slot)
+        events = tuple(self._event(call, k, feed, self._clock.at(times[k][0]), self._clock.at(times[k][1]), slot)
                        for k in call.ran)  # recording order: later stages first in a slot
         return Output(events=events, **results)
 
     def _stage1(self, feed: Feed, results: dict) -> tuple[float, float]:
         """Embeddings, layers [0, E) and (for a draft) the exit head, here; the hidden state goes
-        on to rank 1. Returns (start, end) on this process's monotonic clock."""
-        start = time.monotonic()
+        on to rank 1. Returns (start, end) in `time.perf_counter()` time."""
+        start = time.perf_counter()
         model = self.model
         hidden = model.embed(list(feed.tokens))
         hidden = model.run_layers(hidden, self.stages[0], position=feed.position, cache=self.cache)
         if feed.kind == "draft":
             results["exit_logits"] = model.exit_logits(hidden, position=feed.position, cache=self.cache)
         _sync(self.device)
-        end = time.monotonic()
+        end = time.perf_counter()
         self._attached.append((self._queues[1][-1], hidden))
         return start, end
 
@@ -566,10 +599,10 @@ def _clock_offset(control: _Control, k: int, rounds: int = 8) -> float:
     best = (float("inf"), 0.0)
     answer = torch.empty(1, dtype=torch.float64)
     for _ in range(rounds):
-        sent = time.monotonic()
+        sent = time.perf_counter()
         _send_header(control, _header(PING), k)
         dist.recv(answer, src=k, group=_GROUPS["calls"])
-        back = time.monotonic()
+        back = time.perf_counter()
         best = min(best, (back - sent, float(answer) - (sent + back) / 2))
     return best[1]
 
@@ -659,7 +692,7 @@ class _Worker:
                     self.queue.clear()
                     self.cache.truncate(header[7])
                 elif op == PING:
-                    dist.send(torch.tensor([time.monotonic()], dtype=torch.float64), dst=0, group=_GROUPS["calls"])
+                    dist.send(torch.tensor([time.perf_counter()], dtype=torch.float64), dst=0, group=_GROUPS["calls"])
                 else:
                     self._attach(header, message)
                     self._work(header)
@@ -683,7 +716,7 @@ class _Worker:
         pending = self._post_receive(*incoming_item) if incoming == 1 else None
         sent = None
         if run:
-            start = time.monotonic()
+            start = time.perf_counter()
             hidden, kind = self._compute(merge)
             if self.last:
                 # Prefill only needs the last position's logits: skip the LM head on the rest.
@@ -691,7 +724,7 @@ class _Worker:
             else:
                 sent = self._send_hidden(hidden)
             _sync(self.device)
-            end = time.monotonic()
+            end = time.perf_counter()
             report = torch.tensor([start, end], dtype=torch.float64).view(torch.float32)
             if self.last:
                 report = torch.cat([report, logits.reshape(-1).float().cpu()])

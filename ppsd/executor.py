@@ -4,7 +4,8 @@ A pipeline of K stages: stage 1 is layers [0, E) plus the exit head, stage K end
 head. Each stage has an input queue of hidden states. `slot` advances every stage by one token
 (PPSD's verify-while-draft tick, AR on the pipeline), `push` runs stage 1 alone (EESD drafting),
 `flow` runs stages 2..K once over everything queued (prefill, EESD verification), and `rollback`
-drops queued work and truncates the caches: the only rollback there is.
+drops queued work and truncates the caches: the only rollback there is. `begin` and `end`
+bracket one run.
 
 `InProcessExecutor` runs the stages in turn on one device, so its trace is measured but not
 concurrent; the projected clock (`Trace.project`) replays it on K workers.
@@ -49,10 +50,12 @@ class Executor(Protocol):
     device: str
     concurrent: bool  # do the stages run at the same time (so the measured clock shows overlap)?
 
+    def begin(self, stopwatch: Stopwatch) -> None: ...  # a run starts: empty caches, stamp on this clock
     def slot(self, feed: Feed | None, *, slot: int) -> Output: ...
     def push(self, feed: Feed) -> Output: ...
     def flow(self) -> Output: ...
     def rollback(self, length: int) -> None: ...
+    def end(self) -> None: ...  # the run is over (finished, stopped or failed)
 
 
 @dataclass
@@ -88,6 +91,13 @@ class InProcessExecutor:
         self.cache = KVCache()
         self._clock = stopwatch
         self._queues: list[list[_Item]] = [[] for _ in stages]
+
+    def begin(self, stopwatch: Stopwatch) -> None:
+        self._clock = stopwatch
+        self.rollback(0)
+
+    def end(self) -> None:
+        pass
 
     def slot(self, feed: Feed | None, *, slot: int) -> Output:
         out = _Collected()

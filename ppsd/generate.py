@@ -78,8 +78,12 @@ def stream(model: StagedModel, prompt_ids: list[int], config: DecodeConfig, *,
     check_prompt(model, prompt_ids, config)
     stopwatch = stopwatch or _stopwatch(model)
     executor = executor or make_executor(model, config, stopwatch)
-    with torch.inference_mode():
-        yield from DECODERS[config.method](executor, list(prompt_ids), config, model.info.eos_token_ids)
+    executor.begin(stopwatch)
+    try:
+        with torch.inference_mode():
+            yield from DECODERS[config.method](executor, list(prompt_ids), config, model.info.eos_token_ids)
+    finally:
+        executor.end()
 
 
 def generate(model: StagedModel, prompt_ids: list[int], config: DecodeConfig, *,

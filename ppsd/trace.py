@@ -177,4 +177,9 @@ class Stopwatch:
     def now(self) -> float:
         if self._sync is not None:
             self._sync()
-        return time.perf_counter() - self._origin
+        return self.at(time.perf_counter())
+
+    def at(self, t: float) -> float:
+        """The reading for `time.perf_counter()` value `t` (CLOCK_MONOTONIC on Linux: the same in
+        every process of the host, so other processes' stamps convert too)."""
+        return t - self._origin

@@ -65,6 +65,14 @@ class Twin:
         self.stages, self.device, self.concurrent = candidate.stages, candidate.device, candidate.concurrent
         self.calls = 0
 
+    def begin(self, stopwatch):
+        self.reference.begin(stopwatch)
+        self.candidate.begin(stopwatch)
+
+    def end(self):
+        self.reference.end()
+        self.candidate.end()
+
     def slot(self, feed, *, slot):
         return self._check(self.reference.slot(feed, slot=slot), self.candidate.slot(feed, slot=slot))
 
