@@ -41,6 +41,7 @@ import multiprocessing.connection
 import os
 import signal
 import socket
+import struct
 import sys
 import threading
 import time
@@ -408,10 +409,10 @@ class DistributedExecutor:
             self._post(self._control.pack(header), k)
             return
         first = attached[0][0]
-        hidden = torch.cat([tensor for _, tensor in attached], dim=1)
+        hidden = attached[0][1] if len(attached) == 1 else torch.cat([tensor for _, tensor in attached], dim=1)
         header[8:11] = [first.position, hidden.shape[1], KINDS.index(first.kind)]
         if hidden.shape[1] == 1:
-            self._post(self._control.pack(header, hidden.cpu()), k)
+            self._post(self._control.pack(header, hidden), k)
             return
         self._post(self._control.pack(header), k)
         self._post(hidden.contiguous().cpu() if _GROUPS["staged"] else hidden.contiguous(), k,
@@ -562,11 +563,12 @@ class _Control:
         return HEADER * 8 + self.hidden_size * self.dtype.itemsize
 
     def pack(self, header: list[int], hidden: torch.Tensor | None = None) -> torch.Tensor:
-        message = torch.zeros(self.size, dtype=torch.uint8)
-        message[: HEADER * 8] = torch.tensor(header, dtype=torch.long).view(torch.uint8)
+        # Built as bytes: a tenth of the time of tensor slicing, and this is on every slot's path.
+        message = bytearray(self.size)
+        message[: HEADER * 8] = struct.pack(f"{HEADER}q", *header)
         if hidden is not None:
-            message[HEADER * 8:] = hidden.reshape(-1).to(self.dtype).view(torch.uint8)
-        return message
+            message[HEADER * 8:] = hidden.detach().reshape(-1).to("cpu", self.dtype).view(torch.uint8).numpy().tobytes()
+        return torch.frombuffer(message, dtype=torch.uint8)
 
     def header(self, message: torch.Tensor) -> list[int]:
         return message[: HEADER * 8].view(torch.long).tolist()
