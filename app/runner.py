@@ -1,6 +1,8 @@
 """Run orchestration over the library: load models once (lazily, cached by name), then decode
-one prompt with AR, PPSD and optionally EESD one after another on the same device, yielding
-snapshots for the UI at a throttled rate.
+one prompt with AR, PPSD and optionally EESD one after another, yielding snapshots for the UI at
+a throttled rate. Each method runs either in this process (stages in turn; the page shows the
+projected clock) or on K worker processes, one per stage (`ppsd.distributed`; the page shows the
+measured clock), started once and reused, closed on Stop and on error.
 
 Timing covers the decoder alone: the stopwatch that stamps the trace is paused while a snapshot
 is handed to the UI, so rendering never leaks into a method's wall time or its trace. No Gradio
@@ -9,6 +11,7 @@ and no HTML here; tensors stay inside `ppsd`.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from dataclasses import dataclass, field
@@ -17,6 +20,7 @@ from typing import Callable, Iterator
 
 import ppsd
 from ppsd import DecodeConfig, Recorder, Result, StagedModel, Trace
+from ppsd.distributed import DistributedExecutor, PipelineError, make_executor
 from ppsd.generate import check_prompt
 from ppsd.trace import Stopwatch
 
@@ -173,6 +177,7 @@ class RunRequest:
     top_p: float = 1.0
     seed: int = 0
     exit_head: str = ""  # a directory written by `python -m ppsd train-head`; empty: the shared head
+    workers: bool = False  # K worker processes, one per stage (measured), instead of one process (projected)
 
     @property
     def methods(self) -> tuple[str, ...]:
@@ -196,6 +201,7 @@ class MethodRun:
     stages: tuple[range, ...]
     prompt_ids: tuple[int, ...]
     device: str
+    concurrent: bool = False  # ran on K worker processes: the measured trace shows real overlap
     recorder: Recorder = field(default_factory=Recorder)
     result: Result | None = None
 
@@ -209,10 +215,14 @@ class MethodRun:
             return self.result.trace
         return Trace(events=tuple(self.recorder.events), stages=self.stages, prompt_len=len(self.prompt_ids),
                      length=len(self.prompt_ids) + len(self.recorder.tokens), clock="measured",
-                     device=self.device, concurrent=False)
+                     device=self.device, concurrent=self.concurrent)
 
     def projected(self) -> Trace:
         return self.trace().project()
+
+    def shown(self) -> Trace:
+        """The trace the page plots: measured when the stages really ran at once, else projected."""
+        return self.trace() if self.concurrent else self.projected()
 
 
 @dataclass
@@ -227,11 +237,16 @@ class Snapshot:
 
     @property
     def stages(self) -> int:
-        return next(iter(self.runs.values())).config.stages
+        return int(self.request.stages)
 
     @property
     def device(self) -> str:
         return self.loaded.model.info.device
+
+    @property
+    def concurrent(self) -> bool:
+        """Did (do) the methods run on K worker processes?"""
+        return self.request.workers
 
 
 def run_comparison(request: RunRequest, cache: ModelCache, *,
@@ -250,26 +265,69 @@ def run_comparison(request: RunRequest, cache: ModelCache, *,
     stages = ppsd.stage_layers(model.num_layers, configs["ar"].exit_layer, configs["ar"].stages)
     runs: dict[str, MethodRun] = {}
     snapshot = Snapshot(request, loaded, runs, active=None)
+    pipeline = None
+    if request.workers:
+        snapshot.active = "workers"
+        yield snapshot  # starting K processes takes seconds: say so first
+        pipeline = start_pipeline(model, configs["ar"])
     for method, config in configs.items():
-        run = MethodRun(method, config, stages, tuple(prompt_ids), model.info.device)
+        run = MethodRun(method, config, stages, tuple(prompt_ids), model.info.device, concurrent=pipeline is not None)
         runs[method] = run
         snapshot.active = method
         yield snapshot
-        yield from _decode(run, model, snapshot, throttle)
+        yield from _decode(run, model, snapshot, throttle, pipeline)
     snapshot.active, snapshot.done = None, True
     _count("finished", +1)
     yield snapshot
 
 
-def _decode(run: MethodRun, model: StagedModel, snapshot: Snapshot, throttle: float) -> Iterator[Snapshot]:
+def workers_available(stages: int, device: str) -> str | None:
+    """None when K worker processes can run here, else why not (shown to the user)."""
+    if device.startswith("cuda"):
+        try:
+            import spaces  # noqa: F401, PLC0415 - ZeroGPU lends a GPU to one function call, not to processes
+        except ImportError:
+            return None
+        return "on ZeroGPU the GPU is lent to one process for one call: worker processes cannot share it"
+    cores = len(os.sched_getaffinity(0))
+    if cores < stages:
+        return (f"K = {stages} worker processes need {stages} CPU cores, one each; this machine gives "
+                f"{cores}: lower K, or run in one process (projected clock)")
+    return None
+
+
+def start_pipeline(model: StagedModel, config: DecodeConfig) -> DistributedExecutor:
+    """The process's K-worker pipeline for `model` and `config`'s stages (started and warmed up
+    untimed on first use, reused while the settings match). ValueError says why it cannot run."""
+    reason = workers_available(config.stages, model.info.device)
+    if reason is not None:
+        raise ValueError(reason)
+    try:
+        pipeline = make_executor(model, config)
+        if pipeline.runs == 0:  # lazy initialisation (first messages, allocator) stays out of the timing
+            with pipeline.lock:
+                for method in ("ar", "ppsd"):
+                    ppsd.generate(model, [0], DecodeConfig(method=method, stages=config.stages,
+                                                           exit_layer=config.exit_layer,
+                                                           max_new_tokens=WARMUP_TOKENS), executor=pipeline)
+    except PipelineError as error:
+        raise ValueError(f"the worker processes failed: {error}") from None
+    return pipeline
+
+
+def _decode(run: MethodRun, model: StagedModel, snapshot: Snapshot, throttle: float,
+            pipeline: DistributedExecutor | None = None) -> Iterator[Snapshot]:
     sync = None
     if model.info.device.startswith("cuda"):
         import torch
 
         sync = torch.cuda.synchronize
     stopwatch = PausableStopwatch(sync)
-    steps = ppsd.stream(model, list(run.prompt_ids), run.config, stopwatch=stopwatch)
+    if pipeline is not None and not pipeline.lock.acquire(timeout=pipeline.spec.timeout):
+        raise ValueError("the worker processes are busy with another run: try again in a moment")
+    steps = ppsd.stream(model, list(run.prompt_ids), run.config, stopwatch=stopwatch, executor=pipeline)
     shown = time.perf_counter()
+    finished = False
     _count("open", +1)
     try:
         for step in steps:
@@ -280,8 +338,15 @@ def _decode(run: MethodRun, model: StagedModel, snapshot: Snapshot, throttle: fl
                 stopwatch.resume()
                 shown = time.perf_counter()
         wall = stopwatch.now()
+        finished = True
+    except PipelineError as error:
+        raise ValueError(f"the worker processes failed and were shut down: {error}") from None
     finally:
         steps.close()  # Stop: close the decoder now, not when the garbage collector gets to it
+        if pipeline is not None:
+            if not finished:
+                pipeline.close()  # Stop or error: the workers go too (a new run starts fresh ones)
+            pipeline.lock.release()
         _count("open", -1)
     run.result = Result(run.prompt_ids, tuple(run.recorder.tokens), tuple(run.recorder.drafts),
                         run.trace().validate(), run.config, wall)

@@ -17,10 +17,10 @@ from typing import Any, Callable, Iterator
 import gradio as gr
 
 import ppsd
-from ppsd.model import model_config
+from ppsd.model import model_config, resolve_device
 
 from . import render
-from .runner import ModelCache, RunRequest, Snapshot, run_comparison
+from .runner import ModelCache, RunRequest, Snapshot, run_comparison, workers_available
 
 ROOT = Path(__file__).resolve().parent.parent
 PROMPTS = ROOT / "assets" / "prompts" / "prompts.json"
@@ -55,8 +55,10 @@ TIMELINE_CAPTION = """
 Each bar is one stage working on one token (hover for position, token, slot and decision); gaps are
 idle stage time, the pipeline's bubbles. In PPSD, stage 1 keeps drafting while the later stages
 verify; a red × is a correction: the final stage rejected a draft and the work in flight behind it
-turns orange (flushed). AR on the same pipeline keeps only one stage busy at a time. Times are the
-decoder's own, measured per stage on this device and replayed as if each stage had its own worker.
+turns orange (flushed). AR on the same pipeline keeps only one stage busy at a time. With **K worker
+processes** the times are measured: each stage ran in its own process, at the same time as the others,
+and stamped its own work on one clock. In **one process** the stages ran in turn, and the times are
+their measured costs replayed as if each stage had its own worker (projected clock).
 """
 
 CACHE = ModelCache()  # process-wide: every visitor shares the loaded models
@@ -140,8 +142,11 @@ class Outputs:
 def render_snapshot(snap: Snapshot, *, figures: bool = True) -> tuple:
     """Every output of the page for one snapshot (live or final), in `Outputs` order; with
     `figures` False the two plots are left as they are (gr.skip)."""
+    if not snap.runs:  # the worker processes are starting: only the status line changes
+        return (_headline(snap, {}), *[gr.skip()] * 11)
     piece = snap.loaded.piece
     prompt = snap.request.prompt
+    workers = snap.concurrent
     finished = {m: (r.result.metrics("measured"), r.result.metrics("projected"))
                 for m, r in snap.runs.items() if r.done}
     columns = []
@@ -156,7 +161,7 @@ def render_snapshot(snap: Snapshot, *, figures: bool = True) -> tuple:
         deciders = render.deciding_events(trace.events, trace.num_stages)
         if run.done:
             measured, projected = finished[method]
-            stats = render.render_stats(method, projected, measured)
+            stats = render.render_stats(method, projected, measured, workers=workers)
             pending = ()
         else:
             stats = render.render_stats(method, None, None, live=f"decoding… {len(run.recorder.tokens)} tokens")
@@ -165,13 +170,15 @@ def render_snapshot(snap: Snapshot, *, figures: bool = True) -> tuple:
                                                 deciders=deciders)]
     plots = (_timeline(snap), _theory(snap, finished)) if figures else (gr.skip(), gr.skip())
     return (_headline(snap, finished), *columns, *plots,
-            render.render_metrics_table(finished), _summary(snap, finished) if snap.done else None,
+            render.render_metrics_table(finished, workers=workers), _summary(snap, finished) if snap.done else None,
             _race_state(snap) if snap.done else None)
 
 
 def _headline(snap: Snapshot, finished: dict) -> str:
     status = ""
-    if snap.active is not None:
+    if snap.active == "workers":
+        status = f"Starting {snap.request.stages} worker processes, one per stage (first run only)…"
+    elif snap.active is not None:
         run = snap.runs[snap.active]
         status = (f"Running {render.METHOD_NAMES[snap.active]}… {len(run.recorder.tokens)}/"
                   f"{run.config.max_new_tokens} tokens")
@@ -180,31 +187,37 @@ def _headline(snap: Snapshot, finished: dict) -> str:
     eesd = finished.get("eesd")
     done = {m: r.result.token_ids for m, r in snap.runs.items() if r.done}
     agreement = render.agreement_note(done, greedy=snap.request.temperature == 0) if snap.done else ""
+    (ar_m, ar_p), (ppsd_m, ppsd_p) = finished["ar"], finished["ppsd"]
+    if snap.concurrent:  # measured on K workers leads; the projection shows what messaging cost
+        return render.render_headline(ar_m, ppsd_m, eesd[0] if eesd else None, stages=snap.stages,
+                                      device=snap.device, status=status, agreement=agreement,
+                                      ar_projected=ar_p, ppsd_projected=ppsd_p)
     return render.render_headline(
-        finished["ar"][1], finished["ppsd"][1], eesd[0] if eesd else None, stages=snap.stages,
-        device=snap.device, ar_measured=finished["ar"][0], ppsd_measured=finished["ppsd"][0], status=status,
+        ar_p, ppsd_p, eesd[0] if eesd else None, stages=snap.stages,
+        device=snap.device, ar_measured=ar_m, ppsd_measured=ppsd_m, status=status,
         agreement=agreement)
 
 
 def _timeline(snap: Snapshot):
     names = {"ppsd": "PPSD: verify while drafting", "ar": "AR on the same pipeline",
              "eesd": "EESD: draft, then verify"}
-    panels = [(names[m], snap.runs[m].projected()) for m in ("ppsd", "ar", "eesd")
+    panels = [(names[m], snap.runs[m].shown()) for m in ("ppsd", "ar", "eesd")
               if m in snap.runs and snap.runs[m].recorder.events]
     if not panels:
         return render.empty_figure("The pipeline timeline appears here once a run starts.")
-    title = (f"Pipeline timeline · {render.PROJECTED_NOTE} (K={snap.stages}, {snap.device})"
-             + ("" if snap.done else " · live"))
+    title = render.timeline_title(panels[0][1], snap.stages) + ("" if snap.done else " · live")
     return render.render_timeline(panels, snap.loaded.piece, title=title)
 
 
 def _theory(snap: Snapshot, finished: dict):
     config = next(iter(snap.runs.values())).config
     points = []
-    if "ar" in finished and "ppsd" in finished and finished["ppsd"][1].acceptance_rate is not None:
-        ar_p, ppsd_p = finished["ar"][1], finished["ppsd"][1]
-        points.append(render.TheoryPoint("PPSD measured (projected clock)", ppsd_p.acceptance_rate,
-                                         ar_p.wall_seconds / ppsd_p.wall_seconds))
+    lead = 0 if snap.concurrent else 1
+    if "ar" in finished and "ppsd" in finished and finished["ppsd"][lead].acceptance_rate is not None:
+        ar_x, ppsd_x = finished["ar"][lead], finished["ppsd"][lead]
+        clock = "measured clock, K workers" if snap.concurrent else "projected clock"
+        points.append(render.TheoryPoint(f"PPSD measured ({clock})", ppsd_x.acceptance_rate,
+                                         ar_x.wall_seconds / ppsd_x.wall_seconds))
     if "ar" in finished and "eesd" in finished and finished["eesd"][0].acceptance_rate is not None:
         ar_m, eesd_m = finished["ar"][0], finished["eesd"][0]
         points.append(render.TheoryPoint("EESD measured (measured clock)", eesd_m.acceptance_rate,
@@ -223,7 +236,10 @@ def _summary(snap: Snapshot, finished: dict) -> dict:
         "exit_layer": config.exit_layer, "stages": config.stages, "draft_len": config.draft_len,
         "max_new_tokens": config.max_new_tokens, "temperature": config.temperature, "top_p": config.top_p,
         "seed": config.seed, "prompt": snap.request.prompt,
-        "timing": "decoder only, UI rendering paused; projected = measured per-stage costs replayed on K workers",
+        "executor": "K worker processes" if snap.concurrent else "one process",
+        "timing": ("decoder only, UI rendering paused; measured = " +
+                   ("each stage in its own worker process, at once" if snap.concurrent else
+                    "stages in turn on one device") + "; projected = measured per-stage costs replayed on K workers"),
     }
     for method, run in snap.runs.items():
         measured, projected = finished[method]
@@ -235,18 +251,18 @@ def _summary(snap: Snapshot, finished: dict) -> dict:
 
 
 def _race_state(snap: Snapshot) -> dict:
-    """What the race replay needs, as plain data: lanes on the projected clock and token text."""
+    """What the race replay needs, as plain data: lanes on the page's clock and token text."""
     lanes = []
     pieces: dict[int, str] = {}
     for method, run in snap.runs.items():
-        trace = run.projected()
+        trace = run.shown()
         tokens = run.result.tokens
         lanes.append(render.Lane(method, tokens, render.commit_times(tokens, trace), trace.makespan))
         for token in tokens:
             for token_id in (token.id, token.draft):
                 if token_id is not None:
                     pieces[token_id] = snap.loaded.piece(token_id)
-    return {"lanes": lanes, "pieces": pieces, "clock": "projected"}
+    return {"lanes": lanes, "pieces": pieces, "clock": "measured" if snap.concurrent else "projected"}
 
 
 # --------------------------------------------------------------------------- handlers
@@ -266,13 +282,13 @@ def idle_outputs() -> tuple:
 @_gpu
 def on_run(prompt: str, model: str, exit_layer: float, stages: float, eesd: bool, draft_len: float,
            max_new_tokens: float, temperature: float, top_p: float, seed: float,
-           exit_head: str = "") -> Iterator[tuple]:
+           exit_head: str = "", workers: bool = False) -> Iterator[tuple]:
     """Run the comparison, yielding every output at the runner's throttled pace."""
     request = RunRequest(prompt=prompt or "", model=(model or "").strip() or ppsd.DEFAULT_MODEL,
                          exit_layer=int(exit_layer), stages=int(stages), eesd=bool(eesd),
                          draft_len=int(draft_len), max_new_tokens=int(max_new_tokens),
                          temperature=float(temperature), top_p=float(top_p), seed=int(seed),
-                         exit_head=exit_head or "")
+                         exit_head=exit_head or "", workers=bool(workers))
     if not request.prompt.strip():
         raise gr.Error("The prompt is empty: type some text for the model to continue, or click an example.",
                        title="Nothing to decode")
@@ -418,6 +434,12 @@ def create_controls() -> dict[str, Any]:
                 c["max_new_tokens"] = gr.Slider(1, ppsd.MAX_NEW_TOKENS_CAP, value=64, step=1,
                                                 label="Max new tokens", elem_id="max-new-tokens")
                 c["eesd"] = gr.Checkbox(value=False, label="Also run EESD (draft then verify)", elem_id="eesd")
+            c["workers"] = gr.Checkbox(
+                value=workers_available(2, resolve_device("auto")) is None, elem_id="workers",
+                label="Run on K worker processes, one per stage (measured clock)",
+                info="Real pipeline parallelism: each stage in its own process on its own cores (or GPU), "
+                     "started once and reused. Off: one process runs the stages in turn and the page "
+                     "shows their costs replayed on K workers (projected clock).")
             with gr.Accordion("Sampling and EESD settings", open=False):
                 with gr.Row():
                     c["draft_len"] = gr.Slider(1, 16, value=4, step=1, label="EESD draft length g")
@@ -477,7 +499,7 @@ def create_demo() -> gr.Blocks:
         out = Outputs(r["headline"], {m: r[m] for m in ("ar", "ppsd", "eesd")}, r["timeline"], r["theory"],
                       r["metrics"], summary, gr.State(None))
         inputs = [c["prompt"], c["model"], c["exit_layer"], c["stages"], c["eesd"], c["draft_len"],
-                  c["max_new_tokens"], c["temperature"], c["top_p"], c["seed"], c["exit_head"]]
+                  c["max_new_tokens"], c["temperature"], c["top_p"], c["seed"], c["exit_head"], c["workers"]]
         outputs = out.components()
         run_event = c["run"].click(
             on_run, inputs, outputs, api_name="run", concurrency_limit=1, concurrency_id="device",

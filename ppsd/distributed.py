@@ -19,6 +19,10 @@ processes; it knows nothing of drafts or acceptance (the decoders, unchanged, de
 - The coordinator mirrors what is queued before each stage (position, token, kind, width), so
   it builds the same events as the in-process executor; only their times differ (measured where
   each stage ran, on one clock, seconds since the run began: the trace is `concurrent`).
+- Run-ahead: once stage 1 has computed in a slot, the next slot's worker work (which depends on
+  the queues alone) is launched before this slot's reports are read; a rollback drops it.
+- `begin`/`end` bracket a run: caches emptied, the run's stopwatch, and (CPU) every thread of the
+  caller's process pinned to stage 1's cores for the run's length.
 - Lifecycle: workers start once and serve many runs; `close()` (also at exit, and on any error)
   stops them. A worker that dies breaks its sockets, so the waiting rank fails at once; one that
   hangs trips the per-call timeout. Either way the pool is torn down, no process is left, and a
@@ -29,7 +33,7 @@ in_position, in_width, in_kind, length, att_position, att_width, att_kind, 0], t
 hidden state. Stage 1's output rides to rank 1 *attached* to rank 1's next control message
 (inline when it is one position wide, else in a message right after it), not sent on its own
 the moment stage 1 finishes: measured on 2 cores, a message that crosses stage K's report on the
-wire makes gloo's I/O threads spin, and that cost a PPSD slot 1.2 ms of its 1.3 (`docs/distributed.md`).
+wire made gloo's I/O threads spin, and that cost a PPSD slot 1.2 ms on top of its 1.3 (docs/distributed.md).
 A report (float32) is [start, end (two float64 as four float32), final logits...].
 """
 
@@ -140,6 +144,7 @@ class DistributedExecutor:
         self._closed = False
         self._broken = False  # a failed group: kill the workers, send them nothing
         self._clock = Stopwatch()
+        self.runs = 0  # runs begun on this pool
         self._caller: tuple[int, set[int]] | None = None  # torch threads and cores outside runs
 
     # Lifecycle -----------------------------------------------------------------------------
@@ -226,6 +231,7 @@ class DistributedExecutor:
             raise PipelineError("the pipeline is not running: start() it (or make a new one)")
         self._clock = stopwatch
         self.rollback(0)
+        self.runs += 1
         if self._caller is None:
             self._caller = torch.get_num_threads(), os.sched_getaffinity(0)
             torch.set_num_threads(self.spec.threads_per_worker)

@@ -25,9 +25,9 @@ def free_port() -> int:
 
 
 def run_args(model: str, *, prompt: str = "def fibonacci(n):", eesd: bool = False, exit_layer: int = 4,
-             stages: int = 2, max_new_tokens: int = 24, exit_head: str = "") -> tuple:
+             stages: int = 2, max_new_tokens: int = 24, exit_head: str = "", workers: bool = False) -> tuple:
     """Arguments of the `run` endpoint, in the order of the page's inputs."""
-    return (prompt, model, exit_layer, stages, eesd, 3, max_new_tokens, 0.0, 1.0, 0, exit_head)
+    return (prompt, model, exit_layer, stages, eesd, 3, max_new_tokens, 0.0, 1.0, 0, exit_head, workers)
 
 
 @pytest.fixture(scope="module")
@@ -113,3 +113,59 @@ def test_stop_ends_a_run_and_leaves_nothing_running(server):
     assert finished_runs() == finished  # it stopped, it did not just run to its end
     outputs = client.predict(*run_args(model, max_new_tokens=3), api_name="/run")  # and it still serves
     assert len(outputs[-1]["ppsd"]["token_ids"]) == 3
+
+
+def _running(pid: int) -> bool:
+    import os
+
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_a_run_on_k_worker_processes_is_measured_and_identical(server):
+    """K = 2 workers (this machine has 2 cores): same tokens as one process, measured concurrent
+    clock on the page, pool reused by the next run; Stop closes the workers."""
+    import time
+
+    from ppsd.distributed import _SHARED
+
+    from app.runner import active_decodes
+
+    client, model = server
+    local = client.predict(*run_args(model, eesd=True), api_name="/run")[-1]
+    outputs = client.predict(*run_args(model, eesd=True, workers=True), api_name="/run")
+    summary = outputs[-1]
+    assert summary["executor"] == "K worker processes"
+    for method in ("ar", "ppsd", "eesd"):
+        assert summary[method]["token_ids"] == local[method]["token_ids"]
+        assert summary[method]["measured"]["clock"] == "measured"
+    assert "measured clock" in outputs[0] and "own worker process" in outputs[0]
+    assert "tok/s (measured, K workers)" in outputs[3]  # PPSD's stats card leads with the measured clock
+    pool = _SHARED["pool"]
+    pids = pool.pids
+    assert pids and all(_running(pid) for pid in pids)
+    client.predict(*run_args(model, max_new_tokens=3, workers=True), api_name="/run")
+    assert _SHARED["pool"] is pool  # reused, not restarted
+
+    job = client.submit(*run_args(model, eesd=True, max_new_tokens=240, workers=True), api_name="/run")
+    deadline = time.monotonic() + 60
+    while active_decodes() == 0 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    job.cancel()
+    while (active_decodes() or any(_running(pid) for pid in pids)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert active_decodes() == 0 and not any(_running(pid) for pid in pids)  # Stop closed the workers
+    outputs = client.predict(*run_args(model, max_new_tokens=3, workers=True), api_name="/run")
+    assert len(outputs[-1]["ppsd"]["token_ids"]) == 3  # a fresh pool serves the next run
+
+
+def test_more_workers_than_cores_is_refused_with_the_reason(server):
+    import os
+
+    client, model = server
+    too_many = len(os.sched_getaffinity(0)) + 1
+    with pytest.raises(Exception, match="CPU cores"):
+        client.predict(*run_args(model, stages=too_many, exit_layer=1, workers=True), api_name="/run")
