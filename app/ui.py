@@ -257,7 +257,8 @@ def _race_state(snap: Snapshot) -> dict:
     for method, run in snap.runs.items():
         trace = run.shown()
         tokens = run.result.tokens
-        lanes.append(render.Lane(method, tokens, render.commit_times(tokens, trace), trace.makespan))
+        finish = max((e.end for e in trace.events), default=0.0)  # on the clock of the commit times
+        lanes.append(render.Lane(method, tokens, render.commit_times(tokens, trace), finish))
         for token in tokens:
             for token_id in (token.id, token.draft):
                 if token_id is not None:

@@ -52,7 +52,9 @@ def page_url(request):
 
 def test_page_runs_an_example_and_shows_tokens_timeline_and_headline(page_url, tmp_path):
     sync_api = pytest.importorskip("playwright.sync_api")
+    from app.runner import workers_available
     from app.ui import load_examples
+    from ppsd.model import resolve_device
 
     url, model, embedded = page_url
     shot = ROOT / "docs" / "screenshot.png" if os.environ.get("PPSD_SAVE_SCREENSHOT") == "1" \
@@ -75,7 +77,11 @@ def test_page_runs_an_example_and_shows_tokens_timeline_and_headline(page_url, t
             page.locator(".headline-main").wait_for(timeout=45_000)
             headline = page.locator(".headline-main").inner_text()
             assert "than AR" in headline and "PPSD" in headline
-            assert "clock" in page.locator(".headline-clock").inner_text()
+            # With the cores for K = 2 workers the page runs the real pipeline and says so.
+            workers = workers_available(2, resolve_device("auto")) is None
+            assert page.locator("#workers input").is_checked() == workers
+            clock = "measured clock" if workers else "projected clock"
+            assert clock in page.locator(".headline-clock").inner_text()
             coloured = page.locator("#stream-ppsd .tok-accepted, #stream-ppsd .tok-corrected")
             assert coloured.count() > 0
             assert page.locator("#stream-ar .tok-verified").count() > 0

@@ -280,3 +280,44 @@ def test_runner_uses_a_trained_exit_head_and_refuses_one_for_another_e(tiny_cach
     assert drafts(trained) != drafts(shared)  # the drafts came from the trained head
     with pytest.raises(ValueError, match="exit layer E=4, not E=2"):
         list(run_comparison(RunRequest(prompt="hi", model="tiny", stages=4, exit_head=str(tmp_path)), tiny_cache))
+
+
+def test_pausable_stopwatch_reads_any_process_stamp_without_the_pauses():
+    """Pipeline workers stamp with perf_counter in their own processes; the run's clock converts
+    those stamps, a stamp taken during a pause reading as the pause's start."""
+    clock = PausableStopwatch()
+    clock.pause()
+    time.sleep(0.02)
+    clock.resume()
+    (start, end), = clock._pauses
+    assert clock.at(start + 0.01) == pytest.approx(clock.at(start))  # inside the pause: stopped
+    assert clock.at(end + 0.5) == pytest.approx(clock.at(start) + 0.5)  # after it: the pause left out
+    assert clock.at(start - 0.5) == pytest.approx(clock.at(start) - 0.5)  # before it: untouched
+
+
+@pytest.mark.skipif(len(__import__("os").sched_getaffinity(0)) < 2, reason="K = 2 workers need 2 cores")
+def test_runner_on_k_workers_gives_the_same_tokens_on_a_measured_concurrent_clock(tiny_cache):
+    from dataclasses import replace
+
+    from app import ui
+    from ppsd.distributed import close_all
+
+    request = RunRequest(prompt="def fibonacci(n):", model="tiny", max_new_tokens=12, workers=True)
+    first = []
+    try:
+        for snap in run_comparison(request, tiny_cache, throttle=0.0):  # one Snapshot, updated
+            first = first or [(snap.active, len(snap.runs))]
+    finally:
+        close_all()
+    assert first == [("workers", 0)]  # it says it is starting them before anything runs
+    local = list(run_comparison(replace(request, workers=False), tiny_cache, throttle=0.0))[-1]
+    for method in ("ar", "ppsd"):
+        run = snap.runs[method]
+        assert run.result.token_ids == local.runs[method].result.token_ids
+        assert run.result.trace.concurrent and run.shown().clock == "measured"
+        assert not local.runs[method].result.trace.concurrent and local.runs[method].shown().clock == "projected"
+    race = ui._race_state(snap)
+    assert race["clock"] == "measured"
+    for lane in race["lanes"]:  # the measured clock starts after 0: every lane still finishes whole
+        assert sum(t <= lane.total for t in lane.times) == len(lane.tokens) == 12
+    assert "measured clock" in ui.render_snapshot(snap)[0]
