@@ -123,6 +123,26 @@ def test_greedy_output_equals_in_process_ar(model, pool, method, prompt):
     assert 0.0 <= result.trace.events[0].start < result.measured_wall_seconds  # each run restarts the clock
 
 
+def test_a_run_pins_this_process_to_stage_1s_cores_and_gives_them_back(model, pool):
+    import os
+
+    cores, threads = os.sched_getaffinity(0), torch.get_num_threads()
+    seen = []
+    for _ in ppsd.stream(model, PROMPTS["short"], DecodeConfig(method="ppsd", max_new_tokens=4), executor=pool):
+        seen.append((os.sched_getaffinity(0), torch.get_num_threads()))
+    expected = set(sorted(cores)[: pool.spec.threads_per_worker]) if pool.device == "cpu" else cores
+    assert seen and all(s == (expected, pool.spec.threads_per_worker) for s in seen)
+    assert (os.sched_getaffinity(0), torch.get_num_threads()) == (cores, threads)  # back after the run
+    steps = ppsd.stream(model, PROMPTS["short"], DecodeConfig(method="ppsd", max_new_tokens=40), executor=pool)
+    next(steps)
+    steps.close()  # a run stopped half-way (Stop) gives them back too
+    assert (os.sched_getaffinity(0), torch.get_num_threads()) == (cores, threads)
+    result = ppsd.generate(model, PROMPTS["short"], DecodeConfig(method="ppsd", max_new_tokens=NEW_TOKENS),
+                           executor=pool)  # and the next run starts clean (its run-ahead work flushed)
+    assert result.token_ids == ppsd.generate(model, PROMPTS["short"],
+                                             DecodeConfig(method="ar", max_new_tokens=NEW_TOKENS)).token_ids
+
+
 def test_workers_are_reused_while_the_settings_match(model, pool):
     assert make_executor(model, DecodeConfig(method="ar", stages=2), timeout=TIMEOUT) is pool
     assert pool.alive and all(_running(pid) for pid in pool.pids)
