@@ -11,6 +11,7 @@ and no HTML here; tensors stay inside `ppsd`.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import threading
 import time
@@ -284,10 +285,9 @@ def run_comparison(request: RunRequest, cache: ModelCache, *,
 def workers_available(stages: int, device: str) -> str | None:
     """None when K worker processes can run here, else why not (shown to the user)."""
     if device.startswith("cuda"):
-        try:
-            import spaces  # noqa: F401, PLC0415 - ZeroGPU lends a GPU to one function call, not to processes
-        except ImportError:
+        if importlib.util.find_spec("spaces") is None:
             return None
+        # ZeroGPU lends the GPU to one function call of one process, not to worker processes.
         return "on ZeroGPU the GPU is lent to one process for one call: worker processes cannot share it"
     cores = len(os.sched_getaffinity(0))
     if cores < stages:

@@ -28,13 +28,7 @@ processes; it knows nothing of drafts or acceptance (the decoders, unchanged, de
   hangs trips the per-call timeout. Either way the pool is torn down, no process is left, and a
   `PipelineError` names the stage.
 
-Control message (bytes, one fixed size): a header of HEADER int64, [op, run, merge, incoming,
-in_position, in_width, in_kind, length, att_position, att_width, att_kind, 0], then room for one
-hidden state. Stage 1's output rides to rank 1 *attached* to rank 1's next control message
-(inline when it is one position wide, else in a message right after it), not sent on its own
-the moment stage 1 finishes: measured on 2 cores, a message that crosses stage K's report on the
-wire made gloo's I/O threads spin, and that cost a PPSD slot 1.2 ms on top of its 1.3 (docs/distributed.md).
-A report (float32) is [start, end (two float64 as four float32), final logits...].
+Messages (`ppsd.pipeline_wire`) and the worker's side (`ppsd.pipeline_worker`) live apart.
 """
 
 from __future__ import annotations
@@ -45,11 +39,9 @@ import multiprocessing.connection
 import os
 import signal
 import socket
-import struct
 import sys
 import threading
 import time
-import traceback
 from collections import deque
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -59,37 +51,12 @@ import torch.distributed as dist
 
 from .config import DecodeConfig, stage_layers
 from .executor import Feed, Output
-from .model import KVCache, StagedModel, default_dtype, load_weights, model_config
+from .model import KVCache, StagedModel, model_config
+from .pipeline_wire import (GROUPS, KINDS, PING, ROLLBACK, SHUTDOWN, WORK, Control, PipelineError, PipelineSpec,
+                            Sent, cores_of, init_group, make_header, pin_threads, sync_device, weights_fingerprint)
+from .pipeline_worker import run_worker, spawned_worker
 from .steps import Event
 from .trace import Stopwatch
-
-WORK, ROLLBACK, PING, SHUTDOWN = 1, 2, 3, 4
-KINDS = ("prefill", "draft", "verify")
-HEADER = 12  # int64 fields of a control message
-FOREVER = timedelta(days=365)  # an idle worker waits for its next request as long as it takes
-
-
-class PipelineError(RuntimeError):
-    """A worker died, hung or failed; the pool has been shut down."""
-
-
-@dataclass(frozen=True)
-class PipelineSpec:
-    """What every worker loads and how the workers are placed.
-
-    `device` "cpu": rank k >= 1 is pinned to cores [k t, (k+1) t) of the caller's, t =
-    `threads_per_worker` (wrapping round when there are fewer cores than K t); rank 0 (the
-    caller, stage 1) runs t threads while the pipeline lives, its cores left free. "cuda": rank
-    k gets cuda:k mod the GPU count; on one GPU every rank shares cuda:0 as a separate process.
-    """
-
-    model: str  # path or hub id the workers load (stage 1 uses the caller's StagedModel)
-    stages: tuple[range, ...]
-    device: str = "cpu"
-    dtype: str | None = None  # None: the library default for the device
-    threads_per_worker: int = 1
-    timeout: float = 30.0  # seconds one call may wait for a worker
-    startup_timeout: float = 300.0  # seconds to load the model and meet
 
 
 @dataclass
@@ -134,8 +101,8 @@ class DistributedExecutor:
         self._offsets = [0.0] * len(spec.stages)  # rank k's clock minus ours
         self._queues: list[list[_Queued]] = [[] for _ in spec.stages]
         self._attached: list[tuple[_Queued, torch.Tensor]] = []  # stage 1's output rank 1 has not got yet
-        self._control = _Control(model.hf_model.config.hidden_size, next(model.hf_model.parameters()).dtype)
-        self._outbox: dict[int, deque[_Sent]] = {k: deque() for k in range(1, len(spec.stages))}
+        self._control = Control(model.hf_model.config.hidden_size, next(model.hf_model.parameters()).dtype)
+        self._outbox: dict[int, deque[Sent]] = {k: deque() for k in range(1, len(spec.stages))}
         self._posted = {k: 0 for k in range(1, len(spec.stages))}  # messages ever sent to rank k
         self._released = {k: 0 for k in range(1, len(spec.stages))}  # of which known delivered
         self._ahead: _Call | None = None  # the next slot's worker work, launched early (`slot`)
@@ -165,14 +132,14 @@ class DistributedExecutor:
         try:
             for k in range(1, len(self.stages)):
                 receiver, sender = context.Pipe(duplex=False)
-                process = context.Process(target=_spawned_worker, name=f"ppsd-stage-{k + 1}", daemon=True,
+                process = context.Process(target=spawned_worker, name=f"ppsd-stage-{k + 1}", daemon=True,
                                           args=(k, self.spec, store.port, sender))
                 process.start()
                 sender.close()
                 self._processes.append(process)
                 pipes.append(receiver)
             self._await_loaded(pipes)
-            _init_group(self.spec, rank=0, world=len(self.stages), store=store)
+            init_group(self.spec, rank=0, world=len(self.stages), store=store)
             self._hello()
         except BaseException:
             self.close()
@@ -187,7 +154,7 @@ class DistributedExecutor:
         _POOLS.discard(self)
         if dist.is_initialized() and not self._broken and all(p.is_alive() for p in self._processes):
             try:
-                self._broadcast(_header(SHUTDOWN))
+                self._broadcast(make_header(SHUTDOWN))
             except Exception:  # noqa: BLE001 - a broken pool is killed below anyway
                 pass
         deadline = time.monotonic() + (0.0 if self._broken else 5.0)  # a broken pool is killed at once
@@ -199,7 +166,7 @@ class DistributedExecutor:
                 process.join(timeout=5.0)
         if dist.is_initialized():
             dist.destroy_process_group()
-        _GROUPS.clear()
+        GROUPS.clear()
         self.end()
 
     @property
@@ -216,7 +183,7 @@ class DistributedExecutor:
         `run_worker`. The workers are not our children: `close()` shuts them down by message."""
         self._started = True
         _POOLS.add(self)
-        _init_group(self.spec, rank=0, world=len(self.stages))
+        init_group(self.spec, rank=0, world=len(self.stages))
         self._hello()
         return self
 
@@ -236,7 +203,7 @@ class DistributedExecutor:
             self._caller = torch.get_num_threads(), os.sched_getaffinity(0)
             torch.set_num_threads(self.spec.threads_per_worker)
             if self.device == "cpu":
-                _pin_threads(_cores_of(0, self.spec.threads_per_worker, sorted(self._caller[1])))
+                pin_threads(cores_of(0, self.spec.threads_per_worker, sorted(self._caller[1])))
 
     def end(self) -> None:
         if self._caller is not None:
@@ -244,7 +211,7 @@ class DistributedExecutor:
             self._caller = None
             torch.set_num_threads(threads)
             if self.device == "cpu":
-                _pin_threads(cores)
+                pin_threads(cores)
 
     def __enter__(self) -> "DistributedExecutor":
         return self.start()
@@ -282,7 +249,7 @@ class DistributedExecutor:
         self._queues = [[] for _ in self.stages]
         self._attached = []
         self.cache.truncate(length)
-        self._guarded(lambda: self._broadcast(_header(ROLLBACK, position=length)))
+        self._guarded(lambda: self._broadcast(make_header(ROLLBACK, position=length)))
 
     def _broadcast(self, header: list[int]) -> None:
         for k in range(1, len(self.stages)):
@@ -291,7 +258,7 @@ class DistributedExecutor:
     def _post(self, tensor: torch.Tensor, k: int, group=None) -> None:
         """Send without waiting: a gloo send completes only once the receiver takes it, so a hung
         worker would block us forever; its silence shows as a late report instead."""
-        self._outbox[k].append(_Sent(dist.isend(tensor, dst=k, group=group), tensor))
+        self._outbox[k].append(Sent(dist.isend(tensor, dst=k, group=group), tensor))
         self._posted[k] += 1
 
     def _delivered(self, k: int, count: int) -> None:
@@ -342,7 +309,7 @@ class DistributedExecutor:
     @staticmethod
     def _header_for(call: _Call, k: int) -> list[int]:
         if call.headers[k] is None:
-            call.headers[k] = _header(WORK)
+            call.headers[k] = make_header(WORK)
         return call.headers[k]
 
     # Running a call --------------------------------------------------------------------------
@@ -361,7 +328,7 @@ class DistributedExecutor:
             if k:
                 call.taken[k] = self._posted[k]  # what its report proves delivered
                 report = torch.empty(4 + self._payload(call, k), dtype=torch.float32)
-                call.reports[k] = (dist.irecv(report, src=k, group=_GROUPS["calls"]), report)
+                call.reports[k] = (dist.irecv(report, src=k, group=GROUPS["calls"]), report)
         call.launched = True
         return call
 
@@ -402,7 +369,7 @@ class DistributedExecutor:
         hidden = model.run_layers(hidden, self.stages[0], position=feed.position, cache=self.cache)
         if feed.kind == "draft":
             results["exit_logits"] = model.exit_logits(hidden, position=feed.position, cache=self.cache)
-        _sync(self.device)
+        sync_device(self.device)
         end = time.perf_counter()
         self._attached.append((self._queues[1][-1], hidden))
         return start, end
@@ -421,8 +388,8 @@ class DistributedExecutor:
             self._post(self._control.pack(header, hidden), k)
             return
         self._post(self._control.pack(header), k)
-        self._post(hidden.contiguous().cpu() if _GROUPS["staged"] else hidden.contiguous(), k,
-                   group=_GROUPS["hidden"])
+        self._post(hidden.contiguous().cpu() if GROUPS["staged"] else hidden.contiguous(), k,
+                   group=GROUPS["hidden"])
 
     def _payload(self, call: _Call, k: int) -> int:
         """Number of logits in rank k's report: T x V at the last stage, else none."""
@@ -493,7 +460,7 @@ class DistributedExecutor:
         hellos: list = [None] * len(self.stages)
         dist.all_gather_object(hellos, {"host": socket.gethostname()})
         for k in range(1, len(self.stages)):
-            mine = _fingerprint(self.model, self.stages[k])
+            mine = weights_fingerprint(self.model, self.stages[k])
             if not math.isclose(hellos[k]["weights"], mine, rel_tol=1e-6):
                 raise PipelineError(
                     f"stage {k + 1} loaded other weights from {self.spec.model!r} than the caller's model "
@@ -506,7 +473,6 @@ class DistributedExecutor:
 # Process-wide bookkeeping: torch.distributed has one default group per process. --------------
 
 _POOLS: set[DistributedExecutor] = set()
-_GROUPS: dict = {}
 _SHARED: dict = {}
 
 
@@ -539,58 +505,7 @@ def make_executor(model: StagedModel, config: DecodeConfig, *, threads_per_worke
     return _SHARED["pool"]
 
 
-def _init_group(spec: PipelineSpec, *, rank: int, world: int, store=None) -> None:
-    """Default group: control messages (waits forever while idle). `calls`: hidden states and
-    reports (each wait bounded by `spec.timeout`). `hidden`: NCCL between distinct GPUs."""
-    dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=FOREVER)
-    _GROUPS["calls"] = dist.new_group(backend="gloo", timeout=timedelta(seconds=spec.timeout))
-    gpus = torch.cuda.device_count() if spec.device == "cuda" else 0
-    nccl = gpus >= world > 1  # NCCL needs a GPU per rank
-    hidden = dist.new_group(backend="nccl", timeout=timedelta(seconds=spec.timeout)) if nccl else None
-    _GROUPS["hidden"] = hidden or _GROUPS["calls"]
-    _GROUPS["staged"] = hidden is None and spec.device == "cuda"  # through host memory
-
-
-def _header(op: int, *, position: int = 0) -> list[int]:
-    header = [op] + [0] * (HEADER - 1)
-    header[7] = position
-    return header
-
-
-@dataclass(frozen=True)
-class _Control:
-    """The fixed-size control message: the header, then room for one position's hidden state."""
-
-    hidden_size: int
-    dtype: torch.dtype
-
-    @property
-    def size(self) -> int:
-        return HEADER * 8 + self.hidden_size * self.dtype.itemsize
-
-    def pack(self, header: list[int], hidden: torch.Tensor | None = None) -> torch.Tensor:
-        # Built as bytes: a tenth of the time of tensor slicing, and this is on every slot's path.
-        message = bytearray(self.size)
-        message[: HEADER * 8] = struct.pack(f"{HEADER}q", *header)
-        if hidden is not None:
-            message[HEADER * 8:] = hidden.detach().reshape(-1).to("cpu", self.dtype).view(torch.uint8).numpy().tobytes()
-        return torch.frombuffer(message, dtype=torch.uint8)
-
-    def header(self, message: torch.Tensor) -> list[int]:
-        return message[: HEADER * 8].view(torch.long).tolist()
-
-    def hidden(self, message: torch.Tensor) -> torch.Tensor:
-        """The inline hidden state, (1, 1, hidden), a copy (the buffer is reused)."""
-        return message[HEADER * 8:].view(self.dtype).view(1, 1, self.hidden_size).clone()
-
-
-def _sync(device: str) -> None:
-    """Wait for queued GPU work, so a timestamp says when the work ended, not when it was queued."""
-    if device.startswith("cuda"):
-        torch.cuda.synchronize(device)
-
-
-def _send_header(control: _Control, header: list[int], k: int) -> None:
+def _send_header(control: Control, header: list[int], k: int) -> None:
     dist.send(control.pack(header), dst=k)  # blocks until k takes it: startup only
 
 
@@ -602,14 +517,14 @@ def _exit_text(code: int | None) -> str:
     return f"exit code {code}"
 
 
-def _clock_offset(control: _Control, k: int, rounds: int = 8) -> float:
+def _clock_offset(control: Control, k: int, rounds: int = 8) -> float:
     """Worker k's clock minus ours, from the ping with the shortest round trip (NTP-style)."""
     best = (float("inf"), 0.0)
     answer = torch.empty(1, dtype=torch.float64)
     for _ in range(rounds):
         sent = time.perf_counter()
-        _send_header(control, _header(PING), k)
-        dist.recv(answer, src=k, group=_GROUPS["calls"])
+        _send_header(control, make_header(PING), k)
+        dist.recv(answer, src=k, group=GROUPS["calls"])
         back = time.perf_counter()
         best = min(best, (back - sent, float(answer) - (sent + back) / 2))
     return best[1]
@@ -623,233 +538,9 @@ def _process_context():
     (not from the caller, whose threads make fork unsafe): a new pool starts in the time it
     takes to load the weights, not K times the imports."""
     context = torch.multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(["ppsd.model", "torch.distributed", "transformers.models.llama.modeling_llama",
-                                    "transformers.models.auto.modeling_auto"])
+    context.set_forkserver_preload(["ppsd.pipeline_worker", "torch.distributed",
+                                    "transformers.models.llama.modeling_llama", "transformers.models.auto.modeling_auto"])
     return context
-
-
-def _spawned_worker(rank: int, spec: PipelineSpec, port: int, pipe) -> None:
-    """Entry point of a locally started worker: pin, load, report, then serve until shut down."""
-    _die_with_parent(os.getppid())
-    try:
-        worker = _Worker(spec, rank, len(spec.stages))
-    except ValueError as error:  # a bad model path or head: the coordinator shows the reason
-        pipe.send(f"error: {error}")
-        sys.exit(1)
-    pipe.send("loaded")
-    pipe.close()
-    store = dist.TCPStore("127.0.0.1", port, len(spec.stages), is_master=False,
-                          timeout=timedelta(seconds=spec.startup_timeout))
-    _init_group(spec, rank=rank, world=len(spec.stages), store=store)
-    _serve_quietly(worker, rank)
-
-
-def _serve_quietly(worker: "_Worker", rank: int) -> None:
-    """Serve; on failure (mostly: the coordinator or a neighbour went away) say so in one line
-    with where it happened, and exit 1: the coordinator raises the PipelineError."""
-    try:
-        worker.serve()
-    except Exception as error:  # noqa: BLE001
-        where = traceback.extract_tb(error.__traceback__)[-1]
-        first = (str(error).strip().splitlines() or [""])[0][:300]
-        print(f"ppsd pipeline stage {rank + 1} stopped: {type(error).__name__}: {first} "
-              f"(at {os.path.basename(where.filename)}:{where.lineno})", file=sys.stderr)
-        sys.exit(1)
-
-
-def run_worker(spec: PipelineSpec, rank: int, *, local_rank: int) -> None:
-    """Entry point of torchrun rank k >= 1, stage k+1 (rank 0 is the coordinator, `join`);
-    `local_rank` (this host's) picks the GPU or the cores."""
-    worker = _Worker(spec, rank, len(spec.stages), local_rank=local_rank)
-    _init_group(spec, rank=rank, world=len(spec.stages))
-    _serve_quietly(worker, rank)
-
-
-class _Worker:
-    """Stage k+1 (rank k >= 1): its layers, its KV cache, its queue of incoming hidden states."""
-
-    def __init__(self, spec: PipelineSpec, rank: int, stages: int, *, local_rank: int | None = None) -> None:
-        from transformers.utils import logging
-
-        logging.disable_progress_bar()  # K workers drawing bars over each other helps nobody
-        self.k, self.last = rank, rank == stages - 1
-        self.layers = spec.stages[rank]
-        self.device = _place(spec, rank if local_rank is None else local_rank)
-        model = _load_weights(spec, self.device)
-        self.weights = _fingerprint(model, self.layers)
-        _keep_stage(model, self.layers, last=self.last)
-        self.model = model
-        self.cache = KVCache()
-        self.queue: deque[tuple[int, str, torch.Tensor]] = deque()  # (position, kind, (1, T, hidden))
-        self.hidden_size = model.hf_model.config.hidden_size
-        self.dtype = next(model.hf_model.parameters()).dtype
-        self.control = _Control(self.hidden_size, self.dtype)
-
-    def serve(self) -> None:
-        dist.all_gather_object([None] * dist.get_world_size(),
-                               {"host": socket.gethostname(), "weights": self.weights})
-        message = torch.empty(self.control.size, dtype=torch.uint8)
-        with torch.inference_mode():
-            while True:
-                dist.recv(message, src=0)
-                header = self.control.header(message)
-                op = header[0]
-                if op == SHUTDOWN:
-                    break
-                if op == ROLLBACK:
-                    self.queue.clear()
-                    self.cache.truncate(header[7])
-                elif op == PING:
-                    dist.send(torch.tensor([time.perf_counter()], dtype=torch.float64), dst=0, group=_GROUPS["calls"])
-                else:
-                    self._attach(header, message)
-                    self._work(header)
-        dist.destroy_process_group()
-
-    def _attach(self, h: list[int], message: torch.Tensor) -> None:
-        """Queue stage 1's output that came with this control message (rank 1 only)."""
-        position, width, kind = h[8], h[9], KINDS[h[10]]
-        if width == 1:
-            self.queue.append((position, kind, self.control.hidden(message).to(self.device)))
-        elif width > 1:
-            self.queue.append(self._receive(position, width, kind))
-
-    def _work(self, h: list[int]) -> None:
-        """One call: take the previous stage's output (before our work in a flow, after it in a
-        slot), run our layers on our queue's head (or all of it, merged), report to rank 0."""
-        run, merge, incoming = h[1], h[2], h[3]
-        incoming_item = h[4], h[5], KINDS[h[6]]  # position, width, kind
-        if incoming == 2:
-            self.queue.append(self._receive(*incoming_item))
-        pending = self._post_receive(*incoming_item) if incoming == 1 else None
-        sent = None
-        if run:
-            start = time.perf_counter()
-            hidden, kind = self._compute(merge)
-            if self.last:
-                # Prefill only needs the last position's logits: skip the LM head on the rest.
-                logits = self.model.final_logits(hidden[:, -1:] if kind == "prefill" else hidden)
-            else:
-                sent = self._send_hidden(hidden)
-            _sync(self.device)
-            end = time.perf_counter()
-            report = torch.tensor([start, end], dtype=torch.float64).view(torch.float32)
-            if self.last:
-                report = torch.cat([report, logits.reshape(-1).float().cpu()])
-            dist.send(report, dst=0, group=_GROUPS["calls"])
-        if pending is not None:
-            work, buffer, position, kind = pending
-            work.wait()
-            self.queue.append((position, kind, buffer.to(self.device)))
-        if sent is not None:
-            sent.wait()
-
-    def _compute(self, merge: bool) -> tuple[torch.Tensor, str]:
-        if merge:
-            items = list(self.queue)
-            self.queue.clear()
-            position, kind = items[0][0], items[0][1]
-            hidden = torch.cat([item[2] for item in items], dim=1)
-        else:
-            position, kind, hidden = self.queue.popleft()
-        return self.model.run_layers(hidden, self.layers, position=position, cache=self.cache), kind
-
-    def _send_hidden(self, hidden: torch.Tensor) -> "_Sent":
-        tensor = hidden.contiguous().cpu() if _GROUPS["staged"] else hidden.contiguous()
-        return _Sent(dist.isend(tensor, dst=self.k + 1, group=_GROUPS["hidden"]), tensor)
-
-    def _post_receive(self, position: int, width: int, kind: str):
-        buffer = torch.empty((1, width, self.hidden_size), dtype=self.dtype,
-                             device="cpu" if _GROUPS["staged"] else self.device)
-        return dist.irecv(buffer, src=self.k - 1, group=_GROUPS["hidden"]), buffer, position, kind
-
-    def _receive(self, position: int, width: int, kind: str) -> tuple[int, str, torch.Tensor]:
-        work, buffer, position, kind = self._post_receive(position, width, kind)
-        work.wait()
-        return position, kind, buffer.to(self.device)
-
-
-@dataclass
-class _Sent:
-    """An isend and the tensor it reads from, which must outlive it."""
-
-    work: object
-    tensor: torch.Tensor
-
-    def wait(self) -> None:
-        self.work.wait()
-
-
-def _load_weights(spec: PipelineSpec, device: str) -> StagedModel:
-    """The model's weights alone (workers need no tokenizer), as `load_model` loads them."""
-    dtype = getattr(torch, spec.dtype) if spec.dtype else default_dtype(spec.device)
-    return load_weights(spec.model, device=device, dtype=dtype)
-
-
-def _fingerprint(model: StagedModel, layers: range) -> float:
-    """Sum of |w| over the decoder layers `layers` (and the LM head's, seen by the last stage
-    and by the caller alike): equal weights give equal sums, up to summation order."""
-    total = sum(p.detach().double().abs().sum().item() for i in layers for p in model.layers[i].parameters())
-    if layers.stop == model.num_layers:
-        total += model.hf_model.lm_head.weight.detach().double().abs().sum().item()
-    return total
-
-
-def _keep_stage(model: StagedModel, layers: range, *, last: bool) -> None:
-    """Free every decoder layer outside `layers`, the embeddings and the exit head (stage 1's, on
-    rank 0), and the LM head unless this is the last stage."""
-    decoder = model.hf_model.model
-    for index in range(len(decoder.layers)):
-        if index not in layers:
-            decoder.layers[index] = torch.nn.Identity()
-    decoder.embed_tokens = None
-    model.exit_head = None
-    if not last:
-        model.hf_model.lm_head = torch.nn.Identity()
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
-
-
-def _place(spec: PipelineSpec, rank: int) -> str:
-    """Pin this worker (`rank` on this host): its own cores (CPU) or GPU (cuda:rank mod count)."""
-    torch.set_num_threads(spec.threads_per_worker)
-    if spec.device == "cuda":
-        device = f"cuda:{rank % torch.cuda.device_count()}"
-        torch.cuda.set_device(device)
-        return device
-    os.sched_setaffinity(0, _cores_of(rank, spec.threads_per_worker, sorted(os.sched_getaffinity(0))))
-    return "cpu"
-
-
-def _cores_of(rank: int, threads: int, cores: list[int]) -> set[int]:
-    """Rank `rank`'s cores: [rank t, (rank+1) t) of `cores`, wrapping round when there are too few."""
-    return {cores[(rank * threads + i) % len(cores)] for i in range(threads)}
-
-
-def _pin_threads(cores: set[int]) -> None:
-    """Set the affinity of every thread of this process (sched_setaffinity(0) moves only the caller's)."""
-    for tid in os.listdir("/proc/self/task"):
-        try:
-            os.sched_setaffinity(int(tid), cores)
-        except OSError:  # the thread ended meanwhile
-            pass
-
-
-def _die_with_parent(parent: int) -> None:
-    """No orphans: exit as soon as the parent (the fork server, which itself exits with the
-    coordinator) is gone. The coordinator's death also breaks our sockets (the blocked receive
-    fails), but a worker busy elsewhere is caught by this watchdog.
-    (PR_SET_PDEATHSIG is not used: it fires when the parent *thread* ends, and a web app may
-    start the pool from a short-lived request thread.)"""
-
-    def watch() -> None:
-        while os.getppid() == parent:
-            time.sleep(1.0)
-        os._exit(1)
-
-    threading.Thread(target=watch, daemon=True, name="ppsd-parent-watch").start()
-    if os.getppid() != parent:
-        sys.exit(1)
 
 
 # Command line: local pipeline, or one rank of a torchrun launch -------------------------------

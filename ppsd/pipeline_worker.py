@@ -1,0 +1,209 @@
+"""One pipeline stage in its own process: rank k >= 1 holds stage k+1's layers (and, last, the
+final norm and LM head) with its own KV cache, pinned to its own cores or GPU, and serves the
+coordinator's control messages until it is told to stop, its peers go away, or its parent dies.
+
+Boundary: started by `ppsd.distributed` (locally, from a fork server) or by torchrun; speaks the
+messages of `ppsd.pipeline_wire`; knows nothing of drafts or acceptance.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import threading
+import time
+import traceback
+from collections import deque
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from .model import KVCache, StagedModel
+from .pipeline_wire import (GROUPS, KINDS, PING, ROLLBACK, SHUTDOWN, Control, PipelineSpec, Sent, cores_of,
+                            init_group, load_stage_weights, sync_device, weights_fingerprint)
+
+
+def spawned_worker(rank: int, spec: PipelineSpec, port: int, pipe) -> None:
+    """Entry point of a locally started worker: pin, load, report, then serve until shut down."""
+    _die_with_parent(os.getppid())
+    try:
+        worker = _Worker(spec, rank, len(spec.stages))
+    except ValueError as error:  # a bad model path or head: the coordinator shows the reason
+        pipe.send(f"error: {error}")
+        sys.exit(1)
+    pipe.send("loaded")
+    pipe.close()
+    store = dist.TCPStore("127.0.0.1", port, len(spec.stages), is_master=False,
+                          timeout=timedelta(seconds=spec.startup_timeout))
+    init_group(spec, rank=rank, world=len(spec.stages), store=store)
+    _serve_quietly(worker, rank)
+
+
+def _serve_quietly(worker: "_Worker", rank: int) -> None:
+    """Serve; on failure (mostly: the coordinator or a neighbour went away) say so in one line
+    with where it happened, and exit 1: the coordinator raises the PipelineError."""
+    try:
+        worker.serve()
+    except Exception as error:  # noqa: BLE001
+        where = traceback.extract_tb(error.__traceback__)[-1]
+        first = (str(error).strip().splitlines() or [""])[0][:300]
+        print(f"ppsd pipeline stage {rank + 1} stopped: {type(error).__name__}: {first} "
+              f"(at {os.path.basename(where.filename)}:{where.lineno})", file=sys.stderr)
+        sys.exit(1)
+
+
+def run_worker(spec: PipelineSpec, rank: int, *, local_rank: int) -> None:
+    """Entry point of torchrun rank k >= 1, stage k+1 (rank 0 is the coordinator, `join`);
+    `local_rank` (this host's) picks the GPU or the cores."""
+    worker = _Worker(spec, rank, len(spec.stages), local_rank=local_rank)
+    init_group(spec, rank=rank, world=len(spec.stages))
+    _serve_quietly(worker, rank)
+
+
+class _Worker:
+    """Stage k+1 (rank k >= 1): its layers, its KV cache, its queue of incoming hidden states."""
+
+    def __init__(self, spec: PipelineSpec, rank: int, stages: int, *, local_rank: int | None = None) -> None:
+        from transformers.utils import logging
+
+        logging.disable_progress_bar()  # K workers drawing bars over each other helps nobody
+        self.k, self.last = rank, rank == stages - 1
+        self.layers = spec.stages[rank]
+        self.device = _place(spec, rank if local_rank is None else local_rank)
+        model = load_stage_weights(spec, self.device)
+        self.weights = weights_fingerprint(model, self.layers)
+        _keep_stage(model, self.layers, last=self.last)
+        self.model = model
+        self.cache = KVCache()
+        self.queue: deque[tuple[int, str, torch.Tensor]] = deque()  # (position, kind, (1, T, hidden))
+        self.hidden_size = model.hf_model.config.hidden_size
+        self.dtype = next(model.hf_model.parameters()).dtype
+        self.control = Control(self.hidden_size, self.dtype)
+
+    def serve(self) -> None:
+        dist.all_gather_object([None] * dist.get_world_size(),
+                               {"host": socket.gethostname(), "weights": self.weights})
+        message = torch.empty(self.control.size, dtype=torch.uint8)
+        with torch.inference_mode():
+            while True:
+                dist.recv(message, src=0)
+                header = self.control.header(message)
+                op = header[0]
+                if op == SHUTDOWN:
+                    break
+                if op == ROLLBACK:
+                    self.queue.clear()
+                    self.cache.truncate(header[7])
+                elif op == PING:
+                    dist.send(torch.tensor([time.perf_counter()], dtype=torch.float64), dst=0, group=GROUPS["calls"])
+                else:
+                    self._attach(header, message)
+                    self._work(header)
+        dist.destroy_process_group()
+
+    def _attach(self, h: list[int], message: torch.Tensor) -> None:
+        """Queue stage 1's output that came with this control message (rank 1 only)."""
+        position, width, kind = h[8], h[9], KINDS[h[10]]
+        if width == 1:
+            self.queue.append((position, kind, self.control.hidden(message).to(self.device)))
+        elif width > 1:
+            self.queue.append(self._receive(position, width, kind))
+
+    def _work(self, h: list[int]) -> None:
+        """One call: take the previous stage's output (before our work in a flow, after it in a
+        slot), run our layers on our queue's head (or all of it, merged), report to rank 0."""
+        run, merge, incoming = h[1], h[2], h[3]
+        incoming_item = h[4], h[5], KINDS[h[6]]  # position, width, kind
+        if incoming == 2:
+            self.queue.append(self._receive(*incoming_item))
+        pending = self._post_receive(*incoming_item) if incoming == 1 else None
+        sent = None
+        if run:
+            start = time.perf_counter()
+            hidden, kind = self._compute(merge)
+            if self.last:
+                # Prefill only needs the last position's logits: skip the LM head on the rest.
+                logits = self.model.final_logits(hidden[:, -1:] if kind == "prefill" else hidden)
+            else:
+                sent = self._send_hidden(hidden)
+            sync_device(self.device)
+            end = time.perf_counter()
+            report = torch.tensor([start, end], dtype=torch.float64).view(torch.float32)
+            if self.last:
+                report = torch.cat([report, logits.reshape(-1).float().cpu()])
+            dist.send(report, dst=0, group=GROUPS["calls"])
+        if pending is not None:
+            work, buffer, position, kind = pending
+            work.wait()
+            self.queue.append((position, kind, buffer.to(self.device)))
+        if sent is not None:
+            sent.wait()
+
+    def _compute(self, merge: bool) -> tuple[torch.Tensor, str]:
+        if merge:
+            items = list(self.queue)
+            self.queue.clear()
+            position, kind = items[0][0], items[0][1]
+            hidden = torch.cat([item[2] for item in items], dim=1)
+        else:
+            position, kind, hidden = self.queue.popleft()
+        return self.model.run_layers(hidden, self.layers, position=position, cache=self.cache), kind
+
+    def _send_hidden(self, hidden: torch.Tensor) -> "Sent":
+        tensor = hidden.contiguous().cpu() if GROUPS["staged"] else hidden.contiguous()
+        return Sent(dist.isend(tensor, dst=self.k + 1, group=GROUPS["hidden"]), tensor)
+
+    def _post_receive(self, position: int, width: int, kind: str):
+        buffer = torch.empty((1, width, self.hidden_size), dtype=self.dtype,
+                             device="cpu" if GROUPS["staged"] else self.device)
+        return dist.irecv(buffer, src=self.k - 1, group=GROUPS["hidden"]), buffer, position, kind
+
+    def _receive(self, position: int, width: int, kind: str) -> tuple[int, str, torch.Tensor]:
+        work, buffer, position, kind = self._post_receive(position, width, kind)
+        work.wait()
+        return position, kind, buffer.to(self.device)
+
+
+def _keep_stage(model: StagedModel, layers: range, *, last: bool) -> None:
+    """Free every decoder layer outside `layers`, the embeddings and the exit head (stage 1's, on
+    rank 0), and the LM head unless this is the last stage."""
+    decoder = model.hf_model.model
+    for index in range(len(decoder.layers)):
+        if index not in layers:
+            decoder.layers[index] = torch.nn.Identity()
+    decoder.embed_tokens = None
+    model.exit_head = None
+    if not last:
+        model.hf_model.lm_head = torch.nn.Identity()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def _place(spec: PipelineSpec, rank: int) -> str:
+    """Pin this worker (`rank` on this host): its own cores (CPU) or GPU (cuda:rank mod count)."""
+    torch.set_num_threads(spec.threads_per_worker)
+    if spec.device == "cuda":
+        device = f"cuda:{rank % torch.cuda.device_count()}"
+        torch.cuda.set_device(device)
+        return device
+    os.sched_setaffinity(0, cores_of(rank, spec.threads_per_worker, sorted(os.sched_getaffinity(0))))
+    return "cpu"
+
+
+def _die_with_parent(parent: int) -> None:
+    """No orphans: exit as soon as the parent (the fork server, which itself exits with the
+    coordinator) is gone. The coordinator's death also breaks our sockets (the blocked receive
+    fails), but a worker busy elsewhere is caught by this watchdog.
+    (PR_SET_PDEATHSIG is not used: it fires when the parent *thread* ends, and a web app may
+    start the pool from a short-lived request thread.)"""
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os._exit(1)
+
+    threading.Thread(target=watch, daemon=True, name="ppsd-parent-watch").start()
+    if os.getppid() != parent:
+        sys.exit(1)
