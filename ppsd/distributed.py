@@ -483,6 +483,12 @@ def close_all() -> None:
         pool.close()
 
 
+def current_pool() -> DistributedExecutor | None:
+    """The pipeline `make_executor` last started in this process, if it is still running."""
+    pool = _SHARED.get("pool")
+    return pool if pool is not None and pool.alive else None
+
+
 def make_executor(model: StagedModel, config: DecodeConfig, *, threads_per_worker: int = 1,
                   timeout: float = 30.0) -> DistributedExecutor:
     """The process's pipeline for `model` and `config`'s stages: stage 1 runs here on `model`,

@@ -130,7 +130,7 @@ def test_a_run_on_k_worker_processes_is_measured_and_identical(server):
     clock on the page, pool reused by the next run; Stop closes the workers."""
     import time
 
-    from ppsd.distributed import _SHARED
+    from ppsd.distributed import current_pool
 
     from app.runner import active_decodes
 
@@ -144,11 +144,11 @@ def test_a_run_on_k_worker_processes_is_measured_and_identical(server):
         assert summary[method]["measured"]["clock"] == "measured"
     assert "measured clock" in outputs[0] and "own worker process" in outputs[0]
     assert "tok/s (measured, K workers)" in outputs[3]  # PPSD's stats card leads with the measured clock
-    pool = _SHARED["pool"]
+    pool = current_pool()
     pids = pool.pids
     assert pids and all(_running(pid) for pid in pids)
     client.predict(*run_args(model, max_new_tokens=3, workers=True), api_name="/run")
-    assert _SHARED["pool"] is pool  # reused, not restarted
+    assert current_pool() is pool  # reused, not restarted
 
     job = client.submit(*run_args(model, eesd=True, max_new_tokens=240, workers=True), api_name="/run")
     deadline = time.monotonic() + 60
@@ -158,6 +158,7 @@ def test_a_run_on_k_worker_processes_is_measured_and_identical(server):
     while (active_decodes() or any(_running(pid) for pid in pids)) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert active_decodes() == 0 and not any(_running(pid) for pid in pids)  # Stop closed the workers
+    assert current_pool() is None
     outputs = client.predict(*run_args(model, max_new_tokens=3, workers=True), api_name="/run")
     assert len(outputs[-1]["ppsd"]["token_ids"]) == 3  # a fresh pool serves the next run
 
