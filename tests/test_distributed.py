@@ -203,17 +203,24 @@ def test_workers_exit_when_the_coordinator_is_killed(checkpoint):
         f"    model = ppsd.StagedModel(tiny_llama(), name={checkpoint!r})\n"
         "    pool = make_executor(model, ppsd.DecodeConfig(stages=3, max_new_tokens=4))\n"
         "    ppsd.generate(model, [1, 2, 3], ppsd.DecodeConfig(stages=3, max_new_tokens=4), executor=pool)\n"
-        "    print(*pool.pids, flush=True)\n"
+        "    print('PIDS', *pool.pids, flush=True)\n"
         "    time.sleep(300)\n"
     )
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.path.dirname(__file__), os.getcwd()])}
-    coordinator = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, env=env)
+    coordinator = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                   text=True, env=env)
     try:
-        pids = [int(pid) for pid in coordinator.stdout.readline().split()]
-        assert len(pids) == 2 and all(_running(pid) for pid in pids)
+        pids = []
+        for line in coordinator.stdout:  # other output (a library's, a worker's) may come first
+            if line.startswith("PIDS "):
+                pids = [int(pid) for pid in line.split()[1:]]
+                break
+        alive = [_running(pid) for pid in pids]  # while the coordinator lives
     finally:
         coordinator.kill()
-        coordinator.wait()
+        _, errors = coordinator.communicate()
+    assert len(pids) == 2, f"the coordinator printed no worker pids; its stderr:\n{errors[-3000:]}"
+    assert all(alive)
     deadline = time.monotonic() + 10.0
     while any(_running(pid) for pid in pids) and time.monotonic() < deadline:
         time.sleep(0.1)
