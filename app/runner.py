@@ -12,7 +12,6 @@ and no HTML here; tensors stay inside `ppsd`.
 from __future__ import annotations
 
 import importlib.util
-import os
 import threading
 import time
 from dataclasses import dataclass, field
@@ -23,6 +22,7 @@ import ppsd
 from ppsd import DecodeConfig, Recorder, Result, StagedModel, Trace
 from ppsd.distributed import DistributedExecutor, PipelineError, make_executor
 from ppsd.generate import check_prompt
+from ppsd.pipeline_wire import usable_cores
 from ppsd.trace import Stopwatch
 
 THROTTLE_SECONDS = 0.25  # live UI refresh period; the final snapshot always follows
@@ -289,7 +289,7 @@ def workers_available(stages: int, device: str) -> str | None:
             return None
         # ZeroGPU lends the GPU to one function call of one process, not to worker processes.
         return "on ZeroGPU the GPU is lent to one process for one call: worker processes cannot share it"
-    cores = len(os.sched_getaffinity(0))
+    cores = usable_cores()
     if cores < stages:
         return (f"K = {stages} worker processes need {stages} CPU cores, one each; this machine gives "
                 f"{cores}: lower K, or run in one process (projected clock)")

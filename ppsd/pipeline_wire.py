@@ -15,6 +15,7 @@ A report (float32) is [start, end (two float64 as four float32), final logits...
 
 from __future__ import annotations
 
+import math
 import os
 import struct
 from dataclasses import dataclass
@@ -130,6 +131,26 @@ def weights_fingerprint(model: StagedModel, layers: range) -> float:
     if layers.stop == model.num_layers:
         total += model.hf_model.lm_head.weight.detach().double().abs().sum().item()
     return total
+
+
+def usable_cores(cgroup: str = "/sys/fs/cgroup") -> int:
+    """CPU cores this process may really use: its affinity, capped by a cgroup CPU quota (a
+    container on a big host sees every core but may be given two)."""
+    cores = len(os.sched_getaffinity(0))
+    for quota_file, period_file in (("cpu.max", None), ("cpu/cpu.cfs_quota_us", "cpu/cpu.cfs_period_us")):
+        try:
+            with open(os.path.join(cgroup, quota_file)) as f:
+                fields = f.read().split()
+            if period_file is not None:
+                with open(os.path.join(cgroup, period_file)) as f:
+                    fields.append(f.read().strip())
+            quota, period = fields[0], float(fields[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        if quota not in ("max", "-1") and period > 0:
+            return max(1, min(cores, math.ceil(float(quota) / period)))
+        return cores
+    return cores
 
 
 def cores_of(rank: int, threads: int, cores: list[int]) -> set[int]:

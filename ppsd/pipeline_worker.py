@@ -126,10 +126,10 @@ class _Worker:
             if self.last:
                 # Prefill only needs the last position's logits: skip the LM head on the rest.
                 logits = self.model.final_logits(hidden[:, -1:] if kind == "prefill" else hidden)
-            else:
-                sent = self._send_hidden(hidden)
             sync_device(self.device)
             end = time.perf_counter()
+            if not self.last:  # after the stamp: the next stage may start on it at once
+                sent = self._send_hidden(hidden)
             report = torch.tensor([start, end], dtype=torch.float64).view(torch.float32)
             if self.last:
                 report = torch.cat([report, logits.reshape(-1).float().cpu()])

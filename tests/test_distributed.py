@@ -234,3 +234,22 @@ def _running(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
     except FileNotFoundError:
         return False
+
+
+@pytest.mark.parametrize("files, expected", [
+    ({}, None),  # no cgroup files: the affinity
+    ({"cpu.max": "max 100000\n"}, None),  # v2, no quota
+    ({"cpu.max": "150000 100000\n"}, 2),  # v2, 1.5 CPUs of quota: 2 cores may run at once
+    ({"cpu/cpu.cfs_quota_us": "100000\n", "cpu/cpu.cfs_period_us": "100000\n"}, 1),  # v1, one CPU
+    ({"cpu/cpu.cfs_quota_us": "-1\n", "cpu/cpu.cfs_period_us": "100000\n"}, None),  # v1, no quota
+])
+def test_usable_cores_is_the_affinity_capped_by_a_cgroup_quota(tmp_path, files, expected):
+    import os
+
+    from ppsd.pipeline_wire import usable_cores
+
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    affinity = len(os.sched_getaffinity(0))
+    assert usable_cores(str(tmp_path)) == (affinity if expected is None else min(affinity, expected))
