@@ -14,7 +14,7 @@ from __future__ import annotations
 import importlib.util
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from typing import Callable, Iterator
 
@@ -150,17 +150,18 @@ class ModelCache:
                 started = time.perf_counter()
                 model, tokenizer = self._loader(name, device=self._device)
                 loaded = Loaded(name, model, tokenizer, time.perf_counter() - started)
-                warm_up(loaded)
+                warm_up(model, loaded.encode("Hello") or [0])
                 self._models[name] = loaded
             return self._models[name]
 
 
-def warm_up(loaded: Loaded) -> None:
-    """A few untimed tokens of every method, so lazy initialisation (kernels, allocator, first
-    calls) does not land in AR's timing, which always runs first."""
-    ids = loaded.encode("Hello") or [0]
+def warm_up(model: StagedModel, prompt_ids: list[int], config: DecodeConfig = DecodeConfig(), *,
+            executor: DistributedExecutor | None = None) -> None:
+    """A few untimed tokens of every method (on `executor` when given), so lazy initialisation
+    (kernels, allocator, first calls and messages) does not land in AR's timing, which runs first."""
     for method in ("ar", "ppsd", "eesd"):
-        ppsd.generate(loaded.model, ids, DecodeConfig(method=method, max_new_tokens=WARMUP_TOKENS))
+        ppsd.generate(model, prompt_ids, replace(config, method=method, max_new_tokens=WARMUP_TOKENS),
+                      executor=executor)
 
 
 @dataclass(frozen=True)
@@ -304,12 +305,9 @@ def start_pipeline(model: StagedModel, config: DecodeConfig) -> DistributedExecu
         raise ValueError(reason)
     try:
         pipeline = make_executor(model, config)
-        if pipeline.runs == 0:  # lazy initialisation (first messages, allocator) stays out of the timing
+        if pipeline.runs == 0:
             with pipeline.lock:
-                for method in ("ar", "ppsd"):
-                    ppsd.generate(model, [0], DecodeConfig(method=method, stages=config.stages,
-                                                           exit_layer=config.exit_layer,
-                                                           max_new_tokens=WARMUP_TOKENS), executor=pipeline)
+                warm_up(model, [0], config, executor=pipeline)
     except PipelineError as error:
         raise ValueError(f"the worker processes failed: {error}") from None
     return pipeline

@@ -52,8 +52,8 @@ import torch.distributed as dist
 from .config import DecodeConfig, stage_layers
 from .executor import Feed, Output
 from .model import KVCache, StagedModel, model_config
-from .pipeline_wire import (GROUPS, KINDS, PING, ROLLBACK, SHUTDOWN, WORK, Control, PipelineError, PipelineSpec,
-                            Sent, cores_of, init_group, make_header, pin_threads, sync_device, weights_fingerprint)
+from .pipeline_wire import (GROUPS, KINDS, PING, ROLLBACK, SHUTDOWN, WORK, Control, Header, PipelineError,
+                            PipelineSpec, Sent, cores_of, init_group, pin_threads, sync_device, weights_fingerprint)
 from .pipeline_worker import run_worker, spawned_worker
 from .steps import Event
 from .trace import Stopwatch
@@ -73,7 +73,7 @@ class _Queued:
 class _Call:
     """What one executor call asks of each stage (index k = stage k+1 = rank k; k = 0 is here)."""
 
-    headers: list[list[int] | None]
+    headers: list[Header | None]
     ran: list[int] = field(default_factory=list)  # stages that compute, in recording order
     items: dict[int, _Queued] = field(default_factory=dict)  # what each of them computes
     reports: dict[int, tuple[object, torch.Tensor]] = field(default_factory=dict)  # rank -> (irecv, buffer)
@@ -154,7 +154,7 @@ class DistributedExecutor:
         _POOLS.discard(self)
         if dist.is_initialized() and not self._broken and all(p.is_alive() for p in self._processes):
             try:
-                self._broadcast(make_header(SHUTDOWN))
+                self._broadcast(Header(SHUTDOWN))
             except Exception:  # noqa: BLE001 - a broken pool is killed below anyway
                 pass
         deadline = time.monotonic() + (0.0 if self._broken else 5.0)  # a broken pool is killed at once
@@ -194,8 +194,7 @@ class DistributedExecutor:
         to its own. Left free to roam, the scheduler parks them on a worker's core, and a slot
         then waits for a context switch there (measured: a PPSD run took 1.9x as long).
         `end()` gives the process its threads and cores back (between runs it is the caller's)."""
-        if not self.alive:
-            raise PipelineError("the pipeline is not running: start() it (or make a new one)")
+        self._check_alive()
         self._clock = stopwatch
         self.rollback(0)
         self.runs += 1
@@ -249,9 +248,9 @@ class DistributedExecutor:
         self._queues = [[] for _ in self.stages]
         self._attached = []
         self.cache.truncate(length)
-        self._guarded(lambda: self._broadcast(make_header(ROLLBACK, position=length)))
+        self._guarded(lambda: self._broadcast(Header(ROLLBACK, length=length)))
 
-    def _broadcast(self, header: list[int]) -> None:
+    def _broadcast(self, header: Header) -> None:
         for k in range(1, len(self.stages)):
             self._post(self._control.pack(header), k)
 
@@ -283,40 +282,37 @@ class DistributedExecutor:
     # Planning: the coordinator's mirror of the queues -------------------------------------
 
     def _plan_stage1(self, call: _Call, feed: Feed) -> None:
+        """Stage 1 computes here; its output, queued before rank 1, is attached to rank 1's next
+        control message (`_stage1`, `_post_control`)."""
         call.ran.append(0)
         kind = "prefill" if feed.kind == "prefill" else "verify"
         call.items[0] = _Queued(feed.position, feed.tokens[0], kind, len(feed.tokens))
-        self._emit(call, 0, call.items[0], after=True)
+        self._queues[1].append(call.items[0])
 
     def _plan(self, call: _Call, k: int, items: list[_Queued], *, merge: bool) -> None:
-        header = self._header_for(call, k)
-        header[1:3] = [1, int(merge)]
+        """Worker k runs `items`; its output goes to worker k+1, which receives it after its own
+        work in a slot, before it in a flow (where it then runs over everything queued)."""
+        self._set(call, k, run=1, merge=int(merge))
         call.ran.append(k)
-        call.items[k] = _Queued(items[0].position, items[0].token_id, items[0].kind, sum(i.width for i in items))
-        self._emit(call, k, call.items[k], after=not merge)
-
-    def _emit(self, call: _Call, k: int, item: _Queued, *, after: bool) -> None:
-        """Stage k's output goes to stage k+1: a worker's is received after its own work in a
-        slot (`after`), before it in a flow (where it then runs over everything queued); stage
-        1's is attached to rank 1's next control message (`_stage1`)."""
+        item = call.items[k] = _Queued(items[0].position, items[0].token_id, items[0].kind,
+                                       sum(i.width for i in items))
         if k + 1 < len(self.stages):
             self._queues[k + 1].append(item)
-            if k == 0:
-                return
-            header = self._header_for(call, k + 1)
-            header[3:7] = [1 if after else 2, item.position, item.width, KINDS.index(item.kind)]
+            self._set(call, k + 1, incoming=2 if merge else 1, in_position=item.position, in_width=item.width,
+                      in_kind=KINDS.index(item.kind))
 
     @staticmethod
-    def _header_for(call: _Call, k: int) -> list[int]:
-        if call.headers[k] is None:
-            call.headers[k] = make_header(WORK)
-        return call.headers[k]
+    def _set(call: _Call, k: int, **fields: int) -> None:
+        call.headers[k] = (call.headers[k] or Header(WORK))._replace(**fields)
 
     # Running a call --------------------------------------------------------------------------
 
-    def _run(self, call: _Call, feed: Feed | None, *, slot: int | None) -> Output:
+    def _check_alive(self) -> None:
         if not self.alive:
             raise PipelineError("the pipeline is not running: start() it (or make a new one)")
+
+    def _run(self, call: _Call, feed: Feed | None, *, slot: int | None) -> Output:
+        self._check_alive()
         return self._guarded(lambda: self._exchange(call, feed, slot))
 
     def _launch(self, call: _Call) -> _Call:
@@ -374,7 +370,7 @@ class DistributedExecutor:
         self._attached.append((self._queues[1][-1], hidden))
         return start, end
 
-    def _post_control(self, header: list[int], k: int) -> None:
+    def _post_control(self, header: Header, k: int) -> None:
         """Send rank k its control message; rank 1's carries what stage 1 produced since its last
         one (in a slot at most one position; prefill and EESD drafts, contiguous, in a flow)."""
         attached, self._attached = (self._attached, []) if k == 1 else ([], self._attached)
@@ -383,7 +379,8 @@ class DistributedExecutor:
             return
         first = attached[0][0]
         hidden = attached[0][1] if len(attached) == 1 else torch.cat([tensor for _, tensor in attached], dim=1)
-        header[8:11] = [first.position, hidden.shape[1], KINDS.index(first.kind)]
+        header = header._replace(att_position=first.position, att_width=hidden.shape[1],
+                                 att_kind=KINDS.index(first.kind))
         if hidden.shape[1] == 1:
             self._post(self._control.pack(header, hidden), k)
             return
@@ -473,7 +470,7 @@ class DistributedExecutor:
 # Process-wide bookkeeping: torch.distributed has one default group per process. --------------
 
 _POOLS: set[DistributedExecutor] = set()
-_SHARED: dict = {}
+_current: DistributedExecutor | None = None  # the one `make_executor` hands out
 
 
 @atexit.register
@@ -485,8 +482,7 @@ def close_all() -> None:
 
 def current_pool() -> DistributedExecutor | None:
     """The pipeline `make_executor` last started in this process, if it is still running."""
-    pool = _SHARED.get("pool")
-    return pool if pool is not None and pool.alive else None
+    return _current if _current is not None and _current.alive else None
 
 
 def make_executor(model: StagedModel, config: DecodeConfig, *, threads_per_worker: int = 1,
@@ -501,18 +497,15 @@ def make_executor(model: StagedModel, config: DecodeConfig, *, threads_per_worke
         device=model.info.device.split(":")[0], dtype=model.info.dtype, threads_per_worker=threads_per_worker,
         timeout=timeout,
     )
-    current = _SHARED.get("pool")
-    if current is not None and current.alive and current.spec == spec and current.model.hf_model is model.hf_model:
+    global _current
+    current = current_pool()
+    if current is not None and current.spec == spec and current.model.hf_model is model.hf_model:
         current.model = model
         return current
     if current is not None:
         current.close()
-    _SHARED["pool"] = DistributedExecutor(spec, model).start()
-    return _SHARED["pool"]
-
-
-def _send_header(control: Control, header: list[int], k: int) -> None:
-    dist.send(control.pack(header), dst=k)  # blocks until k takes it: startup only
+    _current = DistributedExecutor(spec, model).start()
+    return _current
 
 
 def _exit_text(code: int | None) -> str:
@@ -529,14 +522,11 @@ def _clock_offset(control: Control, k: int, rounds: int = 8) -> float:
     answer = torch.empty(1, dtype=torch.float64)
     for _ in range(rounds):
         sent = time.perf_counter()
-        _send_header(control, make_header(PING), k)
+        dist.send(control.pack(Header(PING)), dst=k)  # blocks until k takes it: startup only
         dist.recv(answer, src=k, group=GROUPS["calls"])
         back = time.perf_counter()
         best = min(best, (back - sent, float(answer) - (sent + back) / 2))
     return best[1]
-
-
-# The worker ----------------------------------------------------------------------------------
 
 
 def _process_context():
@@ -578,21 +568,17 @@ def main(argv: list[str] | None = None) -> int:
     rank = int(os.environ.get("RANK", "0"))
     torchrun = "RANK" in os.environ
     stages = int(os.environ["WORLD_SIZE"]) if torchrun else args.stages
+    layers = model_config(args.model).num_hidden_layers
     config = DecodeConfig(method=args.method, stages=stages, exit_layer=args.exit_layer,
-                          max_new_tokens=args.max_new_tokens)
+                          max_new_tokens=args.max_new_tokens).resolved(layers)
+    # Every torchrun rank builds the same spec (dtype: the device's default, as load_model's).
+    spec = PipelineSpec(model=args.model, stages=stage_layers(layers, config.exit_layer, stages), device=args.device,
+                        threads_per_worker=args.threads_per_worker, timeout=args.timeout)
     if rank > 0:
-        layers = model_config(args.model).num_hidden_layers
-        config = config.resolved(layers)
-        spec = PipelineSpec(model=args.model, stages=stage_layers(layers, config.exit_layer, stages),
-                            device=args.device, threads_per_worker=args.threads_per_worker, timeout=args.timeout)
         run_worker(spec, rank, local_rank=int(os.environ.get("LOCAL_RANK", "0")))
         return 0
     model, tokenizer = load_model(args.model, device=args.device)
-    config = config.resolved(model.num_layers)
     if torchrun:
-        spec = PipelineSpec(model=args.model, stages=stage_layers(model.num_layers, config.exit_layer, stages),
-                            device=args.device, dtype=model.info.dtype,
-                            threads_per_worker=args.threads_per_worker, timeout=args.timeout)
         executor = DistributedExecutor(spec, model).join()
     else:
         executor = make_executor(model, config, threads_per_worker=args.threads_per_worker, timeout=args.timeout)

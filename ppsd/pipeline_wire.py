@@ -4,9 +4,8 @@ process groups, placement on cores, and how a stage's weights are loaded and che
 Boundary: no decoding and no process management here; `ppsd.distributed` (the coordinator,
 rank 0) and `ppsd.pipeline_worker` (ranks 1..K-1) both build on it.
 
-Control message (bytes, one fixed size): a header of HEADER int64, [op, run, merge, incoming,
-in_position, in_width, in_kind, length, att_position, att_width, att_kind, 0], then room for one
-hidden state. Stage 1's output rides to rank 1 *attached* to rank 1's next control message
+Control message (bytes, one fixed size): a `Header` of int64 fields, then room for one hidden
+state. Stage 1's output rides to rank 1 *attached* to rank 1's next control message
 (inline when it is one position wide, else in a message right after it), not sent on its own
 the moment stage 1 finishes: measured on 2 cores, a message that crosses stage K's report on the
 wire made gloo's I/O threads spin, and that cost a PPSD slot 1.2 ms on top of its 1.3 (docs/distributed.md).
@@ -20,6 +19,7 @@ import os
 import struct
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -28,7 +28,6 @@ from .model import StagedModel, default_dtype, load_weights
 
 WORK, ROLLBACK, PING, SHUTDOWN = 1, 2, 3, 4
 KINDS = ("prefill", "draft", "verify")
-HEADER = 12  # int64 fields of a control message
 FOREVER = timedelta(days=365)  # an idle worker waits for its next request as long as it takes
 GROUPS: dict = {}  # this process's groups ("calls", "hidden") and whether GPU tensors go via host ("staged")
 
@@ -41,9 +40,9 @@ class PipelineError(RuntimeError):
 class PipelineSpec:
     """What every worker loads and how the workers are placed.
 
-    `device` "cpu": rank k >= 1 is pinned to cores [k t, (k+1) t) of the caller's, t =
+    `device` "cpu": rank k is pinned to cores [k t, (k+1) t) of the caller's, t =
     `threads_per_worker` (wrapping round when there are fewer cores than K t); rank 0 (the
-    caller, stage 1) runs t threads while the pipeline lives, its cores left free. "cuda": rank
+    caller, stage 1) only while a run lasts, with t torch threads. "cuda": rank
     k gets cuda:k mod the GPU count; on one GPU every rank shares cuda:0 as a separate process.
     """
 
@@ -68,10 +67,23 @@ def init_group(spec: PipelineSpec, *, rank: int, world: int, store=None) -> None
     GROUPS["staged"] = hidden is None and spec.device == "cuda"  # through host memory
 
 
-def make_header(op: int, *, position: int = 0) -> list[int]:
-    header = [op] + [0] * (HEADER - 1)
-    header[7] = position
-    return header
+class Header(NamedTuple):
+    """The int64 fields that open every control message (`_replace` to fill them in)."""
+
+    op: int  # WORK, ROLLBACK, PING or SHUTDOWN
+    run: int = 0  # WORK: compute the head of the queue (or all of it, `merge`d)
+    merge: int = 0
+    incoming: int = 0  # the previous worker's output arrives: 0 not, 1 after the run (a slot), 2 before (a flow)
+    in_position: int = 0
+    in_width: int = 0
+    in_kind: int = 0  # index into KINDS
+    length: int = 0  # ROLLBACK: positions to keep
+    att_position: int = 0  # stage 1's output attached to this message (rank 1): where, how wide, what
+    att_width: int = 0
+    att_kind: int = 0
+
+
+HEADER = len(Header._fields)  # int64 fields
 
 
 @dataclass(frozen=True)
@@ -85,7 +97,7 @@ class Control:
     def size(self) -> int:
         return HEADER * 8 + self.hidden_size * self.dtype.itemsize
 
-    def pack(self, header: list[int], hidden: torch.Tensor | None = None) -> torch.Tensor:
+    def pack(self, header: Header, hidden: torch.Tensor | None = None) -> torch.Tensor:
         # Built as bytes: a tenth of the time of tensor slicing, and this is on every slot's path.
         message = bytearray(self.size)
         message[: HEADER * 8] = struct.pack(f"{HEADER}q", *header)
@@ -93,8 +105,8 @@ class Control:
             message[HEADER * 8:] = hidden.detach().reshape(-1).to("cpu", self.dtype).view(torch.uint8).numpy().tobytes()
         return torch.frombuffer(message, dtype=torch.uint8)
 
-    def header(self, message: torch.Tensor) -> list[int]:
-        return message[: HEADER * 8].view(torch.long).tolist()
+    def header(self, message: torch.Tensor) -> Header:
+        return Header(*message[: HEADER * 8].view(torch.long).tolist())
 
     def hidden(self, message: torch.Tensor) -> torch.Tensor:
         """The inline hidden state, (1, 1, hidden), a copy (the buffer is reused)."""

@@ -21,8 +21,8 @@ import torch
 import torch.distributed as dist
 
 from .model import KVCache, StagedModel
-from .pipeline_wire import (GROUPS, KINDS, PING, ROLLBACK, SHUTDOWN, Control, PipelineSpec, Sent, cores_of,
-                            init_group, load_stage_weights, sync_device, weights_fingerprint)
+from .pipeline_wire import (GROUPS, KINDS, PING, ROLLBACK, SHUTDOWN, Control, Header, PipelineSpec, Sent,
+                            cores_of, init_group, load_stage_weights, sync_device, weights_fingerprint)
 
 
 def spawned_worker(rank: int, spec: PipelineSpec, port: int, pipe) -> None:
@@ -90,39 +90,39 @@ class _Worker:
             while True:
                 dist.recv(message, src=0)
                 header = self.control.header(message)
-                op = header[0]
-                if op == SHUTDOWN:
+                if header.op == SHUTDOWN:
                     break
-                if op == ROLLBACK:
+                if header.op == ROLLBACK:
                     self.queue.clear()
-                    self.cache.truncate(header[7])
-                elif op == PING:
+                    self.cache.truncate(header.length)
+                elif header.op == PING:
                     dist.send(torch.tensor([time.perf_counter()], dtype=torch.float64), dst=0, group=GROUPS["calls"])
                 else:
                     self._attach(header, message)
                     self._work(header)
         dist.destroy_process_group()
 
-    def _attach(self, h: list[int], message: torch.Tensor) -> None:
+    def _attach(self, h: Header, message: torch.Tensor) -> None:
         """Queue stage 1's output that came with this control message (rank 1 only)."""
-        position, width, kind = h[8], h[9], KINDS[h[10]]
-        if width == 1:
-            self.queue.append((position, kind, self.control.hidden(message).to(self.device)))
-        elif width > 1:
-            self.queue.append(self._receive(position, width, kind))
+        if h.att_width == 1:
+            hidden = self.control.hidden(message).to(self.device)
+        elif h.att_width > 1:
+            hidden = self._receive(h.att_width)
+        else:
+            return
+        self.queue.append((h.att_position, KINDS[h.att_kind], hidden))
 
-    def _work(self, h: list[int]) -> None:
+    def _work(self, h: Header) -> None:
         """One call: take the previous stage's output (before our work in a flow, after it in a
         slot), run our layers on our queue's head (or all of it, merged), report to rank 0."""
-        run, merge, incoming = h[1], h[2], h[3]
-        incoming_item = h[4], h[5], KINDS[h[6]]  # position, width, kind
-        if incoming == 2:
-            self.queue.append(self._receive(*incoming_item))
-        pending = self._post_receive(*incoming_item) if incoming == 1 else None
+        incoming = h.in_position, KINDS[h.in_kind]
+        if h.incoming == 2:
+            self.queue.append((*incoming, self._receive(h.in_width)))
+        pending = self._post_receive(h.in_width) if h.incoming == 1 else None
         sent = None
-        if run:
+        if h.run:
             start = time.perf_counter()
-            hidden, kind = self._compute(merge)
+            hidden, kind = self._compute(h.merge)
             if self.last:
                 # Prefill only needs the last position's logits: skip the LM head on the rest.
                 logits = self.model.final_logits(hidden[:, -1:] if kind == "prefill" else hidden)
@@ -135,9 +135,9 @@ class _Worker:
                 report = torch.cat([report, logits.reshape(-1).float().cpu()])
             dist.send(report, dst=0, group=GROUPS["calls"])
         if pending is not None:
-            work, buffer, position, kind = pending
+            work, buffer = pending
             work.wait()
-            self.queue.append((position, kind, buffer.to(self.device)))
+            self.queue.append((*incoming, buffer.to(self.device)))
         if sent is not None:
             sent.wait()
 
@@ -155,15 +155,16 @@ class _Worker:
         tensor = hidden.contiguous().cpu() if GROUPS["staged"] else hidden.contiguous()
         return Sent(dist.isend(tensor, dst=self.k + 1, group=GROUPS["hidden"]), tensor)
 
-    def _post_receive(self, position: int, width: int, kind: str):
+    def _post_receive(self, width: int) -> tuple[object, torch.Tensor]:
+        """Start receiving the previous rank's (1, width, hidden) output: (the irecv, its buffer)."""
         buffer = torch.empty((1, width, self.hidden_size), dtype=self.dtype,
                              device="cpu" if GROUPS["staged"] else self.device)
-        return dist.irecv(buffer, src=self.k - 1, group=GROUPS["hidden"]), buffer, position, kind
+        return dist.irecv(buffer, src=self.k - 1, group=GROUPS["hidden"]), buffer
 
-    def _receive(self, position: int, width: int, kind: str) -> tuple[int, str, torch.Tensor]:
-        work, buffer, position, kind = self._post_receive(position, width, kind)
+    def _receive(self, width: int) -> torch.Tensor:
+        work, buffer = self._post_receive(width)
         work.wait()
-        return position, kind, buffer.to(self.device)
+        return buffer.to(self.device)
 
 
 def _keep_stage(model: StagedModel, layers: range, *, last: bool) -> None:
