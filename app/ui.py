@@ -143,7 +143,7 @@ def render_snapshot(snap: Snapshot, *, figures: bool = True) -> tuple:
     """Every output of the page for one snapshot (live or final), in `Outputs` order; with
     `figures` False the two plots are left as they are (gr.skip)."""
     if not snap.runs:  # the worker processes are starting: only the status line changes
-        return (_headline(snap, {}), *[gr.skip()] * 11)
+        return _headline_only(_headline(snap, {}))
     piece = snap.loaded.piece
     prompt = snap.request.prompt
     workers = snap.concurrent
@@ -172,6 +172,11 @@ def render_snapshot(snap: Snapshot, *, figures: bool = True) -> tuple:
     return (_headline(snap, finished), *columns, *plots,
             render.render_metrics_table(finished, workers=workers), _summary(snap, finished) if snap.done else None,
             _race_state(snap) if snap.done else None)
+
+
+def _headline_only(headline: str) -> tuple:
+    """An update of the headline alone (a model loading, workers starting): every other output kept."""
+    return (headline, *[gr.skip()] * 11)  # Outputs: headline, 6 column parts, 2 plots, metrics, summary, race
 
 
 def _headline(snap: Snapshot, finished: dict) -> str:
@@ -297,7 +302,7 @@ def on_run(prompt: str, model: str, exit_layer: float, stages: float, eesd: bool
         if request.model not in CACHE:
             loading = render.render_headline(None, None, None, stages=request.stages, device="",
                                              status=f"Loading {request.model} (first use)…")
-            yield (loading, *[gr.skip()] * 11)
+            yield _headline_only(loading)
         yield from _updates(run_comparison(request, CACHE))
     except ValueError as error:
         raise gr.Error(str(error), title="Cannot run") from None
