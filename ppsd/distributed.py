@@ -50,7 +50,7 @@ import torch
 import torch.distributed as dist
 
 from .config import DecodeConfig, stage_layers
-from .executor import Feed, Output
+from .executor import Feed, Output, logit_width
 from .model import KVCache, StagedModel, model_config
 from .pipeline_wire import (GROUPS, KINDS, PING, ROLLBACK, SHUTDOWN, WORK, Control, Header, PipelineError,
                             PipelineSpec, Sent, cores_of, init_group, pin_threads, sync_device, weights_fingerprint)
@@ -393,7 +393,7 @@ class DistributedExecutor:
         if k < len(self.stages) - 1:
             return 0
         item = call.items[k]
-        return self.model.info.vocab_size * (1 if item.kind == "prefill" else item.width)
+        return self.model.info.vocab_size * logit_width(item.kind, item.width)
 
     @staticmethod
     def _event(call: _Call, k: int, feed: Feed | None, start: float, end: float, slot: int | None) -> Event:

@@ -45,6 +45,12 @@ class Output:
     final_logits: torch.Tensor | None = None  # (T, V) next-token logits for those positions
 
 
+def logit_width(kind: Kind, width: int) -> int:
+    """How many of a final-stage piece's last positions get logits: a prefill needs only the
+    next token's (the LM head is skipped on the rest), anything else every position's."""
+    return 1 if kind == "prefill" else width
+
+
 class Executor(Protocol):
     stages: tuple[range, ...]
     device: str
@@ -151,7 +157,7 @@ class InProcessExecutor:
         if k + 1 < len(self.stages):
             self._queues[k + 1].append(item)
             return
-        # Prefill only needs the last position's logits: skip the LM head on the rest.
-        hidden = item.hidden[:, -1:] if item.kind == "prefill" else item.hidden
-        out.final_position = item.position + item.hidden.shape[1] - hidden.shape[1]
-        out.final_logits = self.model.final_logits(hidden)
+        width = item.hidden.shape[1]
+        kept = logit_width(item.kind, width)
+        out.final_position = item.position + width - kept
+        out.final_logits = self.model.final_logits(item.hidden[:, width - kept:])

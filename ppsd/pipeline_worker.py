@@ -20,6 +20,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from .executor import logit_width
 from .model import KVCache, StagedModel
 from .pipeline_wire import (GROUPS, KINDS, PING, ROLLBACK, SHUTDOWN, Control, Header, PipelineSpec, Sent,
                             cores_of, init_group, load_stage_weights, sync_device, weights_fingerprint)
@@ -124,8 +125,7 @@ class _Worker:
             start = time.perf_counter()
             hidden, kind = self._compute(h.merge)
             if self.last:
-                # Prefill only needs the last position's logits: skip the LM head on the rest.
-                logits = self.model.final_logits(hidden[:, -1:] if kind == "prefill" else hidden)
+                logits = self.model.final_logits(hidden[:, hidden.shape[1] - logit_width(kind, hidden.shape[1]):])
             sync_device(self.device)
             end = time.perf_counter()
             if not self.last:  # after the stamp: the next stage may start on it at once
