@@ -549,10 +549,21 @@ def load_prompts(path: str | None) -> tuple[list[dict], str]:
 
 def quick_subset(prompts: Sequence[dict]) -> list[dict]:
     """The first prompt of each category: every task represented, in about a minute."""
-    first = {}
-    for p in prompts:
-        first.setdefault(p["category"], p)
-    return list(first.values())
+    return spread(prompts, len({p["category"] for p in prompts}))
+
+
+def spread(prompts: Sequence[dict], count: int) -> list[dict]:
+    """Up to `count` prompts, taking categories in turn (in order of first appearance) so each
+    is represented."""
+    by_category: dict[str, list[dict]] = {}
+    for prompt in prompts:
+        by_category.setdefault(prompt["category"], []).append(prompt)
+    chosen: list[dict] = []
+    while len(chosen) < count and any(by_category.values()):
+        for queue in by_category.values():
+            if queue and len(chosen) < count:
+                chosen.append(queue.pop(0))
+    return chosen
 
 
 def machine_info(model: StagedModel) -> dict:

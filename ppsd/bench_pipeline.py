@@ -27,12 +27,12 @@ from pathlib import Path
 
 import torch
 
+from .bench import load_prompts, spread
 from .config import DecodeConfig, balanced_exit_layer
 from .generate import Result, generate
 from .metrics import ideal_ppsd_speedup
 from .model import DEFAULT_MODEL, StagedModel, load_model
 
-PROMPTS_FILE = Path(__file__).resolve().parent.parent / "assets" / "prompts" / "prompts.json"
 
 
 @dataclass(frozen=True)
@@ -49,7 +49,8 @@ class Method:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m ppsd.bench_pipeline", description=__doc__.splitlines()[0])
     parser.add_argument("--model", default=DEFAULT_MODEL, help="checkpoint directory (default: embedded)")
-    parser.add_argument("--prompts", default=str(PROMPTS_FILE), help="prompts JSON [{name, category, prompt}]")
+    parser.add_argument("--prompts", default=None,
+                        help="prompts JSON [{name, category, prompt}] (default: assets/prompts/prompts.json)")
     parser.add_argument("--max-prompts", type=int, default=6, help="first N prompts, spread over categories")
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--stages", type=int, default=2, help="K workers (default 2)")
@@ -116,12 +117,9 @@ def _model_and_prompts(args) -> tuple[StagedModel, list[list[int]], str]:
         # checkpoint being retrained would otherwise give them different weights.
         snapshot = shutil.copytree(args.model, Path(tempfile.mkdtemp(prefix="ppsd-bench-")) / "model")
         model, tokenizer = load_model(str(snapshot), device=args.device)
-        entries = json.loads(Path(args.prompts).read_text()) if Path(args.prompts).exists() else []
-        chosen = _spread(entries, args.max_prompts)
+        chosen = spread(load_prompts(args.prompts)[0], args.max_prompts)
         prompts = [tokenizer(p["prompt"], add_special_tokens=False)["input_ids"] for p in chosen]
         source = f"{args.model} ({', '.join(p['name'] for p in chosen)})"
-        if not prompts:
-            prompts = [tokenizer("def fibonacci(n):", add_special_tokens=False)["input_ids"]]
     else:
         exit_layer = args.exit_layer or balanced_exit_layer(8, args.stages)
         model, source = _random_model(args.device, args.random_hidden or 256,
@@ -153,19 +151,6 @@ def _random_model(device: str, hidden: int, *, perfect_from: int | None) -> tupl
     model = StagedModel(LlamaForCausalLM.from_pretrained(path).to(device).eval(), name=path)
     perfect = f", layers >= {perfect_from} zeroed (every draft accepted)" if perfect_from is not None else ""
     return model, f"random Llama (hidden {hidden}, 8 layers, vocab 4096{perfect}) at {path}"
-
-
-def _spread(entries: list[dict], count: int) -> list[dict]:
-    """Up to `count` prompts, taking categories in turn so each is represented."""
-    by_category: dict[str, list[dict]] = {}
-    for entry in entries:
-        by_category.setdefault(entry["category"], []).append(entry)
-    chosen: list[dict] = []
-    while len(chosen) < count and any(by_category.values()):
-        for queue in by_category.values():
-            if queue and len(chosen) < count:
-                chosen.append(queue.pop(0))
-    return chosen
 
 
 def _report(args, config, methods, prompts, walls, runs, source, load_before, startup) -> dict:

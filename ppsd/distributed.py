@@ -373,7 +373,9 @@ class DistributedExecutor:
     def _post_control(self, header: Header, k: int) -> None:
         """Send rank k its control message; rank 1's carries what stage 1 produced since its last
         one (in a slot at most one position; prefill and EESD drafts, contiguous, in a flow)."""
-        attached, self._attached = (self._attached, []) if k == 1 else ([], self._attached)
+        attached: list[tuple[_Queued, torch.Tensor]] = []
+        if k == 1:
+            attached, self._attached = self._attached, []
         if not attached:
             self._post(self._control.pack(header), k)
             return
