@@ -373,13 +373,15 @@ def render_stats(method: str, projected: Metrics | None, measured: Metrics | Non
     return f'<div class="stats">{body}</div>'
 
 
-# (row name, which run's Metrics it reads, DEFINITIONS key or own definition, format).
-# "measured": the decoder alone on one device; "projected": replayed on K concurrent workers.
+# (row name, which run's Metrics it reads, DEFINITIONS key or own definition, format). "measured":
+# the decoder alone, where it ran ({where}: one device, stages in turn, or K worker processes at
+# once); "projected": replayed on K concurrent workers. `None` as the clock: a row shown only for
+# runs on K worker processes (on one device a measured utilization says nothing about overlap).
+_UTILIZATION = lambda m: " · ".join(f"{u:.0%}" for u in m.stage_utilization)  # noqa: E731
 _TABLE_ROWS = (
     ("tokens", "measured", "generated tokens", lambda m: f"{m.tokens}"),
-    ("wall, measured (one device)", "measured",
-     "seconds of the decoder alone, stages run in turn on one device (UI rendering excluded)",
-     lambda m: _ms(m.wall_seconds)),
+    ("wall, measured ({where})", "measured",
+     "seconds of the decoder alone, {how} (UI rendering excluded)", lambda m: _ms(m.wall_seconds)),
     ("wall, projected (K workers)", "projected",
      "makespan when the measured per-stage costs are replayed on K concurrent workers",
      lambda m: _ms(m.wall_seconds)),
@@ -390,21 +392,14 @@ _TABLE_ROWS = (
     ("accepted / corrected / flushed", "measured",
      "drafts confirmed / replaced by the full model / discarded before verification",
      lambda m: f"{m.accepted} / {m.rejected} / {m.flushed}"),
-    ("stage utilization, projected", "projected", "stage_utilization",
-     lambda m: " · ".join(f"{u:.0%}" for u in m.stage_utilization)),
+    ("stage utilization, projected", "projected", "stage_utilization", _UTILIZATION),
     ("bubble fraction, projected", "projected", "bubble_fraction", lambda m: f"{m.bubble_fraction:.0%}"),
     ("wasted stage slots", "measured", "wasted_stage_slots", lambda m: f"{m.wasted_stage_slots}"),
     ("ideal speedup at a", "measured", "ideal_speedup", lambda m: f"{m.ideal_speedup:.2f}×"),
+    ("stage utilization, measured", None, "stage_utilization", _UTILIZATION),
 )
-
-
-# With `workers`, the measured rows were measured on K worker processes, one per stage.
-_WORKER_ROWS = {
-    "wall, measured (one device)": ("wall, measured (K worker processes)",
-                                    "seconds of the decoder alone, each stage in its own worker process, all at once"),
-}
-_WORKER_EXTRA = (("stage utilization, measured", "measured", "stage_utilization",
-                  lambda m: " · ".join(f"{u:.0%}" for u in m.stage_utilization)),)
+_WHERE = {False: {"where": "one device", "how": "stages run in turn on one device"},
+          True: {"where": "K worker processes", "how": "each stage in its own worker process, all at once"}}
 
 
 def render_metrics_table(runs: Mapping[str, tuple[Metrics, Metrics]], *, workers: bool = False) -> str:
@@ -416,12 +411,12 @@ def render_metrics_table(runs: Mapping[str, tuple[Metrics, Metrics]], *, workers
     methods = list(runs)
     head = "".join(f"<th>{METHOD_NAMES.get(m, m)}</th>" for m in methods)
     rows = []
-    table = _TABLE_ROWS + (_WORKER_EXTRA if workers else ())
-    for name, clock, definition, fmt in table:
-        if workers and name in _WORKER_ROWS:
-            name, definition = _WORKER_ROWS[name]
-        definition = DEFINITIONS.get(definition, definition)
-        values = [fmt(runs[m][0 if clock == "measured" else 1]) for m in methods]
+    for name, clock, definition, fmt in _TABLE_ROWS:
+        if clock is None and not workers:
+            continue
+        where = _WHERE[workers]
+        name, definition = name.format(**where), DEFINITIONS.get(definition, definition).format(**where)
+        values = [fmt(runs[m][1 if clock == "projected" else 0]) for m in methods]
         if name.startswith("ideal"):
             values = ["1.00× (reference)" if m == "ar" else v for m, v in zip(methods, values)]
         cells = "".join(f"<td>{html.escape(v)}</td>" for v in values)
