@@ -20,8 +20,11 @@ from typing import Callable, Iterator
 
 import ppsd
 from ppsd import DecodeConfig, Recorder, Result, StagedModel, Trace
+from ppsd.chat import encode_prompt, has_chat_template
 from ppsd.distributed import DistributedExecutor, PipelineError, make_executor
 from ppsd.generate import check_prompt
+from ppsd.heads import HeadChoice, choose_exit_head
+from ppsd.model_source import Progress
 from ppsd.pipeline_wire import usable_cores
 from ppsd.trace import Stopwatch
 
@@ -80,8 +83,14 @@ class Loaded:
     tokenizer: object
     load_seconds: float
 
-    def encode(self, text: str) -> list[int]:
-        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+    def encode(self, text: str, *, chat: bool = False) -> list[int]:
+        """Token ids of `text`: a chat user turn when `chat`, else raw text."""
+        return encode_prompt(self.tokenizer, text, chat=chat)
+
+    @property
+    def chat(self) -> bool:
+        """Has the model a chat template (an instruct model)?"""
+        return has_chat_template(self.tokenizer)
 
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids)
@@ -128,27 +137,26 @@ class ModelCache:
     def names(self) -> list[str]:
         return list(self._models)
 
-    def exit_head(self, path: str, loaded: "Loaded", exit_layer: int):
-        """A trained exit head for `loaded` at `exit_layer`, loaded once (ValueError when it was
-        made for another model or another E: `ppsd.heads.load_exit_head` says which)."""
-        from ppsd.heads import load_exit_head
-
-        key = (path.strip(), loaded.name, exit_layer)
+    def exit_head(self, spec: str, loaded: "Loaded", exit_layer: int) -> HeadChoice:
+        """The exit head `spec` names for `loaded` at `exit_layer` ("" or "auto": the shipped one
+        when it fits, else shared), loaded once; ValueError when a given head was made for
+        another model or another E (`ppsd.heads.load_exit_head` says which)."""
+        key = (spec.strip(), loaded.name, exit_layer)
         with self._lock:
             if key not in self._heads:
-                self._heads[key] = load_exit_head(key[0], loaded.model, exit_layer)
+                self._heads[key] = choose_exit_head(loaded.model, exit_layer, key[0])
             return self._heads[key]
 
-    def get(self, name: str) -> Loaded:
+    def get(self, name: str, *, progress: Progress | None = None) -> Loaded:
         """The loaded model `name`, loading and warming it up on first use (ValueError if it
-        cannot be loaded)."""
+        cannot be loaded); `progress` hears of a first-use download or conversion."""
         name = name.strip()
         if not name:
             raise ValueError("model name is empty: give a local directory or a Hugging Face hub id")
         with self._lock:
             if name not in self._models:
                 started = time.perf_counter()
-                model, tokenizer = self._loader(name, device=self._device)
+                model, tokenizer = self._loader(name, device=self._device, progress=progress)
                 loaded = Loaded(name, model, tokenizer, time.perf_counter() - started)
                 warm_up(model, loaded.encode("Hello") or [0])
                 self._models[name] = loaded
@@ -178,8 +186,9 @@ class RunRequest:
     temperature: float = 0.0
     top_p: float = 1.0
     seed: int = 0
-    exit_head: str = ""  # a directory written by `python -m ppsd train-head`; empty: the shared head
+    exit_head: str = ""  # "" or "auto": the shipped head if one fits; "shared"; or a train-head directory
     workers: bool = False  # K worker processes, one per stage (measured), instead of one process (projected)
+    chat: bool = True  # the prompt as a chat user turn (when the model has a template), else raw text
 
     @property
     def methods(self) -> tuple[str, ...]:
@@ -236,6 +245,7 @@ class Snapshot:
     runs: dict[str, MethodRun]
     active: str | None
     done: bool = False
+    head: str = "shared"  # which exit head drafted, in words
 
     @property
     def stages(self) -> int:
@@ -260,13 +270,13 @@ def run_comparison(request: RunRequest, cache: ModelCache, *,
     loaded = cache.get(request.model)
     model = loaded.model
     configs = {m: request.config(m, model.num_layers) for m in request.methods}
-    if request.exit_head.strip():
-        model = model.with_exit_head(cache.exit_head(request.exit_head, loaded, configs["ar"].exit_layer))
-    prompt_ids = loaded.encode(request.prompt)
+    head = cache.exit_head(request.exit_head, loaded, configs["ar"].exit_layer)
+    model = model.with_exit_head(head.head)
+    prompt_ids = loaded.encode(request.prompt, chat=request.chat and loaded.chat)
     check_prompt(model, prompt_ids, configs["ar"])
     stages = ppsd.stage_layers(model.num_layers, configs["ar"].exit_layer, configs["ar"].stages)
     runs: dict[str, MethodRun] = {}
-    snapshot = Snapshot(request, loaded, runs, active=None)
+    snapshot = Snapshot(request, loaded, runs, active=None, head=head.label)
     pipeline = None
     if request.workers:
         snapshot.active = "workers"

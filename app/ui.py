@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import html
 import json
+import queue
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,24 +19,26 @@ from typing import Any, Callable, Iterator
 import gradio as gr
 
 import ppsd
+from ppsd.heads import default_exit_layer
 from ppsd.model import model_config, resolve_device
+from ppsd.model_source import needs_preparing
 
 from . import render
 from .runner import ModelCache, RunRequest, Snapshot, run_comparison, workers_available
 
 ROOT = Path(__file__).resolve().parent.parent
-PROMPTS = ROOT / "assets" / "prompts" / "prompts.json"
+PROMPTS = ROOT / "assets" / "prompts" / "chat.json"  # held-out questions for the default (instruct) model
 CSS = ROOT / "assets" / "styles" / "app.css"
-DEFAULT_LAYERS = 8  # slider ranges before any model is described; replaced on page load / Load
+DEFAULT_LAYERS = 30  # the default model's (SmolLM2-135M); replaced on page load / Load for others
 REPLAY_SECONDS = 4.0  # screen time of the slowest lane in the race replay
 REPLAY_FPS = 12
 QUEUE_SIZE = 16
 FIGURE_SECONDS = 1.0  # live redraw period of the plots (the token streams follow every snapshot)
 
 BUILTIN_EXAMPLES = (
-    {"name": "fibonacci", "category": "code", "prompt": "def fibonacci(n):\n    "},
-    {"name": "the fox", "category": "prose", "prompt": "The quick brown fox"},
-    {"name": "addition", "category": "math", "prompt": "Question: what is 12 + 30?\nAnswer:"},
+    {"name": "fibonacci", "category": "code", "prompt": "Write a Python function for the n-th Fibonacci number."},
+    {"name": "sky", "category": "science", "prompt": "Why is the sky blue?"},
+    {"name": "addition", "category": "math", "prompt": "What is 12 + 30?"},
 )
 
 INTRO = """
@@ -49,6 +53,10 @@ behind it are **flushed**. Every committed token is the full model's choice, so 
 identical to plain autoregressive decoding (**AR**): only the speed changes. Press **Run** to decode
 the same prompt with AR, then PPSD (and optionally EESD, draft‑then‑verify) on this machine, and watch
 where the pipeline works, waits and wastes.
+
+The default model is **SmolLM2-135M-Instruct** (30 layers; 4-bit GGUF weights, dequantized), asked
+through its chat template; its drafts come from an exit head this project trained on the model's own
+answers (K = 2, E = 15).
 """
 
 TIMELINE_CAPTION = """
@@ -93,11 +101,37 @@ def load_examples(path: Path = PROMPTS) -> list[dict]:
     return chosen
 
 
+def _loading(name: str) -> Iterator[str]:
+    """Load `name` into CACHE on a thread, yielding what it is doing (first use: download,
+    conversion, weights, warm-up) twice a second; re-raises the loader's ValueError."""
+    messages: queue.SimpleQueue = queue.SimpleQueue()
+    failure: list[Exception] = []
+
+    def load() -> None:
+        try:
+            CACHE.get(name, progress=messages.put)
+        except Exception as error:  # noqa: BLE001 - handed to the handler's thread below
+            failure.append(error)
+
+    thread = threading.Thread(target=load, name="model-load", daemon=True)
+    thread.start()
+    started, doing = time.perf_counter(), f"Loading {name}"
+    while thread.is_alive():
+        thread.join(0.5)
+        while not messages.empty():
+            doing = messages.get()
+        yield f"{doing}… {time.perf_counter() - started:.0f} s (first use only)"
+    if failure:
+        raise failure[0]
+
+
 def layer_count(name: str, cache: ModelCache = CACHE) -> int | None:
     """Decoder layers of model `name` from its config alone (no weights), None if unreadable."""
     name = name.strip()
     if name in cache:
         return cache.get(name).model.num_layers
+    if needs_preparing(name):  # a first download or conversion waits for Run or Load
+        return None
     try:
         return int(model_config(name).num_hidden_layers)
     except ValueError:  # a model not described yet just keeps the default ranges
@@ -107,15 +141,18 @@ def layer_count(name: str, cache: ModelCache = CACHE) -> int | None:
 # --------------------------------------------------------------------------- slider rules
 
 
-def stage_updates(num_layers: int, stages: int, exit_layer: int | None = None) -> tuple[Any, Any]:
+def stage_updates(num_layers: int, stages: int, exit_layer: int | None = None, model: str = "") -> tuple[Any, Any]:
     """E and K sliders for a model of `num_layers`: K in [2, L], E in [1, L - K + 1] so that
-    stages 2..K keep at least one layer each; E defaults to the balanced L/K."""
+    stages 2..K keep at least one layer each; E defaults to the shipped head's for `model` and K,
+    else the balanced L/K."""
     stages = max(2, min(int(stages), num_layers))
     top = num_layers - stages + 1
-    exit_layer = ppsd.balanced_exit_layer(num_layers, stages) if exit_layer is None else exit_layer
-    exit_layer = max(1, min(int(exit_layer), top))
-    return (gr.update(minimum=1, maximum=top, value=exit_layer,
-                      info=f"drafts use layers 0…E−1; balanced E = L/K = {ppsd.balanced_exit_layer(num_layers, stages)}"),
+    default = default_exit_layer(model, num_layers, stages)
+    exit_layer = max(1, min(int(default if exit_layer is None else exit_layer), top))
+    balanced = ppsd.balanced_exit_layer(num_layers, stages)
+    why = f"balanced E = L/K = {balanced}" if default == balanced else \
+        f"default E = {default}: the shipped head's (chosen by measured speed); balanced L/K = {balanced}"
+    return (gr.update(minimum=1, maximum=top, value=exit_layer, info=f"drafts use layers 0…E−1; {why}"),
             gr.update(minimum=2, maximum=num_layers, value=stages, info=f"1 ≤ K − 1 ≤ L − E; L = {num_layers}"))
 
 
@@ -240,7 +277,8 @@ def _summary(snap: Snapshot, finished: dict) -> dict:
         "model": info.name, "device": info.device, "dtype": info.dtype, "num_layers": info.num_layers,
         "exit_layer": config.exit_layer, "stages": config.stages, "draft_len": config.draft_len,
         "max_new_tokens": config.max_new_tokens, "temperature": config.temperature, "top_p": config.top_p,
-        "seed": config.seed, "prompt": snap.request.prompt,
+        "seed": config.seed, "prompt": snap.request.prompt, "chat": snap.request.chat and snap.loaded.chat,
+        "exit_head": snap.head,
         "executor": "K worker processes" if snap.concurrent else "one process",
         "timing": ("decoder only, UI rendering paused; measured = " +
                    ("each stage in its own worker process, at once" if snap.concurrent else
@@ -288,21 +326,21 @@ def idle_outputs() -> tuple:
 @_gpu
 def on_run(prompt: str, model: str, exit_layer: float, stages: float, eesd: bool, draft_len: float,
            max_new_tokens: float, temperature: float, top_p: float, seed: float,
-           exit_head: str = "", workers: bool = False) -> Iterator[tuple]:
+           exit_head: str = "", workers: bool = False, chat: bool = True) -> Iterator[tuple]:
     """Run the comparison, yielding every output at the runner's throttled pace."""
     request = RunRequest(prompt=prompt or "", model=(model or "").strip() or ppsd.DEFAULT_MODEL,
                          exit_layer=int(exit_layer), stages=int(stages), eesd=bool(eesd),
                          draft_len=int(draft_len), max_new_tokens=int(max_new_tokens),
                          temperature=float(temperature), top_p=float(top_p), seed=int(seed),
-                         exit_head=exit_head or "", workers=bool(workers))
+                         exit_head=exit_head or "", workers=bool(workers), chat=bool(chat))
     if not request.prompt.strip():
         raise gr.Error("The prompt is empty: type some text for the model to continue, or click an example.",
                        title="Nothing to decode")
     try:
         if request.model not in CACHE:
-            loading = render.render_headline(None, None, None, stages=request.stages, device="",
-                                             status=f"Loading {request.model} (first use)…")
-            yield _headline_only(loading)
+            for doing in _loading(request.model):
+                yield _headline_only(render.render_headline(None, None, None, stages=request.stages, device="",
+                                                            status=doing))
         yield from _updates(run_comparison(request, CACHE))
     except ValueError as error:
         raise gr.Error(str(error), title="Cannot run") from None
@@ -352,6 +390,8 @@ def on_load(name: str) -> Iterator[tuple]:
     yield (_status(f"Loading {name}…", "busy"), gr.skip(), gr.skip(), gr.skip(), busy)
     ready = gr.update(value="Load", interactive=True)
     try:
+        for doing in _loading(name):
+            yield (_status(doing, "busy"), gr.skip(), gr.skip(), gr.skip(), busy)
         loaded = CACHE.get(name)
     except ValueError as error:
         gr.Warning(str(error), title="Model not loaded")
@@ -359,7 +399,7 @@ def on_load(name: str) -> Iterator[tuple]:
         yield (_status(f"{error} · still loaded: {kept}", "error"), gr.skip(), gr.skip(), gr.skip(), ready)
         return
     info = loaded.model.info
-    e_update, k_update = stage_updates(info.num_layers, 2)
+    e_update, k_update = stage_updates(info.num_layers, 2, model=name)
     yield (_status(f"{info.name}: {info.model_type}, {info.num_layers} layers, {info.device} {info.dtype} "
                    f"(loaded in {loaded.load_seconds:.1f} s, then warmed up untimed)", "ok"),
            e_update, k_update, info.num_layers, ready)
@@ -370,22 +410,27 @@ def on_page_load(name: str) -> tuple:
     layers = layer_count(name or ppsd.DEFAULT_MODEL)
     if layers is None:
         return gr.skip(), gr.skip(), gr.skip(), _status("Model not loaded yet: it loads on the first Run.", "idle")
-    e_update, k_update = stage_updates(layers, 2)
+    e_update, k_update = stage_updates(layers, 2, model=name or ppsd.DEFAULT_MODEL)
     loaded = (name or "").strip() in CACHE
     note = "loaded" if loaded else "loads on the first Run (or press Load)"
     return e_update, k_update, layers, _status(f"{layers} layers · {note}", "ok" if loaded else "idle")
 
 
-def after_run(name: str, exit_layer: float, stages: float) -> tuple:
-    """After a run (which may have loaded the model): the status line, and the E/K ranges fitted
-    to the model, keeping the values the user chose when they fit."""
+def after_run(name: str, exit_layer: float, stages: float, exit_head: str = "") -> tuple:
+    """After a run (which may have loaded the model): the status line (with the exit head that
+    drafted), and the E/K ranges fitted to the model, keeping the values the user chose when they fit."""
     name = (name or "").strip() or ppsd.DEFAULT_MODEL
     if name not in CACHE:
         kept = ", ".join(CACHE.names()) or "none"
         return _status(f"{name} is not loaded (loaded: {kept})", "idle"), gr.skip(), gr.skip(), gr.skip()
-    info = CACHE.get(name).model.info
+    loaded = CACHE.get(name)
+    info = loaded.model.info
     e_update, k_update = stage_updates(info.num_layers, int(stages), int(exit_layer))
-    status = _status(f"{info.name}: {info.model_type}, {info.num_layers} layers, {info.device} {info.dtype}", "ok")
+    try:
+        head = f" · exit head at E = {int(exit_layer)}: {CACHE.exit_head(exit_head or '', loaded, int(exit_layer)).label}"
+    except ValueError:  # the run already said why this head does not fit
+        head = ""
+    status = _status(f"{info.name}: {info.model_type}, {info.num_layers} layers, {info.device} {info.dtype}{head}", "ok")
     return status, e_update, k_update, info.num_layers
 
 
@@ -393,8 +438,8 @@ def _status(text: str, kind: str) -> str:
     return f'<div class="model-status model-{kind}">{html.escape(text)}</div>'
 
 
-def on_stages(stages: float, layers: int) -> tuple:
-    return stage_updates(layers, int(stages))
+def on_stages(stages: float, layers: int, model: str = "") -> tuple:
+    return stage_updates(layers, int(stages), model=(model or "").strip() or ppsd.DEFAULT_MODEL)
 
 
 def on_exit(exit_layer: float, stages: float, layers: int) -> Any:
@@ -417,6 +462,9 @@ def create_controls() -> dict[str, Any]:
         with gr.Column(scale=3, min_width=320):
             c["prompt"] = gr.Textbox(label="Prompt", lines=4, placeholder="Type a prompt, or click an example below",
                                      elem_id="prompt")
+            c["chat"] = gr.Checkbox(value=True, label="Chat: ask the model (its chat template)", elem_id="chat",
+                                    info="Off: raw completion, the model continues the text. Models without a "
+                                         "chat template always continue the text.")
             examples = load_examples()
             gr.Examples(examples=[[e["prompt"]] for e in examples], inputs=[c["prompt"]], cache_examples=False,
                         example_labels=[f"{e['category']} · {e['name']}" for e in examples],
@@ -426,12 +474,13 @@ def create_controls() -> dict[str, Any]:
                 c["stop"] = gr.Button("■ Stop", variant="stop", elem_id="stop", scale=1)
         with gr.Column(scale=2, min_width=300):
             with gr.Row(equal_height=True):
-                c["model"] = gr.Textbox(label="Model (local directory or hub id)", value=ppsd.DEFAULT_MODEL,
+                c["model"] = gr.Textbox(label="Model (the default, a local directory, a .gguf file or a hub id)",
+                                        value=ppsd.DEFAULT_MODEL,
                                         scale=4, elem_id="model")
                 c["load"] = gr.Button("Load", scale=1, min_width=80, elem_id="load")
             c["model_status"] = gr.HTML(_status("Model not loaded yet: it loads on the first Run.", "idle"))
             c["layers"] = gr.State(DEFAULT_LAYERS)
-            e_default = ppsd.balanced_exit_layer(DEFAULT_LAYERS, 2)
+            e_default = default_exit_layer(ppsd.DEFAULT_MODEL, DEFAULT_LAYERS, 2)
             with gr.Row():
                 c["stages"] = gr.Slider(2, DEFAULT_LAYERS, value=2, step=1, label="Stages K", elem_id="stages")
                 c["exit_layer"] = gr.Slider(1, DEFAULT_LAYERS - 1, value=e_default, step=1, label="Exit layer E",
@@ -454,8 +503,9 @@ def create_controls() -> dict[str, Any]:
                     c["top_p"] = gr.Slider(0.05, 1.0, value=1.0, step=0.05, label="Top-p")
                     c["seed"] = gr.Number(value=0, precision=0, label="Seed")
                 c["exit_head"] = gr.Textbox(
-                    label="Trained exit head (optional)", value="", elem_id="exit-head",
-                    placeholder="directory written by `python -m ppsd train-head`; empty: the shared head",
+                    label="Exit head", value="", elem_id="exit-head",
+                    placeholder="empty: the shipped trained head for this model and E if any, else the shared head; "
+                                "'shared'; or a directory written by `python -m ppsd train-head`",
                     info="Made for this model and this E, or refused with the reason. Output stays the "
                          "full model's either way; only the drafts (and so the speed) change.")
     return c
@@ -505,13 +555,13 @@ def create_demo() -> gr.Blocks:
         out = Outputs(r["headline"], {m: r[m] for m in ("ar", "ppsd", "eesd")}, r["timeline"], r["theory"],
                       r["metrics"], summary, gr.State(None))
         inputs = [c["prompt"], c["model"], c["exit_layer"], c["stages"], c["eesd"], c["draft_len"],
-                  c["max_new_tokens"], c["temperature"], c["top_p"], c["seed"], c["exit_head"], c["workers"]]
+                  c["max_new_tokens"], c["temperature"], c["top_p"], c["seed"], c["exit_head"], c["workers"], c["chat"]]
         outputs = out.components()
         run_event = c["run"].click(
             on_run, inputs, outputs, api_name="run", concurrency_limit=1, concurrency_id="device",
             show_progress="minimal", trigger_mode="once",
         )
-        run_event.then(after_run, [c["model"], c["exit_layer"], c["stages"]],
+        run_event.then(after_run, [c["model"], c["exit_layer"], c["stages"], c["exit_head"]],
                        [c["model_status"], c["exit_layer"], c["stages"], c["layers"]], api_visibility="private",
                        show_progress="hidden")
         replay_after = run_event.success(on_replay, out.race, race, api_visibility="private",
@@ -521,7 +571,7 @@ def create_demo() -> gr.Blocks:
         c["load"].click(on_load, c["model"], [c["model_status"], c["exit_layer"], c["stages"], c["layers"],
                                                 c["load"]],
                         api_name="load", concurrency_limit=1, concurrency_id="device", show_progress="hidden")
-        c["stages"].input(on_stages, [c["stages"], c["layers"]], [c["exit_layer"], c["stages"]],
+        c["stages"].input(on_stages, [c["stages"], c["layers"], c["model"]], [c["exit_layer"], c["stages"]],
                           api_visibility="private", show_progress="hidden")
         c["exit_layer"].input(on_exit, [c["exit_layer"], c["stages"], c["layers"]], c["stages"],
                               api_visibility="private", show_progress="hidden")

@@ -30,10 +30,13 @@ from typing import Callable, Iterable, Sequence, TypeVar
 from .config import DecodeConfig, balanced_exit_layer, stage_layers
 from .metrics import ideal_eesd_speedup, ideal_ppsd_speedup
 from .metrics import slot_fraction as stage_slot_fraction
+from .chat import encode_prompt, has_chat_template
+from .heads import default_exit_layer
 from .model import DEFAULT_MODEL, StagedModel
 
 T = TypeVar("T")
 PROMPTS_FILE = Path(__file__).resolve().parent.parent / "assets" / "prompts" / "prompts.json"
+CHAT_PROMPTS_FILE = PROMPTS_FILE.with_name("chat.json")  # questions for instruct models
 # Used only when assets/prompts/prompts.json is missing; the report says so. Stdlib-style code,
 # reference prose and arithmetic, like the embedded model's held-out prompts.
 FALLBACK_PROMPTS = (
@@ -89,16 +92,18 @@ class Setting:
 
 
 def sweep(num_layers: int, *, stages: Iterable[int], draft_lens: Iterable[int],
-          temperatures: Iterable[float], exit_layers: Iterable[int] | None = None) -> list[list[Setting]]:
+          temperatures: Iterable[float], exit_layers: Iterable[int] | None = None,
+          default_exit: Callable[[int], int] | None = None) -> list[list[Setting]]:
     """The sweep as groups that share one AR baseline (first in each group): per temperature and
     valid (E, K), AR and PPSD, plus EESD for every g in the group of the smallest K with that E
     (EESD cannot overlap stages, so K changes nothing for it but the split of its verify pass).
 
-    Without `exit_layers` each K uses its balanced E = L/K; invalid (E, K) pairs are skipped
-    (DecodeConfig decides what is valid).
+    Without `exit_layers` each K uses `default_exit(K)` (default: the balanced E = L/K); invalid
+    (E, K) pairs are skipped (DecodeConfig decides what is valid).
     """
+    default_exit = default_exit or (lambda k: balanced_exit_layer(num_layers, k))
     layouts = sorted({(e, k) for k in stages
-                      for e in ([balanced_exit_layer(num_layers, k)] if exit_layers is None else exit_layers)
+                      for e in ([default_exit(k)] if exit_layers is None else exit_layers)
                       if _valid(num_layers, e, k)})
     eesd_home: dict[int, int] = {}
     for e, k in layouts:
@@ -366,9 +371,20 @@ class Run:
     repeats: int
     tick: Callable[[], None]
     pipeline: Callable | None = None  # ppsd.distributed.make_executor when K-worker runs are wanted
+    exit_head: str = "auto"  # per E: the shipped head when one fits ("auto"), "shared", or a directory
     cells: dict = field(default_factory=dict)  # Setting -> list[Cell], settings done on every prompt
     pipeline_cells: dict = field(default_factory=dict)  # Setting -> list[Cell], AR and PPSD on K workers
     hf_assisted: dict = field(default_factory=dict)  # Setting -> {"tokens_per_second", "matches"}
+    heads: dict = field(default_factory=dict)  # E -> (fixed-length model drafting with its head, head label)
+
+    def staged(self, exit_layer: int) -> StagedModel:
+        """The model with the exit head this run uses at `exit_layer` (chosen once per E)."""
+        if exit_layer not in self.heads:
+            from .heads import choose_exit_head
+
+            choice = choose_exit_head(self.model, exit_layer, self.exit_head)
+            self.heads[exit_layer] = (fixed_length(self.model.with_exit_head(choice.head)), choice.label)
+        return self.heads[exit_layer][0]
 
     def total_runs(self) -> int:
         # One tick per round: a round runs a whole group (or the AR / HF baseline pair) once.
@@ -408,12 +424,13 @@ class Run:
         from .generate import generate
 
         eos = _hf_eos(self.model)
+        model = self.staged(group[0].exit_layer)
         configs = [s.config(self.max_new_tokens) for s in group]
         checked = [s.method == "eesd" and s.temperature == 0.0 for s in group]  # HF has greedy EESD only
         cells: dict[Setting, list[Cell]] = {s: [] for s in group}
         # AR and PPSD again on K worker processes: the only measured (not projected) overlap.
         on_pipeline = [s for s in group if s.method in ("ar", "ppsd")] if self.pipeline else []
-        executor = self.pipeline(self.model, configs[0]) if on_pipeline else None
+        executor = self.pipeline(model, configs[0]) if on_pipeline else None
         on_pipeline = on_pipeline if executor is not None else []
         pipeline_cells: dict[Setting, list[Cell]] = {s: [] for s in on_pipeline}
         hf_walls: dict[Setting, list[list[float]]] = {s: [] for s, c in zip(group, checked) if c}
@@ -422,12 +439,12 @@ class Run:
             def one_round():
                 found = []
                 for s, config, check in zip(group, configs, checked):
-                    ours = generate(self.model, p["ids"], config)
+                    ours = generate(model, p["ids"], config)
                     hf = hf_assisted_early_exit(self.model, p["ids"], self.max_new_tokens,
                                                 exit_layer=s.exit_layer, draft_len=s.draft_len) if check else None
                     found.append((ours, hf))
                 for s in on_pipeline:
-                    found.append((generate(self.model, p["ids"], s.config(self.max_new_tokens), executor=executor),
+                    found.append((generate(model, p["ids"], s.config(self.max_new_tokens), executor=executor),
                                   None))
                 return found
             rounds = repeat(one_round, warmup=self.warmup, repeats=self.repeats, tick=self.tick)
@@ -482,6 +499,7 @@ class Run:
             if base is None:
                 continue
             row = make_row(setting, cells, base, num_layers=self.model.num_layers)
+            row["exit_head"] = self.heads[setting.exit_layer][1] if setting.exit_layer in self.heads else "shared"
             if setting in self.pipeline_cells and setting.baseline() in self.pipeline_cells:
                 row.update(distributed_fields(row, self.pipeline_cells[setting],
                                               self.pipeline_cells[setting.baseline()], base))
@@ -611,7 +629,13 @@ def _read(path: str) -> str:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", default=DEFAULT_MODEL, help="local directory or hub id (default: embedded)")
+    parser.add_argument("--model", default=DEFAULT_MODEL,
+                        help=f"{DEFAULT_MODEL} (default), a local directory, a .gguf file or a hub id")
+    parser.add_argument("--exit-head", default="auto",
+                        help="per E: auto (the shipped head when one fits, else shared; default), shared, or a "
+                             "train-head directory")
+    parser.add_argument("--chat", action=argparse.BooleanOptionalAction, default=None,
+                        help="prompts through the chat template (default: on when the model has one)")
     parser.add_argument("--quick", action="store_true",
                         help="one prompt per category and a small sweep (about a minute on a laptop CPU)")
     parser.add_argument("--json", action="store_true", help="print the JSON report on stdout (table on stderr)")
@@ -631,7 +655,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, default=1,
                         help="torch CPU threads (default 1: small models gain nothing from more, and on a "
                              "busy machine spinning threads cost far more than they give)")
-    parser.add_argument("--prompts", default=None, help="prompts JSON [{name, category, prompt}]")
+    parser.add_argument("--prompts", default=None,
+                        help="prompts JSON [{name, category, prompt}] (default: assets/prompts/chat.json with "
+                             "the chat template, else prompts.json)")
     parser.add_argument("--plotly-js", choices=("embed", "cdn"), default="embed",
                         help="embed plotly.js in bench.html (works offline) or link the CDN (small file)")
 
@@ -655,24 +681,27 @@ def run(args: argparse.Namespace) -> int:
     repeats, warmup, new_tokens = pick("repeats"), pick("warmup"), pick("max_new_tokens")
     if repeats < 1 or warmup < 0:
         raise ValueError(f"repeats={repeats} must be >= 1 and warmup={warmup} >= 0")
-    prompts, source = load_prompts(args.prompts)
+    loaded, tokenizer = load_model(args.model, device=args.device)
+    chat = has_chat_template(tokenizer) if args.chat is None else args.chat
+    prompts, source = load_prompts(args.prompts or (CHAT_PROMPTS_FILE if chat else None))
     if args.quick:
         prompts = quick_subset(prompts)
-    loaded, tokenizer = load_model(args.model, device=args.device)
     model = fixed_length(loaded)
     for p in prompts:
-        p["ids"] = _prompt_ids(tokenizer, p["prompt"], model.info.max_context - new_tokens)
+        p["ids"] = _prompt_ids(tokenizer, p["prompt"], model.info.max_context - new_tokens, chat=chat)
+    source += ", through the chat template" if chat else ", raw text"
     exit_layers = args.exit_layers or (preset["exit_fractions"] and sorted(
         {max(1, round(f * model.num_layers)) for f in preset["exit_fractions"]}))
     groups = sweep(model.num_layers, stages=pick("stages"), draft_lens=pick("draft_lens"),
-                   temperatures=pick("temperatures"), exit_layers=exit_layers)
+                   temperatures=pick("temperatures"), exit_layers=exit_layers,
+                   default_exit=lambda k: default_exit_layer(args.model, model.num_layers, k))
     if not groups:
         raise ValueError(f"no valid (exit layer, stages) pair for a {model.num_layers}-layer model")
     for s in itertools.chain(*groups):
         s.config(new_tokens).resolved(model.num_layers)  # bad values fail before any timing
     bar = tqdm(total=0, desc="bench", unit="round", file=sys.stderr, dynamic_ncols=True)
     bench = Run(model, prompts, groups, new_tokens, warmup, repeats, tick=lambda: bar.update(),
-                pipeline=_pipeline(args))
+                pipeline=_pipeline(args), exit_head=args.exit_head)
     bar.total = bench.total_runs()
     baselines, interrupted = {}, False
     machine = machine_info(model)  # before timing: the load average and date of the start
@@ -722,8 +751,8 @@ def _pipeline(args: argparse.Namespace) -> Callable | None:
     return make
 
 
-def _prompt_ids(tokenizer, text: str, room: int) -> list[int]:
-    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+def _prompt_ids(tokenizer, text: str, room: int, *, chat: bool = False) -> list[int]:
+    ids = encode_prompt(tokenizer, text, chat=chat)
     if not ids:
         raise ValueError(f"prompt {text[:40]!r} has no tokens")
     return ids[-room:]  # keep the end: it is what the continuation depends on

@@ -27,7 +27,9 @@ from pathlib import Path
 
 import torch
 
-from .bench import load_prompts, spread
+from .bench import CHAT_PROMPTS_FILE, load_prompts, spread
+from .chat import encode_prompt, has_chat_template
+from .model_source import resolve
 from .config import DecodeConfig, balanced_exit_layer
 from .generate import Result, generate
 from .metrics import ideal_ppsd_speedup
@@ -112,13 +114,15 @@ def main(argv: list[str] | None = None) -> int:
 
 def _model_and_prompts(args) -> tuple[StagedModel, list[list[int]], str]:
     """The embedded model and prompts; else a random Llama of the embedded shape (said so)."""
-    if args.random_hidden is None and (Path(args.model) / "config.json").exists():
+    directory = Path(resolve(args.model)) if args.random_hidden is None else None
+    if directory is not None and (directory / "config.json").exists():
         # A snapshot: the coordinator and the K workers load at different moments, and a
         # checkpoint being retrained would otherwise give them different weights.
-        snapshot = shutil.copytree(args.model, Path(tempfile.mkdtemp(prefix="ppsd-bench-")) / "model")
+        snapshot = shutil.copytree(directory, Path(tempfile.mkdtemp(prefix="ppsd-bench-")) / "model")
         model, tokenizer = load_model(str(snapshot), device=args.device)
-        chosen = spread(load_prompts(args.prompts)[0], args.max_prompts)
-        prompts = [tokenizer(p["prompt"], add_special_tokens=False)["input_ids"] for p in chosen]
+        chat = has_chat_template(tokenizer)
+        chosen = spread(load_prompts(args.prompts or (CHAT_PROMPTS_FILE if chat else None))[0], args.max_prompts)
+        prompts = [encode_prompt(tokenizer, p["prompt"], chat=chat) for p in chosen]
         source = f"{args.model} ({', '.join(p['name'] for p in chosen)})"
     else:
         exit_layer = args.exit_layer or balanced_exit_layer(8, args.stages)

@@ -9,16 +9,21 @@ import sys
 import torch
 import transformers
 
+from .chat import encode_prompt, has_chat_template
 from .config import DecodeConfig, METHODS
 from .generate import Result, generate
+from .heads import AUTO_HEAD, choose_exit_head, default_exit_layer
 from .model import DEFAULT_MODEL, load_model, model_config
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--prompt", required=True, help="text to continue")
+    parser.add_argument("--prompt", required=True, help="the question (chat) or the text to continue (raw)")
+    parser.add_argument("--chat", action=argparse.BooleanOptionalAction, default=None,
+                        help="wrap the prompt in the model's chat template (default: on when the model has one)")
     parser.add_argument("--method", default="ppsd", help=f"one of {', '.join(METHODS)} (default ppsd)")
-    parser.add_argument("--model", default=DEFAULT_MODEL, help="local directory or hub id (default: embedded)")
-    parser.add_argument("--exit-layer", type=int, default=None, help="E (default: balanced, L/K)")
+    parser.add_argument("--model", default=DEFAULT_MODEL, help=f"{DEFAULT_MODEL} (default), a local directory, a .gguf file or a hub id")
+    parser.add_argument("--exit-layer", type=int, default=None,
+                        help="E (default: the shipped head's E for this model and K, else balanced, L/K)")
     parser.add_argument("--stages", type=int, default=2, help="K pipeline stages (default 2)")
     parser.add_argument("--draft-len", type=int, default=4, help="EESD draft length g (default 4)")
     parser.add_argument("--max-new-tokens", type=int, default=64)
@@ -28,7 +33,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="cpu", help="cpu, cuda or auto (default cpu)")
     parser.add_argument("--threads", type=int, default=None,
                         help="CPU threads for torch (default: torch's choice; 1 is faster on a busy shared CPU)")
-    parser.add_argument("--exit-head", default=None, help="a trained exit head (train-head output)")
+    parser.add_argument("--exit-head", default=AUTO_HEAD,
+                        help="auto: the shipped head for this model and E, if any, else shared (default); "
+                             "shared: the model's own norm + LM head; or a train-head output directory")
     parser.add_argument("--executor", default="in-process", choices=("in-process", "distributed"),
                         help="in-process: stages in turn, PPSD's overlap projected (default); "
                              "distributed: one process per stage over torch.distributed, measured")
@@ -37,23 +44,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    config = DecodeConfig(
-        method=args.method, exit_layer=args.exit_layer, stages=args.stages, draft_len=args.draft_len,
-        max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p, seed=args.seed,
-    )
     if not args.prompt.strip():
         raise ValueError("prompt is empty: give some text to continue")
     # Settings are checked against the checkpoint's config before any weights load.
-    config = config.resolved(model_config(args.model).num_hidden_layers)
+    layers = model_config(args.model, progress=_tell).num_hidden_layers
+    exit_layer = args.exit_layer
+    if exit_layer is None and 2 <= args.stages <= layers:
+        exit_layer = default_exit_layer(args.model, layers, args.stages)
+    config = DecodeConfig(
+        method=args.method, exit_layer=exit_layer, stages=args.stages, draft_len=args.draft_len,
+        max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p, seed=args.seed,
+    ).resolved(layers)
     transformers.utils.logging.disable_progress_bar()  # keeps stderr to one line on error
     if args.threads:
         torch.set_num_threads(args.threads)
-    model, tokenizer = load_model(args.model, device=args.device)
-    if args.exit_head:
-        from .heads import load_exit_head
-
-        model = model.with_exit_head(load_exit_head(args.exit_head, model, config.exit_layer))
-    prompt_ids = tokenizer(args.prompt, add_special_tokens=False)["input_ids"]
+    model, tokenizer = load_model(args.model, device=args.device, progress=_tell)
+    head = choose_exit_head(model, config.exit_layer, args.exit_head)
+    model = model.with_exit_head(head.head)
+    chat = has_chat_template(tokenizer) if args.chat is None else args.chat
+    prompt_ids = encode_prompt(tokenizer, args.prompt, chat=chat)
     if args.executor == "distributed":
         from .distributed import PipelineError, make_executor
 
@@ -69,11 +78,15 @@ def run(args: argparse.Namespace) -> int:
         with open(args.chrome_trace, "w") as f:
             json.dump(result.trace.to_chrome(), f)
     if args.json:
-        print(json.dumps(to_json(result, tokenizer, model.info), ensure_ascii=False))
+        print(json.dumps(to_json(result, tokenizer, model.info, chat=chat, exit_head=head.label), ensure_ascii=False))
     else:
-        print(tokenizer.decode(result.token_ids))
+        print(tokenizer.decode(result.token_ids, skip_special_tokens=True))
         print(summary_line(result))
     return 0
+
+
+def _tell(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
 
 
 def summary_line(result: Result) -> str:
@@ -84,12 +97,12 @@ def summary_line(result: Result) -> str:
             f"measured wall {m.measured_wall_seconds:.3f}s")
 
 
-def to_json(result: Result, tokenizer, info) -> dict:
+def to_json(result: Result, tokenizer, info, *, chat: bool, exit_head: str) -> dict:
     """The documented JSON contract of `generate --json`."""
     piece = lambda token_id: tokenizer.decode([token_id])  # noqa: E731
     c = result.config
     return {
-        "text": tokenizer.decode(result.token_ids),
+        "text": tokenizer.decode(result.token_ids, skip_special_tokens=True),
         "token_ids": result.token_ids,
         "tokens": [{"id": t.id, "text": piece(t.id), "status": t.status, "draft": t.draft, "position": t.position}
                    for t in result.tokens],
@@ -101,5 +114,5 @@ def to_json(result: Result, tokenizer, info) -> dict:
         "config": {"model": info.name, "method": c.method, "exit_layer": c.exit_layer, "stages": c.stages,
                    "draft_len": c.draft_len, "max_new_tokens": c.max_new_tokens, "temperature": c.temperature,
                    "top_p": c.top_p, "device": info.device, "dtype": info.dtype, "seed": c.seed,
-                   "num_layers": info.num_layers},
+                   "num_layers": info.num_layers, "chat": chat, "exit_head": exit_head},
     }

@@ -552,8 +552,10 @@ def main(argv: list[str] | None = None) -> int:
     """
     import argparse
 
+    from .chat import encode_prompt, has_chat_template
     from .config import METHODS
     from .generate import generate
+    from .heads import AUTO_HEAD, choose_exit_head, default_exit_layer
     from .model import DEFAULT_MODEL, load_model
 
     parser = argparse.ArgumentParser(prog="python -m ppsd.distributed", description=main.__doc__.splitlines()[0])
@@ -561,7 +563,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", default=DEFAULT_MODEL, help="a path every host can read, or a hub id")
     parser.add_argument("--method", default="ppsd", choices=METHODS)
     parser.add_argument("--stages", type=int, default=2, help="K (under torchrun: the world size)")
-    parser.add_argument("--exit-layer", type=int, default=None)
+    parser.add_argument("--exit-layer", type=int, default=None,
+                        help="E (default: the shipped head's for this model and K, else L/K)")
+    parser.add_argument("--exit-head", default=AUTO_HEAD, help="auto (default), shared, or a train-head directory")
+    parser.add_argument("--chat", action=argparse.BooleanOptionalAction, default=None,
+                        help="the prompt through the chat template (default: on when the model has one)")
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
     parser.add_argument("--threads-per-worker", type=int, default=1)
@@ -571,7 +577,10 @@ def main(argv: list[str] | None = None) -> int:
     torchrun = "RANK" in os.environ
     stages = int(os.environ["WORLD_SIZE"]) if torchrun else args.stages
     layers = model_config(args.model).num_hidden_layers
-    config = DecodeConfig(method=args.method, stages=stages, exit_layer=args.exit_layer,
+    exit_layer = args.exit_layer
+    if exit_layer is None and 2 <= stages <= layers:
+        exit_layer = default_exit_layer(args.model, layers, stages)
+    config = DecodeConfig(method=args.method, stages=stages, exit_layer=exit_layer,
                           max_new_tokens=args.max_new_tokens).resolved(layers)
     # Every torchrun rank builds the same spec (dtype: the device's default, as load_model's).
     spec = PipelineSpec(model=args.model, stages=stage_layers(layers, config.exit_layer, stages), device=args.device,
@@ -580,16 +589,17 @@ def main(argv: list[str] | None = None) -> int:
         run_worker(spec, rank, local_rank=int(os.environ.get("LOCAL_RANK", "0")))
         return 0
     model, tokenizer = load_model(args.model, device=args.device)
+    model = model.with_exit_head(choose_exit_head(model, config.exit_layer, args.exit_head).head)
     if torchrun:
         executor = DistributedExecutor(spec, model).join()
     else:
         executor = make_executor(model, config, threads_per_worker=args.threads_per_worker, timeout=args.timeout)
     with executor:
-        prompt_ids = tokenizer(args.prompt, add_special_tokens=False)["input_ids"]
-        result = generate(model, prompt_ids, config, executor=executor)
+        chat = has_chat_template(tokenizer) if args.chat is None else args.chat
+        result = generate(model, encode_prompt(tokenizer, args.prompt, chat=chat), config, executor=executor)
     m = result.metrics()
     rate = "n/a" if m.acceptance_rate is None else f"{m.acceptance_rate:.2f}"
-    print(tokenizer.decode(result.token_ids))
+    print(tokenizer.decode(result.token_ids, skip_special_tokens=True))
     print(f"[{config.method}, {stages}-stage pipeline, {args.device}] {m.tokens} tokens, "
           f"{m.tokens_per_second:.1f} tok/s ({m.clock} clock), acceptance {rate}, "
           f"stage utilization {', '.join(f'{u:.2f}' for u in m.stage_utilization)}")

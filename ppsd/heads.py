@@ -8,7 +8,7 @@ of `ppsd.model`). `shared` is the model's own final norm + LM head (no weights o
 last layer already cached, feeding the same norm + LM head. Both are trained by `ppsd.train_head`. A saved head is a directory:
 
     head_config.json     what the head is and what it was made for (HeadConfig)
-    adapter.safetensors  the head's own weights (float32)
+    adapter.safetensors  the head's own weights (float32, or float16 where size matters)
     README.md            the head card: base model, E, training data, acceptance before/after
 
 `load_exit_head` refuses a head made for another model (weights fingerprint) or another E.
@@ -57,24 +57,28 @@ class LowRankAdapter(nn.Module):
         return hidden + self.up(F.silu(self.down(self.norm(hidden))))
 
 
-class LowRankExitHead(nn.Module):
-    """Adapter at layer E, then the base model's frozen final norm and LM head.
+class TrainedExitHead(nn.Module):
+    """What both trained heads share: an `adapter` (the only registered submodule: saved, trained,
+    moved) in front of the base model's frozen final norm and LM head, which are borrowed.
 
-    Stateless: it never touches the KV cache, so the decoders' rollback needs nothing from it.
-    Only the adapter is a registered submodule (saved, trained, moved); the base norm and LM head
-    are borrowed from the model and stay frozen.
+    With a draft vocabulary (`adapter.draft_vocab`, token ids sorted), the head scores only those
+    tokens: its LM head is that slice of the base one, so a draft costs |D| x hidden instead of
+    V x hidden (FR-Spec style). Every other token gets -inf: it is never drafted, and the
+    verifier still commits it whenever the full model chooses it, so decoding stays lossless.
     """
 
-    head_type = "lowrank"
-
-    def __init__(self, model: StagedModel, exit_layer: int, *, rank: int) -> None:
+    def __init__(self, model: StagedModel, exit_layer: int, adapter: nn.Module, draft_vocab: int | None) -> None:
         super().__init__()
-        config = model.hf_model.config
-        self.adapter = LowRankAdapter(config.hidden_size, rank, eps=getattr(config, "rms_norm_eps", 1e-6))
-        self.rank = rank
         self.exit_layer = exit_layer
+        self.adapter = adapter
+        self.vocab_size = model.hf_model.lm_head.out_features
+        if draft_vocab is not None:
+            if not 1 <= draft_vocab <= self.vocab_size:
+                raise ValueError(f"draft vocabulary of {draft_vocab} is out of range: 1 <= D <= {self.vocab_size}")
+            adapter.register_buffer("draft_vocab", torch.arange(draft_vocab))
         # A tuple, not attributes: nn.Module would register them and save the base weights too.
         self._base = (model.hf_model.model.norm, model.hf_model.lm_head)
+        self._slice: tuple[tuple, torch.Tensor] | None = None
 
     @property
     def norm(self) -> nn.Module:
@@ -86,18 +90,61 @@ class LowRankExitHead(nn.Module):
         """The base model's LM head (borrowed, frozen), as on `SharedExitHead`."""
         return self._base[1]
 
+    @property
+    def draft_vocab(self) -> torch.Tensor | None:
+        """The token ids this head can draft, or None for the whole vocabulary."""
+        return getattr(self.adapter, "draft_vocab", None)
+
+    def project(self, normed: torch.Tensor) -> torch.Tensor:
+        """(..., D) logits over the draft vocabulary (or all V tokens) of normed hidden states."""
+        vocab = self.draft_vocab
+        if vocab is None:
+            return self.lm_head(normed)
+        weight = self.lm_head.weight
+        key = (vocab.data_ptr(), weight.data_ptr(), weight.dtype, weight.device)
+        if self._slice is None or self._slice[0] != key:  # sliced once per load, not per draft
+            self._slice = (key, weight.detach()[vocab])
+        return F.linear(normed, self._slice[1])
+
+    def draft_ids(self, logits: torch.Tensor) -> torch.Tensor:
+        """Token ids of the argmax of `project`'s logits."""
+        best = logits.argmax(-1)
+        return best if self.draft_vocab is None else self.draft_vocab[best]
+
+    def full_logits(self, logits: torch.Tensor) -> torch.Tensor:
+        """(V,) logits of one position: -inf outside the draft vocabulary."""
+        vocab = self.draft_vocab
+        if vocab is None:
+            return logits
+        return logits.new_full((self.vocab_size,), float("-inf")).index_copy_(0, vocab, logits)
+
+
+class LowRankExitHead(TrainedExitHead):
+    """Adapter at layer E, then the base model's frozen final norm and LM head.
+
+    Stateless: it never touches the KV cache, so the decoders' rollback needs nothing from it.
+    """
+
+    head_type = "lowrank"
+
+    def __init__(self, model: StagedModel, exit_layer: int, *, rank: int, draft_vocab: int | None = None) -> None:
+        config = model.hf_model.config
+        adapter = LowRankAdapter(config.hidden_size, rank, eps=getattr(config, "rms_norm_eps", 1e-6))
+        super().__init__(model, exit_layer, adapter, draft_vocab)
+        self.rank = rank
+
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """(B, T, V) logits for every position of `hidden` (B, T, hidden): the training path."""
+        """(B, T, D) logits for every position of `hidden` (B, T, hidden): the training path."""
         weight = self.adapter.down.weight
         adapted = self.adapter(hidden.to(weight.dtype)).to(hidden.dtype)
-        return self.lm_head(self.norm(adapted))
+        return self.project(self.norm(adapted))
 
     def batch_logits(self, hidden_states: tuple[torch.Tensor, ...]) -> torch.Tensor:
-        """(B, T, V) logits from a full pass's `hidden_states` (embeddings first): training."""
+        """(B, T, D) logits from a full pass's `hidden_states` (embeddings first): training."""
         return self.logits(hidden_states[self.exit_layer])
 
     def forward(self, hidden: torch.Tensor, position: int, cache: KVCache) -> torch.Tensor:
-        return self.logits(hidden[:, -1:])[0, -1]
+        return self.full_logits(self.logits(hidden[:, -1:])[0, -1])
 
 
 class LayerAdapter(nn.Module):
@@ -132,7 +179,7 @@ class LayerAdapter(nn.Module):
         return hidden + self.mlp(self.post_attention_layernorm(hidden))
 
 
-class LayerExitHead(nn.Module):
+class LayerExitHead(TrainedExitHead):
     """A one-layer exit head at E that writes nothing to the KV cache: its attention reads layer
     E-1's cached keys and values, which stage 1 has just computed for every position it ran
     (prompt and verify feeds included, which never reach the exit head). So rollback needs
@@ -140,39 +187,34 @@ class LayerExitHead(nn.Module):
 
     head_type = "layer"
 
-    def __init__(self, model: StagedModel, exit_layer: int) -> None:
-        super().__init__()
-        self.exit_layer = exit_layer
-        self.adapter = LayerAdapter(model.hf_model.model.layers[exit_layer - 1])
-        self._base = (model.hf_model.model.norm, model.hf_model.lm_head, model.hf_model.model.rotary_emb,
-                      model.hf_model.model.layers[exit_layer - 1])
-
-    norm = LowRankExitHead.norm
-    lm_head = LowRankExitHead.lm_head
+    def __init__(self, model: StagedModel, exit_layer: int, *, draft_vocab: int | None = None) -> None:
+        below = model.hf_model.model.layers[exit_layer - 1]
+        super().__init__(model, exit_layer, LayerAdapter(below), draft_vocab)
+        self._layer = (model.hf_model.model.rotary_emb, below)  # borrowed, as `_base`
 
     def _attend(self, hidden: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, position: int) -> torch.Tensor:
         weight = self.adapter.q_proj.weight
         positions = torch.arange(position, position + hidden.shape[1], device=hidden.device)[None]
-        cos, sin = self._base[2](hidden, positions)
+        cos, sin = self._layer[0](hidden, positions)
         out = self.adapter(hidden.to(weight.dtype), keys.to(weight.dtype), values.to(weight.dtype),
                            (cos.to(weight.dtype), sin.to(weight.dtype)), position)
-        return self.lm_head(self.norm(out.to(hidden.dtype)))
+        return self.project(self.norm(out.to(hidden.dtype)))
 
     def shared_kv(self, below: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Layer E-1's post-rotary keys and values, recomputed from its input `below` (B, T, H):
         what its attention stores in the KV cache during decoding."""
-        layer = self._base[3]
+        layer = self._layer[1]
         attention = layer.self_attn
         batch, width, _ = below.shape
         normed = layer.input_layernorm(below)
         keys = attention.k_proj(normed).view(batch, width, -1, self.adapter.head_dim)
         keys = getattr(attention, "k_norm", nn.Identity())(keys).transpose(1, 2)
         values = attention.v_proj(normed).view(batch, width, -1, self.adapter.head_dim).transpose(1, 2)
-        cos, sin = self._base[2](below, torch.arange(width, device=below.device)[None])
+        cos, sin = self._layer[0](below, torch.arange(width, device=below.device)[None])
         return _rotate(keys, cos, sin), values
 
     def batch_logits(self, hidden_states: tuple[torch.Tensor, ...]) -> torch.Tensor:
-        """(B, T, V) logits from a full pass's `hidden_states` (embeddings first): training."""
+        """(B, T, D) logits from a full pass's `hidden_states` (embeddings first): training."""
         keys, values = self.shared_kv(hidden_states[self.exit_layer - 1])
         return self._attend(hidden_states[self.exit_layer], keys, values, 0)
 
@@ -181,7 +223,7 @@ class LayerExitHead(nn.Module):
         if keys.shape[2] != position + hidden.shape[1]:
             raise RuntimeError(f"layer {self.exit_layer - 1} caches {keys.shape[2]} tokens, "
                                f"expected {position + hidden.shape[1]}")
-        return self._attend(hidden[:, -1:], keys, values, position + hidden.shape[1] - 1)[0, -1]
+        return self.full_logits(self._attend(hidden[:, -1:], keys, values, position + hidden.shape[1] - 1)[0, -1])
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -197,9 +239,10 @@ def shared_head(model: StagedModel) -> SharedExitHead:
     return SharedExitHead(model.hf_model.model.norm, model.hf_model.lm_head)
 
 
-def build_head(head_type: str, model: StagedModel, exit_layer: int, *, rank: int = 64) -> nn.Module:
+def build_head(head_type: str, model: StagedModel, exit_layer: int, *, rank: int = 64,
+               draft_vocab: int | None = None) -> nn.Module:
     """A fresh head of `head_type` for `model` at `exit_layer` (a trained type starts equal to the
-    shared head)."""
+    shared head; with `draft_vocab`, over that many tokens, set in `adapter.draft_vocab`)."""
     if not 1 <= exit_layer < model.num_layers:
         raise ValueError(f"exit layer E={exit_layer} is out of range: 1 <= E < {model.num_layers} (layers)")
     if head_type == "shared":
@@ -207,9 +250,9 @@ def build_head(head_type: str, model: StagedModel, exit_layer: int, *, rank: int
     if head_type == "lowrank":
         if rank < 1:
             raise ValueError(f"rank={rank} is out of range: rank >= 1")
-        return LowRankExitHead(model, exit_layer, rank=rank).to(model.hf_model.device)
+        return LowRankExitHead(model, exit_layer, rank=rank, draft_vocab=draft_vocab).to(model.hf_model.device)
     if head_type == "layer":
-        return LayerExitHead(model, exit_layer)
+        return LayerExitHead(model, exit_layer, draft_vocab=draft_vocab)
     raise ValueError(f"head type {head_type!r} is unknown; choose one of: {', '.join(HEAD_TYPES)}")
 
 
@@ -247,16 +290,20 @@ def fingerprint(model: StagedModel) -> dict:
         "num_key_value_heads": getattr(config, "num_key_value_heads", config.num_attention_heads),
         "vocab_size": model.info.vocab_size,
     }
-    probe = {}
-    for name, tensor in _probed_tensors(model).items():
-        flat = tensor.detach().reshape(-1)
-        index = torch.linspace(0, flat.numel() - 1, PROBE_VALUES).round().long().to(flat.device)
-        probe[name] = [float(v) for v in flat[index].float().cpu()]
+    probe = {name: probe_values(tensor) for name, tensor in _probed_tensors(model).items()}
     # The hash rounds to bf16 so the same checkpoint in another dtype usually keeps its name;
     # matching is decided by `fingerprint_matches`, not by the hash.
     rounded = {k: torch.tensor(v).to(torch.bfloat16).float().tolist() for k, v in probe.items()}
     digest = hashlib.sha256(json.dumps([architecture, rounded], sort_keys=True).encode()).hexdigest()
     return {"sha256": digest, "architecture": architecture, "probe": probe}
+
+
+def probe_values(tensor: torch.Tensor) -> list[float]:
+    """PROBE_VALUES evenly spaced entries of `tensor`, first and last included. The indices are
+    computed in float64: float32 rounds past the end of tensors of more than 2^24 elements."""
+    flat = tensor.detach().reshape(-1)
+    index = torch.linspace(0, flat.numel() - 1, PROBE_VALUES, dtype=torch.float64).round().long()
+    return [float(v) for v in flat[index.to(flat.device)].float().cpu()]
 
 
 def fingerprint_matches(saved: dict, current: dict) -> bool:
@@ -283,6 +330,8 @@ class HeadConfig:
     base_model: str
     base_fingerprint: dict
     rank: int | None = None
+    draft_vocab: int | None = None  # drafts only from this many tokens (None: all of them)
+    stages: int | None = None  # the pipeline depth K its E was chosen for (None: the K whose balanced E it is)
     training: dict = field(default_factory=dict)  # data, steps, lr, batch_size, seq_len, seed, loss
     evaluation: dict = field(default_factory=dict)  # held-out acceptance before/after, and how measured
     format_version: int = FORMAT_VERSION
@@ -299,15 +348,18 @@ class HeadConfig:
             raise ValueError(f"{path} is not a valid head config: {error}") from None
 
 
-def save_exit_head(head: nn.Module, directory: str | Path, config: HeadConfig) -> Path:
-    """Write weights, head_config.json and the card into `directory` (created if needed)."""
+def save_exit_head(head: nn.Module, directory: str | Path, config: HeadConfig, *,
+                   dtype: torch.dtype = torch.float32) -> Path:
+    """Write weights (in `dtype`; loading casts them to the model's), head_config.json and the card
+    into `directory` (created if needed)."""
     from safetensors.torch import save_file
 
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     if config.head_type not in TRAINED_HEAD_TYPES:
         raise ValueError(f"only trained heads are saved ({', '.join(TRAINED_HEAD_TYPES)}), not {config.head_type!r}")
-    weights = {k: v.detach().float().cpu().contiguous() for k, v in head.adapter.state_dict().items()}
+    weights = {k: (v.detach().to(dtype) if v.is_floating_point() else v.detach()).cpu().contiguous()
+               for k, v in head.adapter.state_dict().items()}
     save_file(weights, str(directory / WEIGHTS_FILE), metadata={"format": "pt"})
     (directory / CONFIG_FILE).write_text(json.dumps(asdict(config), indent=2) + "\n")
     (directory / CARD_FILE).write_text(render_card(config))
@@ -345,7 +397,7 @@ def load_exit_head(path: str | Path, model: StagedModel, exit_layer: int) -> nn.
             f"exit head {directory} was trained for exit layer E={config.exit_layer}, not E={exit_layer}: "
             f"use --exit-layer {config.exit_layer} or train a head for E={exit_layer}"
         )
-    head = build_head(config.head_type, model, exit_layer, rank=config.rank or 1)
+    head = build_head(config.head_type, model, exit_layer, rank=config.rank or 1, draft_vocab=config.draft_vocab)
     weights_path = directory / WEIGHTS_FILE
     if not weights_path.is_file():
         raise ValueError(f"exit head {directory} has no weights ({WEIGHTS_FILE} is missing)")
@@ -376,7 +428,9 @@ def render_card(config: HeadConfig) -> str:
         f"- Self-distillation, base model frozen: {t.get('loss', '?')}",
         f"- Data: {t.get('data', '?')}",
         f"- Steps: {t.get('steps', '?')}, batch {t.get('batch_size', '?')} x {t.get('seq_len', '?')} tokens, "
-        f"lr {t.get('lr', '?')}, seed {t.get('seed', '?')}, device {t.get('device', '?')}",
+        f"lr {t.get('lr', '?')} ({t.get('lr_schedule', 'constant')}), seed {t.get('seed', '?')}, "
+        f"device {t.get('device', '?')}, weights saved as {t.get('weights_dtype', 'float32')}",
+        f"- Draft vocabulary: {'all tokens' if config.draft_vocab is None else f'the {config.draft_vocab} most frequent tokens of the training data'}",
         "",
         "## Greedy acceptance rate (measured)",
         "",
@@ -398,3 +452,76 @@ def render_card(config: HeadConfig) -> str:
     for extra in e.get("notes", []):
         lines += [extra, ""]
     return "\n".join(lines)
+
+
+# --- the heads this repository ships ---------------------------------------------------------------
+
+SHIPPED_HEADS = Path(__file__).resolve().parent.parent / "assets" / "heads"
+AUTO_HEAD, SHARED_HEAD = "auto", "shared"
+
+
+def pipeline_stages(num_layers: int, exit_layer: int) -> int:
+    """The K a head at E serves when its config does not say: the one whose balanced E is nearest."""
+    return max(2, min(round(num_layers / exit_layer), num_layers - exit_layer + 1))
+
+
+def shipped_exit_layers(model_name: str, root: Path = SHIPPED_HEADS) -> dict[int, int]:
+    """{K: E} of the shipped heads made for the model called `model_name` (by name alone, no
+    weights read: the E a run with K stages uses by default; the fingerprint is checked at load)."""
+    if not root.is_dir():
+        return {}
+    chosen: dict[int, int] = {}
+    for directory in sorted(p for p in root.iterdir() if (p / CONFIG_FILE).is_file()):
+        config = HeadConfig.read(directory)
+        if config.base_model == str(model_name).strip():
+            layers = config.base_fingerprint["architecture"]["num_layers"]
+            chosen.setdefault(config.stages or pipeline_stages(layers, config.exit_layer), config.exit_layer)
+    return chosen
+
+
+def default_exit_layer(model_name: str, num_layers: int, stages: int) -> int:
+    """The E a run of `model_name` with K stages uses when none is given: the shipped head's for
+    that K (its E was chosen by measured speed), else the balanced L/K."""
+    from .config import balanced_exit_layer
+
+    return shipped_exit_layers(model_name).get(stages) or balanced_exit_layer(num_layers, stages)
+
+
+def shipped_head(model: StagedModel, exit_layer: int, root: Path = SHIPPED_HEADS) -> Path | None:
+    """The shipped head directory made for `model`'s weights at `exit_layer`, if there is one."""
+    if not root.is_dir():
+        return None
+    current = None
+    for directory in sorted(p for p in root.iterdir() if (p / CONFIG_FILE).is_file()):
+        config = HeadConfig.read(directory)
+        if config.exit_layer != exit_layer or config.head_type not in TRAINED_HEAD_TYPES:
+            continue
+        current = current or fingerprint(model)
+        if fingerprint_matches(config.base_fingerprint, current):
+            return directory
+    return None
+
+
+@dataclass(frozen=True)
+class HeadChoice:
+    """Which exit head a run uses, and how to say it: `path` is None for the shared head."""
+
+    head: nn.Module
+    path: Path | None
+
+    @property
+    def label(self) -> str:
+        return "shared (the model's own norm + LM head)" if self.path is None else f"trained ({self.path.name})"
+
+
+def choose_exit_head(model: StagedModel, exit_layer: int, spec: str | None = AUTO_HEAD) -> HeadChoice:
+    """The exit head `spec` names: "auto" (or empty) is the shipped head for these weights and E
+    when there is one, else the shared head; "shared" is the shared head; anything else is a
+    directory written by `train-head` (ValueError when it does not fit, as `load_exit_head`)."""
+    spec = (spec or AUTO_HEAD).strip()
+    if spec == SHARED_HEAD:
+        return HeadChoice(shared_head(model), None)
+    path = shipped_head(model, exit_layer) if spec == AUTO_HEAD else Path(spec)
+    if path is None:
+        return HeadChoice(shared_head(model), None)
+    return HeadChoice(load_exit_head(path, model, exit_layer), path)

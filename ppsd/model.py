@@ -16,6 +16,8 @@ import torch
 from torch import nn
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
+from .model_source import DEFAULT_MODEL, Progress, resolve
+
 # Architectures whose decoder stacks expose model.model.{embed_tokens, layers, norm, rotary_emb}
 # and whose layers only need (hidden, mask, position_embeddings, cache): verified exact in tests.
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
@@ -212,7 +214,8 @@ def _eos_ids(hf_model: nn.Module) -> tuple[int, ...]:
     return tuple(eos) if isinstance(eos, (list, tuple)) else (int(eos),)
 
 
-DEFAULT_MODEL = str(Path(__file__).resolve().parent.parent / "assets" / "models" / "ppsd-tiny")
+# A 2.2M-parameter model trained here: fast, for tests and quick experiments (not the default).
+TINY_MODEL = str(Path(__file__).resolve().parent.parent / "assets" / "models" / "ppsd-tiny")
 
 
 def resolve_device(device: str | None) -> str:
@@ -234,42 +237,46 @@ def default_dtype(device: str) -> torch.dtype:
 
 
 def load_model(
-    name_or_path: str = DEFAULT_MODEL, *, device: str | None = None, dtype: torch.dtype | None = None
+    name_or_path: str = DEFAULT_MODEL, *, device: str | None = None, dtype: torch.dtype | None = None,
+    progress: Progress | None = None,
 ) -> tuple[StagedModel, object]:
-    """Load a causal LM and its tokenizer from a local directory or a hub id.
+    """Load a causal LM and its tokenizer: the default model, a GGUF file, a local directory or a
+    hub id (`ppsd.model_source.resolve`; `progress` hears of a first-use download or conversion).
 
     Never runs remote code. Any failure (missing, offline, not a causal LM, unsupported
     architecture) raises ValueError with a one-line reason naming the model.
     """
     device = resolve_device(device)
     name = str(name_or_path).strip()
-    model = load_weights(name, device=device, dtype=dtype or default_dtype(device))
+    model = load_weights(name, device=device, dtype=dtype or default_dtype(device), progress=progress)
     try:
-        tokenizer = AutoTokenizer.from_pretrained(name, trust_remote_code=False)
+        tokenizer = AutoTokenizer.from_pretrained(resolve(name), trust_remote_code=False)
     except Exception as error:  # noqa: BLE001 - every loader failure becomes one clear message
         raise ValueError(f"cannot load model {name!r}: {_first_line(error)}") from None
     return model, tokenizer
 
 
-def load_weights(name: str, *, device: str, dtype: torch.dtype) -> StagedModel:
+def load_weights(name: str, *, device: str, dtype: torch.dtype, progress: Progress | None = None) -> StagedModel:
     """The model alone (no tokenizer) on an explicit device such as "cuda:1"; errors as in
     `load_model`. Pipeline workers load their stage through this."""
-    model_config(name)
+    model_config(name, progress=progress)
     try:
         hf_model = AutoModelForCausalLM.from_pretrained(
-            name, dtype=dtype, trust_remote_code=False, attn_implementation="sdpa"
+            resolve(name), dtype=dtype, trust_remote_code=False, attn_implementation="sdpa"
         ).to(device)
     except Exception as error:  # noqa: BLE001 - every loader failure becomes one clear message
         raise ValueError(f"cannot load model {name!r}: {_first_line(error)}") from None
     return StagedModel(hf_model, name=name)
 
 
-def model_config(name: str):
-    """The checkpoint's config (cheap: no weights), refused unless it is a supported architecture."""
+def model_config(name: str, *, progress: Progress | None = None):
+    """The checkpoint's config (cheap: no weights, once a GGUF is converted), refused unless it is
+    a supported architecture."""
     if not name:
         raise ValueError("model name is empty: give a local directory or a Hugging Face hub id")
+    source = resolve(name, progress=progress)
     try:
-        config = AutoConfig.from_pretrained(name, trust_remote_code=False)
+        config = AutoConfig.from_pretrained(source, trust_remote_code=False)
     except Exception as error:  # noqa: BLE001 - every loader failure becomes one clear message
         raise ValueError(f"cannot load model {name!r}: {_first_line(error)}") from None
     if config.model_type not in SUPPORTED_MODEL_TYPES:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,13 +29,19 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from .heads import TRAINED_HEAD_TYPES, HeadConfig, build_head, fingerprint, save_exit_head, shared_head
+from .chat import encode_prompt, has_chat_template
+from .heads import (TRAINED_HEAD_TYPES, HeadConfig, build_head, fingerprint, pipeline_stages, save_exit_head,
+                    shared_head)
 from .model import DEFAULT_MODEL, StagedModel, load_model
+from .model_source import is_default
 
 CHECKPOINT_FILE = "checkpoint.pt"
 LOSS = "KL(p_full || q_head) per token, temperature 1, teacher = full model at the same position"
 TEXT_SUFFIXES = (".txt", ".md", ".rst", ".py", ".json", ".csv", ".html", ".tex")
-DEFAULT_PROMPTS = Path(DEFAULT_MODEL).parent.parent / "prompts" / "prompts.json"
+PROMPTS_DIR = Path(__file__).resolve().parent.parent / "assets" / "prompts"
+CHAT_PROMPTS, RAW_PROMPTS = PROMPTS_DIR / "chat.json", PROMPTS_DIR / "prompts.json"
+LR_SCHEDULES = ("constant", "cosine")
+SAVE_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
 @dataclass(frozen=True)
@@ -44,8 +51,12 @@ class TrainConfig:
     exit_layer: int
     head_type: str = "lowrank"
     rank: int = 64
+    draft_vocab: int | None = None  # draft only the most frequent tokens of the training data
     steps: int = 300
     lr: float = 1e-3
+    lr_schedule: str = "constant"  # or "cosine": from lr down to 0 at the last step
+    ce_weight: float = 0.0  # adds CE against the teacher's argmax (greedy agreement) to the KL
+    cache_features: bool = False  # one teacher pass over the data, kept in memory (fp16), then epochs on it
     batch_size: int = 8
     seq_len: int = 256
     seed: int = 0
@@ -59,13 +70,19 @@ class TrainConfig:
         if self.head_type not in TRAINED_HEAD_TYPES:
             raise ValueError(f"head type {self.head_type!r} cannot be trained; choose one of: "
                              f"{', '.join(TRAINED_HEAD_TYPES)}")
+        if self.draft_vocab is not None and self.draft_vocab < 1:
+            raise ValueError(f"draft_vocab={self.draft_vocab} is out of range: >= 1")
         for name in ("rank", "steps", "batch_size", "eval_every", "eval_tokens", "checkpoint_every"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}={getattr(self, name)} is out of range: >= 1")
         if self.seq_len < 2:
             raise ValueError(f"seq_len={self.seq_len} is out of range: >= 2")
+        if not self.ce_weight >= 0:
+            raise ValueError(f"ce_weight={self.ce_weight} is out of range: >= 0")
         if not self.lr > 0:
             raise ValueError(f"lr={self.lr} is out of range: > 0")
+        if self.lr_schedule not in LR_SCHEDULES:
+            raise ValueError(f"lr schedule {self.lr_schedule!r} is unknown; choose one of: {', '.join(LR_SCHEDULES)}")
         return self
 
 
@@ -146,6 +163,33 @@ def _read_path(path: str, max_chars: int) -> tuple[list[str], str]:
     return texts, f"{path} ({len(texts)} documents, {chars:,} characters, sha256 {digest.hexdigest()[:12]})"
 
 
+def read_chat_answers(path: str) -> TokenData:
+    """Chat transcripts from a JSONL file of {"prompt", "prompt_ids", "answer_ids"} (what
+    tools/build_chat_data.py writes), concatenated. About a tenth of the prompts are held out, by
+    a hash of their text, with every answer to them (a greedy and a sampled answer never straddle
+    the split)."""
+    file = Path(path)
+    if not file.is_file():
+        raise ValueError(f"data {path!r} not found: give a JSONL file of chat answers")
+    try:
+        rows = [json.loads(line) for line in file.read_text().splitlines() if line.strip()]
+        sequences = [list(r["prompt_ids"]) + list(r["answer_ids"]) for r in rows]
+        held = {i for i, r in enumerate(rows) if hashlib.sha256(r["prompt"].encode()).digest()[0] % 10 == 9}
+    except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as error:
+        raise ValueError(f"data {path!r} is not a JSONL file of chat answers: {error}") from None
+    if len(sequences) < 2:
+        raise ValueError(f"data {path!r} holds {len(sequences)} transcripts; at least 2 are needed")
+    held = held or {len(sequences) - 1}
+    flat = lambda picked: torch.tensor([t for i, q in enumerate(sequences) if (i in held) == picked for t in q])  # noqa: E731
+    answers = sum(len(r["answer_ids"]) for r in rows)
+    digest = hashlib.sha256(file.read_bytes()).hexdigest()[:12]
+    sampled = sum(r.get("temperature", 0.0) > 0 for r in rows)
+    description = (f"{file.name}: {len(rows)} chat transcripts, the base model's own answers ({len(rows) - sampled} "
+                   f"greedy, {sampled} sampled; {answers:,} answer tokens), sha256 {digest}; held out: "
+                   f"{len(held)} whole transcripts (a tenth of the prompts, by hash)")
+    return TokenData(train=flat(False), heldout=flat(True), description=description)
+
+
 def tokenize(tokenizer, texts: list[str]) -> torch.Tensor:
     """Documents concatenated, each followed by EOS when the tokenizer has one."""
     eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
@@ -176,19 +220,64 @@ def eval_windows(ids: torch.Tensor, config: TrainConfig) -> torch.Tensor:
 # --- distillation ---------------------------------------------------------------------------------
 
 
+class CachedTeacher:
+    """The teacher's pass over every training window, run once: the hidden states a head at E
+    reads (layers E-1 and E) and the final normed state, in float16 (half the memory; the teacher
+    logits are recomputed from it per batch). Batches are then whole windows drawn by (seed,
+    step), so a resumed run sees the same batches; each step costs the head alone."""
+
+    def __init__(self, model: StagedModel, ids: torch.Tensor, config: TrainConfig, *, progress: bool) -> None:
+        windows = ids[: ids.numel() // config.seq_len * config.seq_len].view(-1, config.seq_len)
+        if len(windows) == 0:
+            raise ValueError(f"training data has {ids.numel()} tokens, fewer than seq_len={config.seq_len}")
+        self.model = model
+        layers = (config.exit_layer - 1, config.exit_layer, -1)
+        kept: dict[int, list[torch.Tensor]] = {k: [] for k in layers}
+        with torch.no_grad():
+            for chunk in tqdm(windows.split(config.batch_size), disable=not progress, desc="teacher pass",
+                              unit="batch"):
+                states = model.hf_model.model(chunk.to(model.hf_model.device), output_hidden_states=True,
+                                              use_cache=False).hidden_states
+                for k in layers:
+                    kept[k].append(states[k].to(torch.float16).cpu())
+        self.states = {k: torch.cat(v) for k, v in kept.items()}
+
+    def batch(self, step: int, config: TrainConfig, vocab: torch.Tensor | None) -> tuple[dict, torch.Tensor]:
+        """(states by layer index, -1 the final one; teacher logits) of step `step`'s windows."""
+        generator = torch.Generator().manual_seed(config.seed * 1_000_003 + step)
+        picked = torch.randint(0, len(self.states[-1]), (config.batch_size,), generator=generator)
+        weight = self.model.hf_model.lm_head.weight
+        states = {k: v[picked].to(device=weight.device, dtype=weight.dtype) for k, v in self.states.items()}
+        return states, teacher_logits(self.model, states[-1], vocab)
+
+
 @torch.no_grad()
-def teacher(model: StagedModel, ids: torch.Tensor) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
-    """(hidden states: embeddings then after each layer, each (B, T, H); full-model logits
-    (B, T, V)) of one frozen forward pass. The heads take what they need: `hidden_states[E]`."""
-    out = model.hf_model(ids.to(model.hf_model.device), output_hidden_states=True, use_cache=False)
-    return out.hidden_states, out.logits
+def teacher(model: StagedModel, ids: torch.Tensor, vocab: torch.Tensor | None = None
+            ) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
+    """(hidden states: embeddings then after each layer, each (B, T, H), the last one normed;
+    full-model logits (B, T, V), or over the token ids `vocab` only) of one frozen forward pass.
+    The heads take what they need: `hidden_states[E]`."""
+    hf = model.hf_model
+    states = hf.model(ids.to(hf.device), output_hidden_states=True, use_cache=False).hidden_states
+    return states, teacher_logits(model, states[-1], vocab)
 
 
-def distill_loss(head_logits: torch.Tensor, teacher_logits: torch.Tensor) -> torch.Tensor:
-    """Mean over positions of KL(p || q), p the teacher, q the head (both temperature 1)."""
+@torch.no_grad()
+def teacher_logits(model: StagedModel, final: torch.Tensor, vocab: torch.Tensor | None = None) -> torch.Tensor:
+    """The full model's logits from its final normed states, over `vocab` only when given."""
+    lm_head = model.hf_model.lm_head
+    return lm_head(final) if vocab is None else F.linear(final, lm_head.weight[vocab])
+
+
+def distill_loss(head_logits: torch.Tensor, teacher_logits: torch.Tensor, ce_weight: float = 0.0) -> torch.Tensor:
+    """Mean over positions of KL(p || q), p the teacher, q the head (both temperature 1), plus
+    `ce_weight` times the cross-entropy of q against the teacher's argmax: the greedy draft."""
     log_q = F.log_softmax(head_logits.float(), dim=-1).flatten(0, -2)
     log_p = F.log_softmax(teacher_logits.float(), dim=-1).flatten(0, -2)
-    return F.kl_div(log_q, log_p, log_target=True, reduction="batchmean")
+    loss = F.kl_div(log_q, log_p, log_target=True, reduction="batchmean")
+    if ce_weight:
+        loss = loss + ce_weight * F.nll_loss(log_q, log_p.argmax(-1))
+    return loss
 
 
 @torch.no_grad()
@@ -200,7 +289,7 @@ def acceptance(model: StagedModel, head: torch.nn.Module, windows: torch.Tensor,
         states, logits = teacher(model, window)
         target = logits.argmax(-1)
         agree_shared += (shared.lm_head(shared.norm(states[exit_layer])).argmax(-1) == target).sum().item()
-        agree_head += (head.batch_logits(states).argmax(-1) == target).sum().item()
+        agree_head += (head.draft_ids(head.batch_logits(states)) == target).sum().item()
         total += target.numel()
     return Acceptance(shared=agree_shared / total, head=agree_head / total, positions=total)
 
@@ -229,7 +318,10 @@ def train_head(
     config = config.validated(model.num_layers)
     with torch.random.fork_rng(devices=[]):  # seeded init without touching the caller's RNG
         torch.manual_seed(config.seed)
-        head = build_head(config.head_type, model, config.exit_layer, rank=config.rank)
+        head = build_head(config.head_type, model, config.exit_layer, rank=config.rank,
+                          draft_vocab=config.draft_vocab)
+    if config.draft_vocab is not None:
+        head.adapter.draft_vocab.copy_(frequent_tokens(data.train, config.draft_vocab, model.info.vocab_size))
     head.adapter.float()  # trained in float32 whatever the base dtype; cast at load time
     optimizer = torch.optim.AdamW(head.adapter.parameters(), lr=config.lr, weight_decay=0.0)
     windows = eval_windows(data.heldout, config)
@@ -240,13 +332,20 @@ def train_head(
             raise ValueError(f"{checkpoint} exists: pass --resume to continue it, or choose another --out")
         start, history = _restore(checkpoint, head, optimizer, model, config)
     before = acceptance(model, head, windows, config.exit_layer)
+    cached = CachedTeacher(model, data.train, config, progress=progress) if config.cache_features else None
     bar = tqdm(range(start, config.steps), initial=start, total=config.steps, disable=not progress,
                desc=f"train-head E={config.exit_layer}", unit="step")
     head.train()
     with _Frozen(model):
         for step in bar:
-            states, target = teacher(model, batch_at(data.train, step, config))
-            loss = distill_loss(head.batch_logits(states), target)
+            for group in optimizer.param_groups:  # a function of the step alone: resumable
+                group["lr"] = learning_rate(config, step)
+            # With a draft vocabulary the teacher is renormalised over what the head can draft.
+            if cached is not None:
+                states, target = cached.batch(step, config, head.draft_vocab)
+            else:
+                states, target = teacher(model, batch_at(data.train, step, config), head.draft_vocab)
+            loss = distill_loss(head.batch_logits(states), target, config.ce_weight)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
@@ -265,9 +364,25 @@ def train_head(
     return TrainResult(head=head, steps=max(start, config.steps), before=before, after=after, history=history)
 
 
+def learning_rate(config: TrainConfig, step: int) -> float:
+    """The learning rate of step `step` (0-based) under `config.lr_schedule`."""
+    if config.lr_schedule == "cosine":
+        return config.lr * 0.5 * (1.0 + math.cos(math.pi * step / config.steps))
+    return config.lr
+
+
+def frequent_tokens(ids: torch.Tensor, count: int, vocab_size: int) -> torch.Tensor:
+    """The `count` most frequent token ids of `ids` (ties by lower id), sorted: a draft vocabulary."""
+    counts = torch.bincount(ids, minlength=vocab_size).double()
+    counts -= torch.arange(vocab_size, dtype=torch.float64) / (2.0 * vocab_size)  # ties: lower id first
+    return counts.topk(min(count, vocab_size)).indices.sort().values
+
+
 def _identity(model: StagedModel, config: TrainConfig) -> dict:
     return {"fingerprint": fingerprint(model)["sha256"], "exit_layer": config.exit_layer,
-            "head_type": config.head_type, "rank": config.rank, "seed": config.seed,
+            "head_type": config.head_type, "rank": config.rank, "draft_vocab": config.draft_vocab,
+            "lr_schedule": config.lr_schedule, "ce_weight": config.ce_weight, "cache_features": config.cache_features,
+            "seed": config.seed,
             "batch_size": config.batch_size, "seq_len": config.seq_len}
 
 
@@ -295,13 +410,13 @@ def _restore(path: Path, head, optimizer, model, config) -> tuple[int, list[dict
 
 
 def decode_acceptance(model: StagedModel, head, prompts: list[list[int]], exit_layer: int, *,
-                      max_new_tokens: int = 64) -> dict:
+                      max_new_tokens: int = 64, stages: int | None = None) -> dict:
     """Greedy PPSD acceptance rate (accepted / verified drafts, pooled over prompts) with the
-    shared head and with `head`, on the pipeline whose balanced exit is E (K = L / E)."""
+    shared head and with `head`, on K = `stages` (default: the K whose balanced exit is E)."""
     from .config import DecodeConfig
     from .generate import generate
 
-    stages = max(2, min(round(model.num_layers / exit_layer), model.num_layers - exit_layer + 1))
+    stages = stages or pipeline_stages(model.num_layers, exit_layer)
     config = DecodeConfig(method="ppsd", exit_layer=exit_layer, stages=stages, max_new_tokens=max_new_tokens)
     rates = {"stages": stages, "prompts": len(prompts), "max_new_tokens": max_new_tokens}
     for name, staged in (("shared", model.with_exit_head(shared_head(model))), ("head", model.with_exit_head(head))):
@@ -322,13 +437,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=DEFAULT_MODEL, help="local directory or hub id (default: embedded)")
     parser.add_argument("--exit-layer", type=int, default=None, help="E (default: L/2)")
     parser.add_argument("--data", default=None,
-                        help="text file or folder of text files (default: the embedded corpus, ppsd.corpus)")
+                        help="a JSONL file of chat answers (tools/build_chat_data.py), a text file or a folder "
+                             "of text files (default: the embedded corpus, ppsd.corpus)")
     parser.add_argument("--heldout", default=None, help="held-out text file or folder (default: split from --data)")
     parser.add_argument("--max-chars", type=int, default=4_000_000, help="read at most this much text")
     parser.add_argument("--head-type", default=defaults.head_type, choices=TRAINED_HEAD_TYPES)
     parser.add_argument("--rank", type=int, default=defaults.rank, help="adapter rank (lowrank only)")
+    parser.add_argument("--draft-vocab", type=int, default=None,
+                        help="draft only the D most frequent tokens of the training data (default: all)")
     parser.add_argument("--steps", type=int, default=defaults.steps)
     parser.add_argument("--lr", type=float, default=defaults.lr)
+    parser.add_argument("--lr-schedule", default=defaults.lr_schedule, choices=LR_SCHEDULES)
+    parser.add_argument("--cache-features", action="store_true",
+                        help="run the teacher once over the data and train epochs on its states (fast, "
+                             "needs about 3 x 2 x hidden bytes of memory per training token)")
+    parser.add_argument("--ce-weight", type=float, default=defaults.ce_weight,
+                        help="add this times the cross-entropy against the teacher's argmax (default 0: KL only)")
     parser.add_argument("--batch-size", type=int, default=defaults.batch_size)
     parser.add_argument("--seq-len", type=int, default=defaults.seq_len)
     parser.add_argument("--seed", type=int, default=defaults.seed)
@@ -337,9 +461,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--checkpoint-every", type=int, default=defaults.checkpoint_every)
     parser.add_argument("--prompts", default=None,
                         help="prompts JSON [{name, prompt}] for greedy PPSD acceptance before/after "
-                             "(default: assets/prompts/prompts.json when present)")
+                             "(default model: assets/prompts/chat.json, through its chat template)")
     parser.add_argument("--decode-tokens", type=int, default=64, help="new tokens per prompt decode (default 64)")
+    parser.add_argument("--stages", type=int, default=None,
+                        help="the K this head's E is for: its default E with K stages, and the K of the "
+                             "prompt decodes (default: the K whose balanced E is nearest)")
     parser.add_argument("--device", default="cpu", help="cpu, cuda or auto (default cpu)")
+    parser.add_argument("--save-dtype", default="float32", choices=tuple(SAVE_DTYPES),
+                        help="dtype of the saved weights; the final evaluation uses them so rounded")
     parser.add_argument("--out", required=True, help="directory for the head, its card and checkpoint")
     parser.add_argument("--resume", action="store_true", help="continue the checkpoint in --out")
     parser.add_argument("--no-progress", action="store_true", help="no tqdm bar")
@@ -349,15 +478,27 @@ def run(args: argparse.Namespace) -> int:
     model, tokenizer = load_model(args.model, device=args.device)
     exit_layer = args.exit_layer if args.exit_layer is not None else max(1, model.num_layers // 2)
     config = TrainConfig(
-        exit_layer=exit_layer, head_type=args.head_type, rank=args.rank, steps=args.steps, lr=args.lr,
+        exit_layer=exit_layer, head_type=args.head_type, rank=args.rank, draft_vocab=args.draft_vocab,
+        steps=args.steps, lr=args.lr, lr_schedule=args.lr_schedule, ce_weight=args.ce_weight,
+        cache_features=args.cache_features,
         batch_size=args.batch_size, seq_len=args.seq_len, seed=args.seed, eval_every=args.eval_every,
         eval_tokens=args.eval_tokens, checkpoint_every=args.checkpoint_every,
     ).validated(model.num_layers)
-    train_texts, heldout_texts, description = read_texts(args.data, args.heldout, max_chars=args.max_chars)
-    data = TokenData(tokenize(tokenizer, train_texts), tokenize(tokenizer, heldout_texts), description)
+    if args.data and args.data.endswith(".jsonl"):
+        data = read_chat_answers(args.data)
+    else:
+        train_texts, heldout_texts, description = read_texts(args.data, args.heldout, max_chars=args.max_chars)
+        data = TokenData(tokenize(tokenizer, train_texts), tokenize(tokenizer, heldout_texts), description)
+    description = data.description
     began = time.perf_counter()
     result = train_head(model, data, config, out=args.out, resume=args.resume, progress=not args.no_progress)
     seconds = time.perf_counter() - began
+    save_dtype = SAVE_DTYPES[args.save_dtype]
+    if save_dtype != torch.float32:  # evaluate exactly the weights that will be saved
+        with torch.no_grad():
+            for parameter in result.head.adapter.parameters():
+                parameter.copy_(parameter.to(save_dtype).float())
+        result.after = acceptance(model, result.head, eval_windows(data.heldout, config), exit_layer)
     evaluation = {
         "description": (f"Teacher-forced on {result.after.positions} held-out tokens ({config.seq_len}-token "
                         "windows): share of positions where the head's argmax equals the full model's. "
@@ -367,20 +508,26 @@ def run(args: argparse.Namespace) -> int:
         "positions": result.after.positions,
         "notes": [],
     }
-    prompts_path = Path(args.prompts) if args.prompts else DEFAULT_PROMPTS
-    if args.prompts or (prompts_path.is_file() and args.model == DEFAULT_MODEL):
+    stages = args.stages or pipeline_stages(model.num_layers, exit_layer)
+    chat = has_chat_template(tokenizer)
+    prompts_path = Path(args.prompts) if args.prompts else CHAT_PROMPTS if chat else RAW_PROMPTS
+    if args.prompts or is_default(args.model):
         evaluation.update(_prompt_evaluation(model, tokenizer, result.head, prompts_path, exit_layer,
-                                             args.decode_tokens))
+                                             args.decode_tokens, chat=chat, stages=stages))
     head_config = HeadConfig(
         head_type=config.head_type, exit_layer=exit_layer, base_model=model.info.name,
         base_fingerprint=fingerprint(model), rank=config.rank if config.head_type == "lowrank" else None,
-        training={"loss": LOSS, "data": description, "steps": result.steps, "lr": config.lr,
+        draft_vocab=config.draft_vocab, stages=stages,
+        training={"loss": LOSS + (f" + {config.ce_weight:g} x CE(argmax p, q)" if config.ce_weight else ""),
+                  "data": description, "steps": result.steps, "lr": config.lr,
+                  "lr_schedule": config.lr_schedule, "teacher": "cached once" if config.cache_features else "per step",
                   "batch_size": config.batch_size, "seq_len": config.seq_len, "seed": config.seed,
                   "train_tokens": data.train.numel(), "device": model.info.device,
-                  "wall_seconds_this_run": round(seconds, 1), "history": result.history},
+                  "wall_seconds_this_run": round(seconds, 1), "weights_dtype": args.save_dtype,
+                  "history": result.history},
         evaluation=evaluation,
     )
-    save_exit_head(result.head, args.out, head_config)
+    save_exit_head(result.head, args.out, head_config, dtype=save_dtype)
     print(f"head saved to {args.out}: E={exit_layer}, {result.steps} steps, held-out greedy acceptance "
           f"(teacher-forced, {result.after.positions} positions) shared {result.after.shared:.3f} -> "
           f"trained {result.after.head:.3f}")
@@ -391,14 +538,17 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _prompt_evaluation(model, tokenizer, head, path: Path, exit_layer: int, max_new_tokens: int) -> dict:
+def _prompt_evaluation(model, tokenizer, head, path: Path, exit_layer: int, max_new_tokens: int, *,
+                       chat: bool, stages: int) -> dict:
     try:
         entries = json.loads(path.read_text())
-        prompts = [tokenizer(e["prompt"], add_special_tokens=False)["input_ids"] for e in entries]
+        prompts = [encode_prompt(tokenizer, e["prompt"], chat=chat) for e in entries]
     except (OSError, json.JSONDecodeError, KeyError, TypeError) as error:
         raise ValueError(f"prompts {str(path)!r} unreadable: {error}") from None
-    rates = decode_acceptance(model, head, [p for p in prompts if p], exit_layer, max_new_tokens=max_new_tokens)
+    rates = decode_acceptance(model, head, [p for p in prompts if p], exit_layer, max_new_tokens=max_new_tokens,
+                              stages=stages)
+    how = "through the chat template" if chat else "as raw text"
     note = (f"Greedy PPSD decodes (in process, K={rates['stages']}, {rates['max_new_tokens']} new tokens) of the "
-            f"{rates['prompts']} prompts in {path.name}: acceptance rate (accepted / verified drafts) "
+            f"{rates['prompts']} prompts in {path.name} ({how}): acceptance rate (accepted / verified drafts) "
             f"shared {rates['shared']:.3f}, trained {rates['head']:.3f}.")
     return {"ppsd_prompts": rates, "notes": [note]}

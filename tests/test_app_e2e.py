@@ -25,9 +25,10 @@ def free_port() -> int:
 
 
 def run_args(model: str, *, prompt: str = "def fibonacci(n):", eesd: bool = False, exit_layer: int = 4,
-             stages: int = 2, max_new_tokens: int = 24, exit_head: str = "", workers: bool = False) -> tuple:
+             stages: int = 2, max_new_tokens: int = 24, exit_head: str = "", workers: bool = False,
+             chat: bool = True) -> tuple:
     """Arguments of the `run` endpoint, in the order of the page's inputs."""
-    return (prompt, model, exit_layer, stages, eesd, 3, max_new_tokens, 0.0, 1.0, 0, exit_head, workers)
+    return (prompt, model, exit_layer, stages, eesd, 3, max_new_tokens, 0.0, 1.0, 0, exit_head, workers, chat)
 
 
 @pytest.fixture(scope="module")

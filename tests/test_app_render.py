@@ -204,7 +204,7 @@ def tiny_cache(saved_model):
     torch.set_num_threads(1)
     loads = []
 
-    def loader(name, device=None):
+    def loader(name, device=None, progress=None):
         if name != "tiny":
             raise ValueError(f"cannot load model {name!r}: not found")
         loads.append(name)

