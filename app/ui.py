@@ -56,7 +56,7 @@ where the pipeline works, waits and wastes.
 
 The default model is **SmolLM2-135M-Instruct** (30 layers; 4-bit GGUF weights, dequantized), asked
 through its chat template; its drafts come from an exit head this project trained on the model's own
-answers (K = 2, E = 15).
+answers (K = 2, E = 18 of 30 layers).
 """
 
 TIMELINE_CAPTION = """

@@ -69,10 +69,15 @@ def exact_second_token(model: StagedModel, prompt: list[int], sampler: Sampler) 
     return expected.tolist()
 
 
-@pytest.mark.parametrize("temperature,top_p", [(1.0, 1.0), (0.7, 0.8)])
+@pytest.mark.parametrize("temperature,top_p,draft_vocab", [(1.0, 1.0, None), (0.7, 0.8, None), (1.0, 1.0, 3)])
 @pytest.mark.parametrize("method", ["eesd", "ppsd"])
-def test_speculative_sampling_keeps_the_full_models_distribution(method, temperature, top_p):
+def test_speculative_sampling_keeps_the_full_models_distribution(method, temperature, top_p, draft_vocab):
+    # draft_vocab 3: a head that can only draft tokens 0-2 (q = 0 elsewhere); 3-5 come from corrections.
+    from ppsd.heads import build_head
+
     model = StagedModel(tiny_llama(vocab=VOCAB, seed=3), name="tiny-vocab")
+    if draft_vocab is not None:
+        model = model.with_exit_head(build_head("lowrank", model, 4, rank=2, draft_vocab=draft_vocab))
     prompt = [1, 4, 2]
     expected = exact_second_token(model, prompt, Sampler(temperature=temperature, top_p=top_p))
     counts = [0] * VOCAB
