@@ -690,11 +690,12 @@ def run(args: argparse.Namespace) -> int:
     for p in prompts:
         p["ids"] = _prompt_ids(tokenizer, p["prompt"], model.info.max_context - new_tokens, chat=chat)
     source += ", through the chat template" if chat else ", raw text"
+    default_exit = lambda k: default_exit_layer(args.model, model.num_layers, k)  # noqa: E731
     exit_layers = args.exit_layers or (preset["exit_fractions"] and sorted(
-        {max(1, round(f * model.num_layers)) for f in preset["exit_fractions"]}))
+        {max(1, round(f * model.num_layers)) for f in preset["exit_fractions"]}
+        | {default_exit(k) for k in pick("stages") if 2 <= k <= model.num_layers}))
     groups = sweep(model.num_layers, stages=pick("stages"), draft_lens=pick("draft_lens"),
-                   temperatures=pick("temperatures"), exit_layers=exit_layers,
-                   default_exit=lambda k: default_exit_layer(args.model, model.num_layers, k))
+                   temperatures=pick("temperatures"), exit_layers=exit_layers, default_exit=default_exit)
     if not groups:
         raise ValueError(f"no valid (exit layer, stages) pair for a {model.num_layers}-layer model")
     for s in itertools.chain(*groups):
