@@ -5,13 +5,17 @@ A head maps the hidden state after layers [0, E) to next-token logits (the `Exit
 of `ppsd.model`). `shared` is the model's own final norm + LM head (no weights of its own);
 `lowrank` is an RMSNorm and a low-rank residual adapter feeding that same frozen norm + LM head;
 `layer` is one decoder layer (attention + MLP) whose attention reads the keys and values stage 1's
-last layer already cached, feeding the same norm + LM head. Both are trained by `ppsd.train_head`. A saved head is a directory:
+last layer already cached, feeding the same norm + LM head. Both are trained by `ppsd.train_head`,
+and either may draft from a slice of the vocabulary only (`draft_vocab`). A saved head is a
+directory:
 
     head_config.json     what the head is and what it was made for (HeadConfig)
     adapter.safetensors  the head's own weights (float32, or float16 where size matters)
     README.md            the head card: base model, E, training data, acceptance before/after
 
 `load_exit_head` refuses a head made for another model (weights fingerprint) or another E.
+`assets/heads/` holds the heads this repository ships: `default_exit_layer` and
+`choose_exit_head` are how every entry point picks E and a head when none is given.
 This module knows nothing of training loops, decoders or tokenizers.
 """
 
