@@ -93,7 +93,8 @@ class Loaded:
         return has_chat_template(self.tokenizer)
 
     def decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids)
+        """The text of `ids`, special tokens (a chat model's end-of-turn) left out."""
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
 
     @property
     def piece(self) -> Callable[[int], str]:

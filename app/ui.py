@@ -38,7 +38,7 @@ FIGURE_SECONDS = 1.0  # live redraw period of the plots (the token streams follo
 BUILTIN_EXAMPLES = (
     {"name": "fibonacci", "category": "code", "prompt": "Write a Python function for the n-th Fibonacci number."},
     {"name": "sky", "category": "science", "prompt": "Why is the sky blue?"},
-    {"name": "addition", "category": "math", "prompt": "What is 12 + 30?"},
+    {"name": "speed", "category": "math", "prompt": "A car drives 150 km in 2 hours. What is its average speed?"},
 )
 
 INTRO = """
