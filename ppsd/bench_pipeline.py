@@ -50,7 +50,7 @@ class Method:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m ppsd.bench_pipeline", description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default=DEFAULT_MODEL, help="checkpoint directory (default: embedded)")
+    parser.add_argument("--model", default=DEFAULT_MODEL, help="the default model (default), a checkpoint directory or a .gguf file")
     parser.add_argument("--prompts", default=None,
                         help="prompts JSON [{name, category, prompt}] (default: assets/prompts/prompts.json)")
     parser.add_argument("--max-prompts", type=int, default=6, help="first N prompts, spread over categories")
@@ -113,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _model_and_prompts(args) -> tuple[StagedModel, list[list[int]], str]:
-    """The embedded model and prompts; else a random Llama of the embedded shape (said so)."""
+    """The model and its held-out prompts; else a random Llama of the tiny model's shape (said so)."""
     directory = Path(resolve(args.model)) if args.random_hidden is None else None
     if directory is not None and (directory / "config.json").exists():
         # A snapshot: the coordinator and the K workers load at different moments, and a

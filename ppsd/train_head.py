@@ -434,7 +434,7 @@ def decode_acceptance(model: StagedModel, head, prompts: list[list[int]], exit_l
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     defaults = TrainConfig(exit_layer=1)
-    parser.add_argument("--model", default=DEFAULT_MODEL, help="local directory or hub id (default: embedded)")
+    parser.add_argument("--model", default=DEFAULT_MODEL, help=f"{DEFAULT_MODEL} (default), a local directory, a .gguf file or a hub id")
     parser.add_argument("--exit-layer", type=int, default=None, help="E (default: L/2)")
     parser.add_argument("--data", default=None,
                         help="a JSONL file of chat answers (tools/build_chat_data.py), a text file or a folder "

@@ -39,14 +39,14 @@ def page_url(request):
     from app import ui
 
     torch.set_num_threads(1)  # two shared cores: avoid oversubscription stalls
-    embedded = default_available()
-    model = ppsd.DEFAULT_MODEL if embedded else request.getfixturevalue("saved_model")
+    real = default_available()
+    model = ppsd.DEFAULT_MODEL if real else request.getfixturevalue("saved_model")
     demo = create_demo()
     demo.queue(max_size=8)
     port = free_port()
     demo.launch(prevent_thread_lock=True, server_port=port, quiet=True, **launch_kwargs())
     try:
-        yield f"http://127.0.0.1:{port}/", model, embedded
+        yield f"http://127.0.0.1:{port}/", model, real
     finally:
         demo.close()
         ui.CACHE._models.clear()
@@ -58,7 +58,7 @@ def test_page_runs_an_example_and_shows_tokens_timeline_and_headline(page_url, t
     from app.ui import load_examples
     from ppsd.model import resolve_device
 
-    url, model, embedded = page_url
+    url, model, real = page_url
     shot = ROOT / "docs" / "screenshot.png" if os.environ.get("PPSD_SAVE_SCREENSHOT") == "1" \
         else tmp_path / "screenshot.png"
     with sync_api.sync_playwright() as p:
@@ -67,7 +67,7 @@ def test_page_runs_an_example_and_shows_tokens_timeline_and_headline(page_url, t
             page = browser.new_page(viewport={"width": 1400, "height": 1000})
             page.goto(url, wait_until="domcontentloaded")
             page.locator("#run").wait_for(timeout=30_000)
-            if not embedded:
+            if not real:
                 box = page.locator("#model textarea, #model input").first
                 box.fill(model)
             example = load_examples()[0]
@@ -77,7 +77,7 @@ def test_page_runs_an_example_and_shows_tokens_timeline_and_headline(page_url, t
             assert prompt.input_value() == example["prompt"]
             page.locator("#run").click()
             # The default model's first use converts its GGUF (about 20 s) before the run.
-            page.locator(".headline-main").wait_for(timeout=180_000 if embedded else 45_000)
+            page.locator(".headline-main").wait_for(timeout=180_000 if real else 45_000)
             headline = page.locator(".headline-main").inner_text()
             assert "than AR" in headline and "PPSD" in headline
             # With the cores for K = 2 workers the page runs the real pipeline and says so.

@@ -1,4 +1,4 @@
-"""The embedded default model: the shipped folder loads offline, and its training code works."""
+"""The tiny model (the default until SmolLM2): the shipped folder loads offline, and its training code works."""
 
 from __future__ import annotations
 
