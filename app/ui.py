@@ -10,6 +10,7 @@ from __future__ import annotations
 import html
 import json
 import queue
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -107,9 +108,13 @@ def _loading(name: str) -> Iterator[str]:
     messages: queue.SimpleQueue = queue.SimpleQueue()
     failure: list[Exception] = []
 
+    def tell(message: str) -> None:  # the page and the server's terminal
+        messages.put(message)
+        print(message, file=sys.stderr, flush=True)
+
     def load() -> None:
         try:
-            CACHE.get(name, progress=messages.put)
+            CACHE.get(name, progress=tell)
         except Exception as error:  # noqa: BLE001 - handed to the handler's thread below
             failure.append(error)
 

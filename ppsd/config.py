@@ -5,6 +5,7 @@ Only entry points (CLI, app) build it from user input; everything below receives
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 METHODS = ("ar", "eesd", "ppsd")
@@ -51,9 +52,9 @@ class DecodeConfig:
             raise ValueError(
                 f"max_new_tokens={self.max_new_tokens} is out of range: 1 <= N <= {MAX_NEW_TOKENS_CAP}"
             )
-        if not self.temperature >= 0.0:
-            raise ValueError(f"temperature={self.temperature} is out of range: T >= 0 (0 is greedy)")
-        if not 0.0 < self.top_p <= 1.0:
+        if not (math.isfinite(self.temperature) and self.temperature >= 0.0):
+            raise ValueError(f"temperature={self.temperature} is out of range: 0 <= T < inf (0 is greedy)")
+        if not (math.isfinite(self.top_p) and 0.0 < self.top_p <= 1.0):
             raise ValueError(f"top_p={self.top_p} is out of range: 0 < P <= 1")
         return DecodeConfig(
             method=self.method,

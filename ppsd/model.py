@@ -16,7 +16,7 @@ import torch
 from torch import nn
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-from .model_source import DEFAULT_MODEL, Progress, resolve
+from .model_source import DEFAULT_MODEL, UNREACHABLE, Progress, hub_reachable, resolve
 
 # Architectures whose decoder stacks expose model.model.{embed_tokens, layers, norm, rotary_emb}
 # and whose layers only need (hidden, mask, position_embeddings, cache): verified exact in tests.
@@ -249,10 +249,11 @@ def load_model(
     device = resolve_device(device)
     name = str(name_or_path).strip()
     model = load_weights(name, device=device, dtype=dtype or default_dtype(device), progress=progress)
+    source = resolve(name)
     try:
-        tokenizer = AutoTokenizer.from_pretrained(resolve(name), trust_remote_code=False)
+        tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=False, **_hub_options(source))
     except Exception as error:  # noqa: BLE001 - every loader failure becomes one clear message
-        raise ValueError(f"cannot load model {name!r}: {_first_line(error)}") from None
+        raise _load_error(name, source, error) from None
     return model, tokenizer
 
 
@@ -260,12 +261,13 @@ def load_weights(name: str, *, device: str, dtype: torch.dtype, progress: Progre
     """The model alone (no tokenizer) on an explicit device such as "cuda:1"; errors as in
     `load_model`. Pipeline workers load their stage through this."""
     model_config(name, progress=progress)
+    source = resolve(name)
     try:
         hf_model = AutoModelForCausalLM.from_pretrained(
-            resolve(name), dtype=dtype, trust_remote_code=False, attn_implementation="sdpa"
+            source, dtype=dtype, trust_remote_code=False, attn_implementation="sdpa", **_hub_options(source)
         ).to(device)
     except Exception as error:  # noqa: BLE001 - every loader failure becomes one clear message
-        raise ValueError(f"cannot load model {name!r}: {_first_line(error)}") from None
+        raise _load_error(name, source, error) from None
     return StagedModel(hf_model, name=name)
 
 
@@ -276,15 +278,29 @@ def model_config(name: str, *, progress: Progress | None = None):
         raise ValueError("model name is empty: give a local directory or a Hugging Face hub id")
     source = resolve(name, progress=progress)
     try:
-        config = AutoConfig.from_pretrained(source, trust_remote_code=False)
+        config = AutoConfig.from_pretrained(source, trust_remote_code=False, **_hub_options(source))
     except Exception as error:  # noqa: BLE001 - every loader failure becomes one clear message
-        raise ValueError(f"cannot load model {name!r}: {_first_line(error)}") from None
+        raise _load_error(name, source, error) from None
     if config.model_type not in SUPPORTED_MODEL_TYPES:
         raise ValueError(
             f"model {name!r} has unsupported architecture {config.model_type!r}; "
             f"supported: {', '.join(SUPPORTED_MODEL_TYPES)}"
         )
     return config
+
+
+def _hub_options(source: str) -> dict:
+    """Read a hub id from the local hub cache alone when the hub cannot be reached: transformers
+    would otherwise retry the network for half a minute before failing."""
+    if Path(source).is_dir() or hub_reachable():
+        return {}
+    return {"local_files_only": True}
+
+
+def _load_error(name: str, source: str, error: Exception) -> ValueError:
+    if _hub_options(source):
+        return ValueError(f"cannot load model {name!r}: {UNREACHABLE}")
+    return ValueError(f"cannot load model {name!r}: {_first_line(error)}")
 
 
 def _first_line(error: Exception) -> str:

@@ -11,7 +11,8 @@
   safetensors directory in the user cache (`$PPSD_CACHE`, else `$XDG_CACHE_HOME/ppsd`, else
   `~/.cache/ppsd`), keyed by the file's sha256; later loads read that directory (seconds).
 - An existing directory is used as it is; a name that looks like a path but is not one is refused
-  here; anything else is a hub id for transformers.
+  here; anything else is a hub id for transformers, read from the local hub cache alone when the
+  hub cannot be reached (`hub_reachable`).
 
 Nothing here builds a `StagedModel`: `ppsd.model` loads what this returns.
 """
@@ -23,9 +24,12 @@ import importlib.util
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
+import time
+import urllib.parse
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -88,6 +92,33 @@ def looks_like_path(name: str) -> bool:
     """True for names a hub id can never be: absolute, relative with ./ or ../, ~, or with more
     than one '/' (hub ids are 'name' or 'namespace/name')."""
     return name.startswith(("/", "./", "../", "~", "\\")) or name.count("/") > 1 or os.sep != "/" and os.sep in name
+
+
+HUB_PROBE_SECONDS = 3.0
+HUB_RECHECK_SECONDS = 60.0  # a failed probe is trusted this long: no visitor waits on retries
+_hub_probe: tuple[float, bool] | None = None
+UNREACHABLE = "cannot reach the model hub; give a local directory, or connect"
+
+
+def hub_reachable() -> bool:
+    """Can a TCP connection to the model hub (HF_ENDPOINT, default huggingface.co) be opened
+    within a few seconds? Remembered for a minute, so an offline machine fails at once instead of
+    retrying the hub for half a minute per load. False in HF_HUB_OFFLINE mode."""
+    global _hub_probe
+    if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on"):
+        return False
+    now = time.monotonic()
+    if _hub_probe is not None and now - _hub_probe[0] < HUB_RECHECK_SECONDS:
+        return _hub_probe[1]
+    endpoint = urllib.parse.urlsplit(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
+    port = endpoint.port or (443 if endpoint.scheme == "https" else 80)
+    try:
+        socket.create_connection((endpoint.hostname or "huggingface.co", port), timeout=HUB_PROBE_SECONDS).close()
+        reachable = True
+    except OSError:
+        reachable = False
+    _hub_probe = (now, reachable)
+    return reachable
 
 
 def is_default(name: str) -> bool:

