@@ -8,6 +8,13 @@ instead of continuing the question. Token ids in `ppsd.generate` never know whic
 from __future__ import annotations
 
 
+def check_text(text: str) -> str:
+    """`text`, or ValueError when it holds nothing to decode (every entry point says it alike)."""
+    if not str(text).strip():
+        raise ValueError("prompt is empty: give some text to continue")
+    return text
+
+
 def has_chat_template(tokenizer) -> bool:
     """True when the tokenizer carries a chat template (instruct models do)."""
     return bool(getattr(tokenizer, "chat_template", None))

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+from typing import Callable
 
 SUBCOMMANDS = {
     "generate": ("ppsd.cli_generate", "generate text with AR, EESD or PPSD"),
@@ -18,14 +19,14 @@ SUBCOMMANDS = {
 }
 
 
-class _Parser(argparse.ArgumentParser):
+class Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # argparse's own errors: one line, status 2
         self.exit(2, f"error: {message}\n")
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = _Parser(prog="python -m ppsd", description=__doc__.splitlines()[0])
-    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    parser = Parser(prog="python -m ppsd", description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
     modules = {}
     for name, (module_name, help_text) in SUBCOMMANDS.items():
         try:
@@ -38,8 +39,14 @@ def main(argv: list[str] | None = None) -> int:
         module.add_arguments(sub)
         modules[name] = module
     args = parser.parse_args(argv)
+    return guarded(modules[args.command].run, args)
+
+
+def guarded(run: Callable[..., int], *args) -> int:
+    """`run(*args)`, with bad input (ValueError) as one `error: ...` line and status 2, and Ctrl-C
+    as status 130: the one error path of every entry point (`ppsd.distributed` too)."""
     try:
-        return modules[args.command].run(args)
+        return run(*args)
     except ValueError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

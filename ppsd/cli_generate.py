@@ -9,7 +9,7 @@ import sys
 import torch
 import transformers
 
-from .chat import encode_prompt, has_chat_template
+from .chat import check_text, encode_prompt, has_chat_template
 from .config import DecodeConfig, METHODS
 from .generate import Result, generate
 from .heads import AUTO_HEAD, choose_exit_head, default_exit_layer
@@ -44,8 +44,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    if not args.prompt.strip():
-        raise ValueError("prompt is empty: give some text to continue")
+    check_text(args.prompt)
     # Settings are checked against the checkpoint's config before any weights load.
     layers = model_config(args.model, progress=_tell).num_hidden_layers
     exit_layer = args.exit_layer

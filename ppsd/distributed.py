@@ -552,13 +552,15 @@ def main(argv: list[str] | None = None) -> int:
     """
     import argparse
 
-    from .chat import encode_prompt, has_chat_template
+    from .chat import check_text, encode_prompt, has_chat_template
     from .config import METHODS
     from .generate import generate
     from .heads import AUTO_HEAD, choose_exit_head, default_exit_layer
     from .model import DEFAULT_MODEL, load_model
 
-    parser = argparse.ArgumentParser(prog="python -m ppsd.distributed", description=main.__doc__.splitlines()[0])
+    from .cli import Parser
+
+    parser = Parser(prog="python -m ppsd.distributed", description=main.__doc__.splitlines()[0])
     parser.add_argument("--prompt", required=True)
     parser.add_argument("--model", default=DEFAULT_MODEL, help="a path every host can read, or a hub id")
     parser.add_argument("--method", default="ppsd", choices=METHODS)
@@ -573,6 +575,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads-per-worker", type=int, default=1)
     parser.add_argument("--timeout", type=float, default=30.0)
     args = parser.parse_args(argv)
+    check_text(args.prompt)  # every rank checks every value before any group forms: all exit 2 alike
     rank = int(os.environ.get("RANK", "0"))
     torchrun = "RANK" in os.environ
     stages = int(os.environ["WORLD_SIZE"]) if torchrun else args.stages
@@ -607,6 +610,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    from ppsd.cli import guarded
     from ppsd.distributed import main as _main  # the importable module, not a __main__ copy of it
 
-    sys.exit(_main())
+    sys.exit(guarded(_main))
