@@ -475,11 +475,23 @@ _POOLS: set[DistributedExecutor] = set()
 _current: DistributedExecutor | None = None  # the one `make_executor` hands out
 
 
-@atexit.register
 def close_all() -> None:
     """Stop every pipeline this process started (also run at interpreter exit)."""
     for pool in list(_POOLS):
         pool.close()
+
+
+@atexit.register
+def _shutdown() -> None:
+    """At exit: stop the pipelines, then the forkserver their workers came from, and wait for it.
+    Left alone it exits only once it notices this process is gone, and is re-parented to PID 1
+    meanwhile; so a command returns only after every process it started has exited."""
+    close_all()
+    from multiprocessing import forkserver
+
+    server = forkserver._forkserver
+    if getattr(server, "_forkserver_pid", None) is not None:
+        server._stop()  # private, but the one way to wait for it (Python's own tests use it)
 
 
 def current_pool() -> DistributedExecutor | None:

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import torch
@@ -253,3 +254,21 @@ def test_usable_cores_is_the_affinity_capped_by_a_cgroup_quota(tmp_path, files, 
         (tmp_path / name).write_text(text)
     affinity = len(os.sched_getaffinity(0))
     assert usable_cores(str(tmp_path)) == (affinity if expected is None else min(affinity, expected))
+
+
+def test_a_distributed_cli_run_leaves_no_process_behind(saved_model):
+    # The forkserver the workers came from is stopped and waited for before the command returns:
+    # the moment the command has exited, no process it started is still alive.
+    code = ("import sys\n"
+            "from multiprocessing import forkserver\n"
+            "from ppsd.cli import main\n"
+            f"code = main(['generate', '--model', {saved_model!r}, '--prompt', 'hi', '--max-new-tokens', '4',\n"
+            "              '--executor', 'distributed'])\n"
+            "print('FORKSERVER', forkserver._forkserver._forkserver_pid, flush=True)\n"
+            "sys.exit(code)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                          cwd=Path(__file__).resolve().parent.parent)
+    assert done.returncode == 0, done.stderr[-2000:]
+    pid = int(next(line for line in done.stdout.splitlines() if line.startswith("FORKSERVER")).split()[1])
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
