@@ -77,10 +77,10 @@ class TrainConfig:
                 raise ValueError(f"{name}={getattr(self, name)} is out of range: >= 1")
         if self.seq_len < 2:
             raise ValueError(f"seq_len={self.seq_len} is out of range: >= 2")
-        if not self.ce_weight >= 0:
-            raise ValueError(f"ce_weight={self.ce_weight} is out of range: >= 0")
-        if not self.lr > 0:
-            raise ValueError(f"lr={self.lr} is out of range: > 0")
+        if not (math.isfinite(self.ce_weight) and self.ce_weight >= 0):
+            raise ValueError(f"ce_weight={self.ce_weight} is out of range: 0 <= W < inf")
+        if not (math.isfinite(self.lr) and self.lr > 0):
+            raise ValueError(f"lr={self.lr} is out of range: 0 < lr < inf")
         if self.lr_schedule not in LR_SCHEDULES:
             raise ValueError(f"lr schedule {self.lr_schedule!r} is unknown; choose one of: {', '.join(LR_SCHEDULES)}")
         return self

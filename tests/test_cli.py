@@ -138,3 +138,18 @@ def test_torchrun_entry_point_exits_2_without_a_traceback(saved_model):
                            "--stages", "1"], capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert done.stderr.strip().splitlines() == ["error: stages K=1 is out of range: 2 <= K <= 8 (layers)"]
+
+
+def test_an_unreachable_hub_is_one_line_at_once(capsys, monkeypatch):
+    from ppsd import model_source
+
+    def refuse(address, timeout):
+        raise OSError("network is unreachable")
+
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setattr(model_source, "_hub_probe", None)
+    monkeypatch.setattr(model_source.socket, "create_connection", refuse)
+    code, out, err = cli(capsys, "generate", "--model", "someone/no-such-model", "--prompt", "hi")
+    assert code == 2 and out == ""
+    assert err == ("error: cannot load model 'someone/no-such-model': cannot reach the model hub; "
+                   "give a local directory, or connect\n")

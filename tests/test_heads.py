@@ -219,3 +219,10 @@ def test_cached_teacher_trains_like_the_per_step_teacher(model):
     cached = train_head(model, data, config, progress=False)
     assert cached.after.head > cached.after.shared + 0.05
     assert cached.history[-1]["loss"] < cached.history[0]["loss"]
+
+
+@pytest.mark.parametrize("field, value", [("lr", float("inf")), ("lr", float("nan")), ("ce_weight", float("inf")),
+                                          ("draft_vocab", 0)])
+def test_train_settings_out_of_range_are_refused_with_their_name(field, value):
+    with pytest.raises(ValueError, match=f"{field}="):
+        TrainConfig(**{**TRAIN.__dict__, field: value}).validated(8)
