@@ -248,8 +248,8 @@ def load_model(
     """
     device = resolve_device(device)
     name = str(name_or_path).strip()
-    model = load_weights(name, device=device, dtype=dtype or default_dtype(device), progress=progress)
-    source = resolve(name)
+    source = resolve(name, progress=progress)
+    model = _weights(name, source, device=device, dtype=dtype or default_dtype(device))
     try:
         tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=False, **_hub_options(source))
     except Exception as error:  # noqa: BLE001 - every loader failure becomes one clear message
@@ -260,8 +260,18 @@ def load_model(
 def load_weights(name: str, *, device: str, dtype: torch.dtype, progress: Progress | None = None) -> StagedModel:
     """The model alone (no tokenizer) on an explicit device such as "cuda:1"; errors as in
     `load_model`. Pipeline workers load their stage through this."""
-    model_config(name, progress=progress)
-    source = resolve(name)
+    return _weights(name, resolve(name, progress=progress), device=device, dtype=dtype)
+
+
+def model_config(name: str, *, progress: Progress | None = None):
+    """The checkpoint's config (cheap: no weights, once a GGUF is converted), refused unless it is
+    a supported architecture."""
+    return _config(name, resolve(name, progress=progress))
+
+
+def _weights(name: str, source: str, *, device: str, dtype: torch.dtype) -> StagedModel:
+    """The model `name`, whose files `resolve` found at `source` (resolved once per load)."""
+    _config(name, source)
     try:
         hf_model = AutoModelForCausalLM.from_pretrained(
             source, dtype=dtype, trust_remote_code=False, attn_implementation="sdpa", **_hub_options(source)
@@ -271,12 +281,7 @@ def load_weights(name: str, *, device: str, dtype: torch.dtype, progress: Progre
     return StagedModel(hf_model, name=name)
 
 
-def model_config(name: str, *, progress: Progress | None = None):
-    """The checkpoint's config (cheap: no weights, once a GGUF is converted), refused unless it is
-    a supported architecture."""
-    if not name:
-        raise ValueError("model name is empty: give a local directory or a Hugging Face hub id")
-    source = resolve(name, progress=progress)
+def _config(name: str, source: str):
     try:
         config = AutoConfig.from_pretrained(source, trust_remote_code=False, **_hub_options(source))
     except Exception as error:  # noqa: BLE001 - every loader failure becomes one clear message

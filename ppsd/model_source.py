@@ -71,9 +71,12 @@ def cache_root() -> Path:
 def resolve(name: str, *, progress: Progress | None = None) -> str:
     """A local directory or hub id that `from_pretrained` can load for the model called `name`.
 
-    Raises ValueError with one line when a path does not exist or a GGUF cannot be obtained.
+    Raises ValueError with one line when the name is empty, a path does not exist or a GGUF cannot
+    be obtained.
     """
     name = str(name).strip()
+    if not name:  # Path("") is the current directory: never load that by accident
+        raise ValueError("model name is empty: give a local directory or a Hugging Face hub id")
     if name == DEFAULT_MODEL:
         return str(converted(default_gguf(progress=progress), sha256=SMOLLM2.sha256, progress=progress))
     path = Path(name).expanduser()
