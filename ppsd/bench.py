@@ -30,7 +30,7 @@ from typing import Callable, Iterable, Sequence, TypeVar
 from .config import DecodeConfig, balanced_exit_layer, stage_layers
 from .metrics import ideal_eesd_speedup, ideal_ppsd_speedup
 from .metrics import slot_fraction as stage_slot_fraction
-from .chat import encode_prompt, has_chat_template
+from .chat import encode_prompt, use_chat
 from .heads import default_exit_layer
 from .model import DEFAULT_MODEL, StagedModel
 
@@ -682,7 +682,7 @@ def run(args: argparse.Namespace) -> int:
     if repeats < 1 or warmup < 0:
         raise ValueError(f"repeats={repeats} must be >= 1 and warmup={warmup} >= 0")
     loaded, tokenizer = load_model(args.model, device=args.device)
-    chat = has_chat_template(tokenizer) if args.chat is None else args.chat
+    chat = use_chat(tokenizer, args.chat)
     prompts, source = load_prompts(args.prompts or (CHAT_PROMPTS_FILE if chat else None))
     if args.quick:
         prompts = quick_subset(prompts)

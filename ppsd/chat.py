@@ -20,6 +20,11 @@ def has_chat_template(tokenizer) -> bool:
     return bool(getattr(tokenizer, "chat_template", None))
 
 
+def use_chat(tokenizer, asked: bool | None) -> bool:
+    """What `--chat/--no-chat` means: as asked, or (not asked) whenever the model has a template."""
+    return has_chat_template(tokenizer) if asked is None else asked
+
+
 def encode_prompt(tokenizer, text: str, *, chat: bool) -> list[int]:
     """Token ids of `text`: as a chat user turn when `chat` (ValueError if the tokenizer has no
     template), else the raw text with no special tokens added."""

@@ -9,10 +9,10 @@ import sys
 import torch
 import transformers
 
-from .chat import check_text, encode_prompt, has_chat_template
+from .chat import check_text, encode_prompt, use_chat
 from .config import DecodeConfig, METHODS
 from .generate import Result, generate
-from .heads import AUTO_HEAD, choose_exit_head, default_exit_layer
+from .heads import AUTO_HEAD, choose_exit_head, exit_layer_for
 from .model import DEFAULT_MODEL, load_model, model_config
 
 
@@ -47,11 +47,8 @@ def run(args: argparse.Namespace) -> int:
     check_text(args.prompt)
     # Settings are checked against the checkpoint's config before any weights load.
     layers = model_config(args.model, progress=_tell).num_hidden_layers
-    exit_layer = args.exit_layer
-    if exit_layer is None and 2 <= args.stages <= layers:
-        exit_layer = default_exit_layer(args.model, layers, args.stages)
     config = DecodeConfig(
-        method=args.method, exit_layer=exit_layer, stages=args.stages, draft_len=args.draft_len,
+        method=args.method, exit_layer=exit_layer_for(args.model, layers, args.stages, args.exit_layer), stages=args.stages, draft_len=args.draft_len,
         max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p, seed=args.seed,
     ).resolved(layers)
     transformers.utils.logging.disable_progress_bar()  # keeps stderr to one line on error
@@ -60,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
     model, tokenizer = load_model(args.model, device=args.device, progress=_tell)
     head = choose_exit_head(model, config.exit_layer, args.exit_head)
     model = model.with_exit_head(head.head)
-    chat = has_chat_template(tokenizer) if args.chat is None else args.chat
+    chat = use_chat(tokenizer, args.chat)
     prompt_ids = encode_prompt(tokenizer, args.prompt, chat=chat)
     if args.executor == "distributed":
         from .distributed import PipelineError, make_executor

@@ -564,10 +564,10 @@ def main(argv: list[str] | None = None) -> int:
     """
     import argparse
 
-    from .chat import check_text, encode_prompt, has_chat_template
+    from .chat import check_text, encode_prompt, use_chat
     from .config import METHODS
     from .generate import generate
-    from .heads import AUTO_HEAD, choose_exit_head, default_exit_layer
+    from .heads import AUTO_HEAD, choose_exit_head, exit_layer_for
     from .model import DEFAULT_MODEL, load_model
 
     from .cli import Parser
@@ -592,10 +592,8 @@ def main(argv: list[str] | None = None) -> int:
     torchrun = "RANK" in os.environ
     stages = int(os.environ["WORLD_SIZE"]) if torchrun else args.stages
     layers = model_config(args.model).num_hidden_layers
-    exit_layer = args.exit_layer
-    if exit_layer is None and 2 <= stages <= layers:
-        exit_layer = default_exit_layer(args.model, layers, stages)
-    config = DecodeConfig(method=args.method, stages=stages, exit_layer=exit_layer,
+    config = DecodeConfig(method=args.method, stages=stages,
+                          exit_layer=exit_layer_for(args.model, layers, stages, args.exit_layer),
                           max_new_tokens=args.max_new_tokens).resolved(layers)
     # Every torchrun rank builds the same spec (dtype: the device's default, as load_model's).
     spec = PipelineSpec(model=args.model, stages=stage_layers(layers, config.exit_layer, stages), device=args.device,
@@ -610,8 +608,8 @@ def main(argv: list[str] | None = None) -> int:
     else:
         executor = make_executor(model, config, threads_per_worker=args.threads_per_worker, timeout=args.timeout)
     with executor:
-        chat = has_chat_template(tokenizer) if args.chat is None else args.chat
-        result = generate(model, encode_prompt(tokenizer, args.prompt, chat=chat), config, executor=executor)
+        ids = encode_prompt(tokenizer, args.prompt, chat=use_chat(tokenizer, args.chat))
+        result = generate(model, ids, config, executor=executor)
     m = result.metrics()
     rate = "n/a" if m.acceptance_rate is None else f"{m.acceptance_rate:.2f}"
     print(tokenizer.decode(result.token_ids, skip_special_tokens=True))

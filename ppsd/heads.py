@@ -469,14 +469,18 @@ def pipeline_stages(num_layers: int, exit_layer: int) -> int:
     return max(2, min(round(num_layers / exit_layer), num_layers - exit_layer + 1))
 
 
+def _shipped(root: Path) -> list[tuple[Path, HeadConfig]]:
+    """Every head directory under `root`, with its config, in name order."""
+    if not root.is_dir():
+        return []
+    return [(d, HeadConfig.read(d)) for d in sorted(p for p in root.iterdir() if (p / CONFIG_FILE).is_file())]
+
+
 def shipped_exit_layers(model_name: str, root: Path = SHIPPED_HEADS) -> dict[int, int]:
     """{K: E} of the shipped heads made for the model called `model_name` (by name alone, no
     weights read: the E a run with K stages uses by default; the fingerprint is checked at load)."""
-    if not root.is_dir():
-        return {}
     chosen: dict[int, int] = {}
-    for directory in sorted(p for p in root.iterdir() if (p / CONFIG_FILE).is_file()):
-        config = HeadConfig.read(directory)
+    for _, config in _shipped(root):
         if config.base_model == str(model_name).strip():
             layers = config.base_fingerprint["architecture"]["num_layers"]
             chosen.setdefault(config.stages or pipeline_stages(layers, config.exit_layer), config.exit_layer)
@@ -491,13 +495,18 @@ def default_exit_layer(model_name: str, num_layers: int, stages: int) -> int:
     return shipped_exit_layers(model_name).get(stages) or balanced_exit_layer(num_layers, stages)
 
 
+def exit_layer_for(model_name: str, num_layers: int, stages: int, exit_layer: int | None) -> int | None:
+    """The E an entry point asks for: the one given, else the default for K; None (DecodeConfig
+    then names the bad K) when K itself is out of range."""
+    if exit_layer is not None or not 2 <= stages <= num_layers:
+        return exit_layer
+    return default_exit_layer(model_name, num_layers, stages)
+
+
 def shipped_head(model: StagedModel, exit_layer: int, root: Path = SHIPPED_HEADS) -> Path | None:
     """The shipped head directory made for `model`'s weights at `exit_layer`, if there is one."""
-    if not root.is_dir():
-        return None
     current = None
-    for directory in sorted(p for p in root.iterdir() if (p / CONFIG_FILE).is_file()):
-        config = HeadConfig.read(directory)
+    for directory, config in _shipped(root):
         if config.exit_layer != exit_layer or config.head_type not in TRAINED_HEAD_TYPES:
             continue
         current = current or fingerprint(model)
