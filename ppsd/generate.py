@@ -80,10 +80,28 @@ def stream(model: StagedModel, prompt_ids: list[int], config: DecodeConfig, *,
     executor = executor or make_executor(model, config, stopwatch)
     executor.begin(stopwatch)
     try:
-        with torch.inference_mode():
-            yield from DECODERS[config.method](executor, list(prompt_ids), config, model.info.eos_token_ids)
+        yield from _inference_mode(DECODERS[config.method](executor, list(prompt_ids), config,
+                                                           model.info.eos_token_ids))
     finally:
         executor.end()
+
+
+def _inference_mode(steps: Iterator[Step]) -> Iterator[Step]:
+    """`steps`, each resumed inside `torch.inference_mode()`. The mode is per thread, and a
+    server (Gradio) may resume a generator on a different thread each time, so one `with` around
+    the whole loop would leave later resumptions outside it (the KV cache, made of inference
+    tensors, then refuses in-place updates)."""
+    try:
+        while True:
+            with torch.inference_mode():
+                try:
+                    step = next(steps)
+                except StopIteration:
+                    return
+            yield step
+    finally:
+        with torch.inference_mode():
+            steps.close()
 
 
 def generate(model: StagedModel, prompt_ids: list[int], config: DecodeConfig, *,

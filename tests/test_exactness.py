@@ -10,6 +10,8 @@ import torch
 from transformers import MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
 from ppsd import DecodeConfig, StagedModel, generate
+from ppsd.generate import stream
+from ppsd.steps import Committed
 from ppsd.config import balanced_exit_layer
 
 from conftest import tiny_llama
@@ -141,3 +143,23 @@ def test_unsupported_architecture_is_refused():
     gpt2 = GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=64))
     with pytest.raises(ValueError, match="unsupported architecture 'gpt2'"):
         StagedModel(gpt2)
+
+
+def test_stream_resumed_on_other_threads_matches_generate(llama):
+    """Gradio resumes a handler's generator on whichever worker thread is free: every step of
+    `stream` driven from a fresh thread still commits `generate`'s tokens (inference mode is per
+    thread, so it must hold for each resumption, not only the first)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    config = DecodeConfig(method="ppsd", stages=2, exit_layer=4, max_new_tokens=12)
+    expected = generate(llama, [1, 2, 3], config).token_ids
+    steps = stream(llama, [1, 2, 3], config)
+    committed = []
+    for _ in range(200):
+        with ThreadPoolExecutor(max_workers=1) as pool:  # a new thread for every resumption
+            step = pool.submit(next, steps, None).result()
+        if step is None:
+            break
+        if isinstance(step, Committed):
+            committed.append(step.token.id)
+    assert committed == expected
