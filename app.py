@@ -7,13 +7,14 @@ import argparse
 import os
 
 from app import create_demo, launch_kwargs
+from ppsd.cli import thread_count
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--host", default=os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1"))
     parser.add_argument("--port", type=int, default=int(os.environ.get("GRADIO_SERVER_PORT", "7860")))
-    parser.add_argument("--threads", type=int, default=None,
+    parser.add_argument("--threads", type=thread_count, default=None,
                         help="CPU threads for torch (default: torch's choice; 1 helps on busy shared CPUs)")
     args = parser.parse_args(argv)
     if args.threads:

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Iterable, Sequence, TypeVar
 
+from .cli import thread_count
 from .config import DecodeConfig, balanced_exit_layer, stage_layers
 from .metrics import ideal_eesd_speedup, ideal_ppsd_speedup
 from .metrics import slot_fraction as stage_slot_fraction
@@ -652,7 +653,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="also run AR and PPSD on K worker processes (ppsd.distributed). auto: when "
                              "available, for each K whose workers get a core each; on: every K. Default: "
                              "off with --quick (each stage layout starts K processes), else auto")
-    parser.add_argument("--threads", type=int, default=1,
+    parser.add_argument("--threads", type=thread_count, default=1,
                         help="torch CPU threads (default 1: small models gain nothing from more, and on a "
                              "busy machine spinning threads cost far more than they give)")
     parser.add_argument("--prompts", default=None,

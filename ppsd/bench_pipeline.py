@@ -29,6 +29,7 @@ import torch
 
 from .bench import CHAT_PROMPTS_FILE, load_prompts, spread
 from .chat import encode_prompt, has_chat_template
+from .cli import thread_count
 from .model_source import resolve
 from .config import DecodeConfig, balanced_exit_layer
 from .generate import Result, generate
@@ -57,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--stages", type=int, default=2, help="K workers (default 2)")
     parser.add_argument("--exit-layer", type=int, default=None, help="E (default L/K)")
-    parser.add_argument("--threads-per-worker", type=int, default=1)
+    parser.add_argument("--threads-per-worker", type=thread_count, default=1)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--device", default="cpu", help="cpu or cuda (workers share one GPU if only one)")

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
+from pathlib import Path
 from typing import Callable
 
 SUBCOMMANDS = {
@@ -22,6 +24,33 @@ SUBCOMMANDS = {
 class Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # argparse's own errors: one line, status 2
         self.exit(2, f"error: {message}\n")
+
+
+def thread_count(text: str) -> int:
+    """argparse type of a `--threads` option: a whole number >= 1 (torch refuses the rest with a
+    traceback)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is out of range: threads >= 1")
+    return value
+
+
+def check_output_file(path: str | None, what: str) -> None:
+    """ValueError unless `path` can be written as a file: checked before a long run, whose
+    result would otherwise be lost at the end."""
+    if path is None:
+        return
+    target = Path(path)
+    folder = target.parent if str(target.parent) else Path(".")
+    if target.is_dir():
+        raise ValueError(f"{what} {path} is a directory: give a file name")
+    if not folder.is_dir():
+        raise ValueError(f"{what} {path}: folder {folder} does not exist")
+    if not os.access(folder, os.W_OK) or (target.exists() and not os.access(target, os.W_OK)):
+        raise ValueError(f"{what} {path} is not writable")
 
 
 def main(argv: list[str] | None = None) -> int:

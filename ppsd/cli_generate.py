@@ -9,6 +9,7 @@ import sys
 import torch
 import transformers
 
+from .cli import check_output_file, thread_count
 from .chat import check_text, encode_prompt, use_chat
 from .config import DecodeConfig, METHODS
 from .generate import Result, generate
@@ -31,7 +32,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--top-p", type=float, default=1.0)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--device", default="cpu", help="cpu, cuda or auto (default cpu)")
-    parser.add_argument("--threads", type=int, default=None,
+    parser.add_argument("--threads", type=thread_count, default=None,
                         help="CPU threads for torch (default: torch's choice; 1 is faster on a busy shared CPU)")
     parser.add_argument("--exit-head", default=AUTO_HEAD,
                         help="auto: the shipped head for this model and E, if any, else shared (default); "
@@ -45,6 +46,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     check_text(args.prompt)
+    check_output_file(args.chrome_trace, "--chrome-trace")
     # Settings are checked against the checkpoint's config before any weights load.
     layers = model_config(args.model, progress=_tell).num_hidden_layers
     config = DecodeConfig(

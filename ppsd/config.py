@@ -10,6 +10,23 @@ from dataclasses import dataclass
 
 METHODS = ("ar", "eesd", "ppsd")
 MAX_NEW_TOKENS_CAP = 1024  # documented in the README; keeps a demo request bounded
+MAX_DRAFT_LEN = 64  # EESD's g: beyond it every draft block is longer than a useful answer
+SEED_MAX = 2**63 - 1  # torch seeds are signed 64-bit
+WHOLE_FIELDS = ("exit_layer", "stages", "draft_len", "max_new_tokens", "seed")
+
+
+def whole_number(name: str, value: object) -> int:
+    """`value` as an int when it is a whole number (7, 7.0, "7"), else ValueError naming `name`:
+    a form or an API may send any number, and 2.5 layers must not quietly become 2."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    try:
+        number = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        raise ValueError(f"{name}={value!r} is not a number") from None
+    if isinstance(value, bool) or not (math.isfinite(number) and number.is_integer()):
+        raise ValueError(f"{name}={value!r} is not a whole number")
+    return int(number)
 
 
 @dataclass(frozen=True)
@@ -34,6 +51,10 @@ class DecodeConfig:
 
         Raises ValueError naming the value and its allowed range.
         """
+        for name in WHOLE_FIELDS:
+            value = getattr(self, name)
+            if not (value is None and name == "exit_layer") and (isinstance(value, bool) or not isinstance(value, int)):
+                raise ValueError(f"{name}={value!r} is not a whole number")
         if self.method not in METHODS:
             raise ValueError(f"method {self.method!r} is unknown; choose one of: {', '.join(METHODS)}")
         if not 2 <= self.stages <= num_layers:
@@ -46,8 +67,8 @@ class DecodeConfig:
                 f"stages K={self.stages} do not fit: the {num_layers - exit_layer} layers after E={exit_layer} "
                 f"allow at most K={num_layers - exit_layer + 1}"
             )
-        if self.draft_len < 1:
-            raise ValueError(f"draft length G={self.draft_len} is out of range: G >= 1")
+        if not 1 <= self.draft_len <= MAX_DRAFT_LEN:
+            raise ValueError(f"draft length G={self.draft_len} is out of range: 1 <= G <= {MAX_DRAFT_LEN}")
         if not 1 <= self.max_new_tokens <= MAX_NEW_TOKENS_CAP:
             raise ValueError(
                 f"max_new_tokens={self.max_new_tokens} is out of range: 1 <= N <= {MAX_NEW_TOKENS_CAP}"
@@ -56,6 +77,8 @@ class DecodeConfig:
             raise ValueError(f"temperature={self.temperature} is out of range: 0 <= T < inf (0 is greedy)")
         if not (math.isfinite(self.top_p) and 0.0 < self.top_p <= 1.0):
             raise ValueError(f"top_p={self.top_p} is out of range: 0 < P <= 1")
+        if not 0 <= self.seed <= SEED_MAX:
+            raise ValueError(f"seed={self.seed} is out of range: 0 <= seed <= 2^63 - 1 ({SEED_MAX})")
         return DecodeConfig(
             method=self.method,
             exit_layer=exit_layer,

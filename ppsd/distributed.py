@@ -570,7 +570,7 @@ def main(argv: list[str] | None = None) -> int:
     from .heads import AUTO_HEAD, choose_exit_head, exit_layer_for
     from .model import DEFAULT_MODEL, load_model
 
-    from .cli import Parser
+    from .cli import Parser, thread_count
 
     parser = Parser(prog="python -m ppsd.distributed", description=main.__doc__.splitlines()[0])
     parser.add_argument("--prompt", required=True)
@@ -584,7 +584,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="the prompt through the chat template (default: on when the model has one)")
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
-    parser.add_argument("--threads-per-worker", type=int, default=1)
+    parser.add_argument("--threads-per-worker", type=thread_count, default=1)
     parser.add_argument("--timeout", type=float, default=30.0)
     args = parser.parse_args(argv)
     check_text(args.prompt)  # every rank checks every value before any group forms: all exit 2 alike

@@ -13,7 +13,10 @@ from ppsd.cli import main
 
 
 def cli(capsys, *args: str) -> tuple[int, str, str]:
-    code = main(list(args))
+    try:
+        code = main(list(args))
+    except SystemExit as exit_:  # argparse's own errors (a bad type) exit from the parser
+        code = exit_.code
     out, err = capsys.readouterr()
     return code, out, err
 
@@ -57,7 +60,14 @@ BAD_INPUTS = [
     (["--stages", "1"], "stages K=1 is out of range: 2 <= K <= 8"),
     (["--stages", "9"], "stages K=9 is out of range"),
     (["--stages", "4", "--exit-layer", "6"], "stages K=4 do not fit"),
-    (["--method", "eesd", "--draft-len", "0"], "draft length G=0 is out of range: G >= 1"),
+    (["--method", "eesd", "--draft-len", "0"], "draft length G=0 is out of range: 1 <= G <= 64"),
+    (["--method", "eesd", "--draft-len", "1000000"], "draft length G=1000000 is out of range: 1 <= G <= 64"),
+    (["--seed", str(10**23)], "seed=100000000000000000000000 is out of range: 0 <= seed <= 2^63 - 1"),
+    (["--seed", "-1"], "seed=-1 is out of range"),
+    (["--threads", "-1"], "argument --threads: -1 is out of range: threads >= 1"),
+    (["--threads", "0"], "argument --threads: 0 is out of range: threads >= 1"),
+    (["--chrome-trace", "/no/such/folder/t.json"], "--chrome-trace /no/such/folder/t.json: folder /no/such/folder does not exist"),
+    (["--chrome-trace", "/tmp"], "--chrome-trace /tmp is a directory: give a file name"),
     (["--max-new-tokens", "0"], "max_new_tokens=0 is out of range: 1 <= N <= 1024"),
     (["--max-new-tokens", "5000"], "max_new_tokens=5000 is out of range: 1 <= N <= 1024"),
     (["--temperature", "-1"], "temperature=-1.0 is out of range: 0 <= T < inf"),
