@@ -12,8 +12,11 @@ and no HTML here; tensors stay inside `ppsd`.
 from __future__ import annotations
 
 import importlib.util
+import sys
 import threading
 import time
+from collections import OrderedDict
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from typing import Callable, Iterator
@@ -21,10 +24,11 @@ from typing import Callable, Iterator
 import ppsd
 from ppsd import DecodeConfig, Recorder, Result, StagedModel, Trace
 from ppsd.chat import encode_prompt, has_chat_template
-from ppsd.distributed import DistributedExecutor, PipelineError, make_executor
+from ppsd.config import whole_number
+from ppsd.distributed import DistributedExecutor, PipelineError, current_pool, make_executor
 from ppsd.generate import check_prompt
 from ppsd.heads import HeadChoice, choose_exit_head
-from ppsd.model_source import Progress
+from ppsd.model_source import UNREACHABLE, Progress, is_default, resolve
 from ppsd.pipeline_wire import usable_cores
 from ppsd.trace import Stopwatch
 
@@ -82,6 +86,7 @@ class Loaded:
     model: StagedModel
     tokenizer: object
     load_seconds: float
+    key: str = ""  # what the name resolved to: the cache's identity of these weights
 
     def encode(self, text: str, *, chat: bool = False) -> list[int]:
         """Token ids of `text`: a chat user turn when `chat`, else raw text."""
@@ -118,50 +123,131 @@ def _piece_function(tokenizer) -> Callable[[int], str]:
     return piece
 
 
+NOT_LOADABLE = ("is not a loadable model here: give the default ({default}), a model directory or "
+                ".gguf file on this server, or a Hugging Face hub id")
+
+
 class ModelCache:
-    """Models by name, loaded on first use and kept; a failed load leaves the cache unchanged."""
+    """Loaded models, shared by every visitor: keyed by what a name resolves to (a directory
+    however it is spelled, a hub id), at most `capacity` of them, the least recently used
+    evicted first and the default model last. `allowed` (None: any name) limits which names may
+    load at all, for a public Space. A failed load leaves the cache unchanged and says only that
+    the name is not loadable: the reason (which paths exist) goes to the server's log."""
 
     def __init__(self, *, device: str | None = "auto",
-                 loader: Callable[..., tuple[StagedModel, object]] = ppsd.load_model) -> None:
+                 loader: Callable[..., tuple[StagedModel, object]] = ppsd.load_model,
+                 key: Callable[[str], str] = resolve, capacity: int = 2,
+                 allowed: tuple[str, ...] | None = None) -> None:
+        if capacity < 1:
+            raise ValueError(f"capacity={capacity}: the cache must hold at least one model")
         self._device = device
         self._loader = loader
-        self._models: dict[str, Loaded] = {}
-        self._heads: dict[tuple[str, str, int], object] = {}
-        self._lock = threading.Lock()
+        self._key = key
+        self.capacity = capacity
+        self.allowed = allowed
+        self._models: OrderedDict[str, Loaded] = OrderedDict()  # key -> model, least recent first
+        self._aliases: dict[str, str] = {}  # name as typed -> key
+        self._heads: dict[tuple[str, str, int], HeadChoice] = {}
+        self._lock = threading.Lock()  # held briefly: the tables above
+        self._loading = threading.Lock()  # held through a load: two at once would hold both in memory
 
     def __contains__(self, name: str) -> bool:
-        return name.strip() in self._models
+        return self.find(name) is not None
 
     def __len__(self) -> int:
         return len(self._models)
 
     def names(self) -> list[str]:
-        return list(self._models)
+        return [loaded.name for loaded in self._models.values()]
+
+    def find(self, name: str) -> "Loaded | None":
+        """The loaded model `name` if it is in the cache (never loads, never resolves)."""
+        key = self._aliases.get(str(name).strip())
+        return self._models.get(key) if key is not None else None
+
+    def clear(self) -> None:
+        with self._lock:
+            self._models.clear()
+            self._aliases.clear()
+            self._heads.clear()
+        _free_memory()
 
     def exit_head(self, spec: str, loaded: "Loaded", exit_layer: int) -> HeadChoice:
         """The exit head `spec` names for `loaded` at `exit_layer` ("" or "auto": the shipped one
         when it fits, else shared), loaded once; ValueError when a given head was made for
         another model or another E (`ppsd.heads.load_exit_head` says which)."""
-        key = (spec.strip(), loaded.name, exit_layer)
+        key = (spec.strip(), loaded.key, exit_layer)
         with self._lock:
             if key not in self._heads:
                 self._heads[key] = choose_exit_head(loaded.model, exit_layer, key[0])
             return self._heads[key]
 
     def get(self, name: str, *, progress: Progress | None = None) -> Loaded:
-        """The loaded model `name`, loading and warming it up on first use (ValueError if it
-        cannot be loaded); `progress` hears of a first-use download or conversion."""
-        name = name.strip()
+        """The loaded model `name`, loading and warming it up on first use (ValueError if it may
+        not or cannot be loaded); `progress` hears of a first-use download or conversion."""
+        name = str(name).strip()
         if not name:
             raise ValueError("model name is empty: give a local directory or a Hugging Face hub id")
+        if self.allowed is not None and name not in self.allowed:
+            raise ValueError(f"{name!r} is not offered here: choose one of {', '.join(self.allowed)}")
+        found = self._touch(name)
+        if found is not None:
+            return found
+        with self._loading:
+            found = self._touch(name)  # loaded by whoever held the lock before us
+            if found is not None:
+                return found
+            try:
+                key = self._key(name)
+                loaded = self._models.get(key) or self._load(name, key, progress)
+            except ValueError as error:
+                print(f"model {name!r} not loaded: {error}", file=sys.stderr, flush=True)
+                if UNREACHABLE in str(error):  # says nothing of this server's files
+                    raise
+                raise ValueError(f"{name!r} " + NOT_LOADABLE.format(default=ppsd.DEFAULT_MODEL)) from None
+            with self._lock:
+                self._models[key] = loaded
+                self._aliases[name] = key
+                self._models.move_to_end(key)
+                self._evict()
+            return loaded
+
+    def _touch(self, name: str) -> "Loaded | None":
+        """`find(name)`, marked as the most recently used."""
         with self._lock:
-            if name not in self._models:
-                started = time.perf_counter()
-                model, tokenizer = self._loader(name, device=self._device, progress=progress)
-                loaded = Loaded(name, model, tokenizer, time.perf_counter() - started)
-                warm_up(model, loaded.encode("Hello") or [0])
-                self._models[name] = loaded
-            return self._models[name]
+            found = self.find(name)
+            if found is not None:
+                self._models.move_to_end(found.key)
+            return found
+
+    def _load(self, name: str, key: str, progress: Progress | None) -> "Loaded":
+        started = time.perf_counter()
+        model, tokenizer = self._loader(name, device=self._device, progress=progress)
+        loaded = Loaded(name, model, tokenizer, time.perf_counter() - started, key=key)
+        warm_up(model, loaded.encode("Hello") or [0])
+        return loaded
+
+    def _evict(self) -> None:
+        """Drop least recently used models (the default model last) until `capacity` fit."""
+        while len(self._models) > self.capacity:
+            keys = list(self._models)
+            victim = next((k for k in keys if not is_default(self._models[k].name)), keys[0])
+            del self._models[victim]
+            self._aliases = {n: k for n, k in self._aliases.items() if k != victim}
+            self._heads = {h: v for h, v in self._heads.items() if h[1] != victim}
+            print(f"model cache: evicted {victim} (holds at most {self.capacity})", file=sys.stderr, flush=True)
+            _free_memory()
+
+
+def _free_memory() -> None:
+    """Give an evicted model's memory back now (its tensors may sit in reference cycles)."""
+    import gc
+
+    gc.collect()
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 
 def warm_up(model: StagedModel, prompt_ids: list[int], config: DecodeConfig = DecodeConfig(), *,
@@ -196,12 +282,22 @@ class RunRequest:
         return ("ar", "ppsd", "eesd") if self.eesd else ("ar", "ppsd")
 
     def config(self, method: str, num_layers: int) -> DecodeConfig:
-        """The validated config of `method` (ValueError names the bad value)."""
+        """The validated config of `method` (ValueError names the bad value: a form or an API
+        client may send 2.5 layers, NaN or a seed past 2^63, and none of it is rounded away)."""
         return DecodeConfig(
-            method=method, exit_layer=self.exit_layer, stages=int(self.stages), draft_len=int(self.draft_len),
-            max_new_tokens=int(self.max_new_tokens), temperature=float(self.temperature),
-            top_p=float(self.top_p), seed=int(self.seed),
+            method=method, exit_layer=None if self.exit_layer is None else whole_number("exit_layer", self.exit_layer),
+            stages=whole_number("stages", self.stages), draft_len=whole_number("draft_len", self.draft_len),
+            max_new_tokens=whole_number("max_new_tokens", self.max_new_tokens),
+            temperature=_real("temperature", self.temperature), top_p=_real("top_p", self.top_p),
+            seed=whole_number("seed", self.seed),
         ).resolved(num_layers)
+
+
+def _real(name: str, value: object) -> float:
+    try:
+        return float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        raise ValueError(f"{name}={value!r} is not a number") from None
 
 
 @dataclass
@@ -247,10 +343,12 @@ class Snapshot:
     active: str | None
     done: bool = False
     head: str = "shared"  # which exit head drafted, in words
+    stopped: bool = False  # the user pressed Stop: `active` is the method that was cut short
+    status: str = ""  # what a long preparation (starting the workers) is doing now
 
     @property
     def stages(self) -> int:
-        return int(self.request.stages)
+        return next(iter(self.runs.values())).config.stages if self.runs else whole_number("stages", self.request.stages)
 
     @property
     def device(self) -> str:
@@ -262,10 +360,11 @@ class Snapshot:
         return self.request.workers
 
 
-def run_comparison(request: RunRequest, cache: ModelCache, *,
-                   throttle: float = THROTTLE_SECONDS) -> Iterator[Snapshot]:
+def run_comparison(request: RunRequest, cache: ModelCache, *, throttle: float = THROTTLE_SECONDS,
+                   stop: threading.Event | None = None) -> Iterator[Snapshot]:
     """Validate everything first, then run AR, PPSD (and EESD) in turn, yielding snapshots at
-    most every `throttle` seconds of wall time and once when each method finishes."""
+    most every `throttle` seconds of wall time and once when each method finishes. Once `stop`
+    is set the running method ends at its next step and a last snapshot says so (`stopped`)."""
     if not request.prompt.strip():
         raise ValueError("prompt is empty: type some text for the model to continue")
     loaded = cache.get(request.model)
@@ -278,20 +377,98 @@ def run_comparison(request: RunRequest, cache: ModelCache, *,
     stages = ppsd.stage_layers(model.num_layers, configs["ar"].exit_layer, configs["ar"].stages)
     runs: dict[str, MethodRun] = {}
     snapshot = Snapshot(request, loaded, runs, active=None, head=head.label)
+    stop = stop or threading.Event()
     pipeline = None
     if request.workers:
-        snapshot.active = "workers"
-        yield snapshot  # starting K processes takes seconds: say so first
-        pipeline = start_pipeline(model, configs["ar"])
+        snapshot.active = "workers"  # starting K processes takes seconds: say so as it goes
+        starting = Background(lambda tell: start_pipeline(model, configs["ar"], progress=tell), "workers-start")
+        for snapshot.status in starting.progress(stop, "Starting the worker processes"):
+            yield snapshot
+        if stop.is_set():  # they keep starting, for the next run
+            snapshot.stopped = True
+            yield snapshot
+            return
+        pipeline = starting.value()
     for method, config in configs.items():
         run = MethodRun(method, config, stages, tuple(prompt_ids), model.info.device, concurrent=pipeline is not None)
         runs[method] = run
         snapshot.active = method
         yield snapshot
-        yield from _decode(run, model, snapshot, throttle, pipeline)
+        yield from _decode(run, model, snapshot, throttle, pipeline, stop)
+        if stop.is_set():
+            snapshot.stopped = True
+            yield snapshot
+            return
     snapshot.active, snapshot.done = None, True
     _count("finished", +1)
     yield snapshot
+
+
+class Background:
+    """`work(tell)` on a daemon thread, for waits a page must be able to leave (Stop) while
+    showing what happens: `progress` yields the latest `tell` message twice a second, `value`
+    returns the result or raises the work's exception."""
+
+    def __init__(self, work: Callable[[Progress], object], name: str) -> None:
+        self._messages: list[str] = []
+        self._outcome: list = []  # [result] or [None, exception]
+
+        def run() -> None:
+            try:
+                self._outcome[:] = [work(self._messages.append)]
+            except BaseException as error:  # noqa: BLE001 - handed to the caller's thread in value()
+                self._outcome[:] = [None, error]
+
+        self._thread = threading.Thread(target=run, name=name, daemon=True)
+        self._thread.start()
+
+    def progress(self, stop: threading.Event, doing: str, every: float = 0.5) -> Iterator[str]:
+        """'<latest message>… N s' while the work runs, until it ends or `stop` is set."""
+        started = time.perf_counter()
+        while self._thread.is_alive() and not stop.is_set():
+            yield f"{(self._messages or [doing])[-1]}… {time.perf_counter() - started:.0f} s"
+            self._thread.join(every)
+
+    def value(self) -> object:
+        self._thread.join()
+        if len(self._outcome) == 2:
+            raise self._outcome[1]
+        return self._outcome[0]
+
+
+class DeviceLine:
+    """The device decodes one comparison at a time: visitors queue here in arrival order, at
+    most `max_waiting` of them (more are told to come back), and can see how many are ahead.
+    Loading a model happens before joining, so it never holds the device."""
+
+    def __init__(self, max_waiting: int) -> None:
+        self.max_waiting = max_waiting
+        self._line: list[object] = []  # the first holds the device
+        self._changed = threading.Condition()
+
+    @contextmanager
+    def place(self) -> Iterator[object]:
+        """A place in line, left on exit (also on Stop and on error). ValueError when full."""
+        ticket = object()
+        with self._changed:
+            if len(self._line) > self.max_waiting:
+                raise ValueError(f"the demo is busy: {len(self._line) - 1} runs are already waiting. "
+                                 "Please try again in a moment")
+            self._line.append(ticket)
+        try:
+            yield ticket
+        finally:
+            with self._changed:
+                self._line.remove(ticket)
+                self._changed.notify_all()
+
+    def ahead(self, ticket: object, *, wait: float = 0.0) -> int:
+        """How many runs are ahead of `ticket` (0: the device is its), after waiting up to
+        `wait` seconds for that to change."""
+        with self._changed:
+            if self._line.index(ticket) > 0 and wait > 0:
+                self._changed.wait(wait)
+            return self._line.index(ticket)
 
 
 def workers_available(stages: int, device: str) -> str | None:
@@ -308,15 +485,20 @@ def workers_available(stages: int, device: str) -> str | None:
     return None
 
 
-def start_pipeline(model: StagedModel, config: DecodeConfig) -> DistributedExecutor:
+def start_pipeline(model: StagedModel, config: DecodeConfig, *,
+                   progress: Progress | None = None) -> DistributedExecutor:
     """The process's K-worker pipeline for `model` and `config`'s stages (started and warmed up
     untimed on first use, reused while the settings match). ValueError says why it cannot run."""
     reason = workers_available(config.stages, model.info.device)
     if reason is not None:
         raise ValueError(reason)
+    tell = progress or (lambda message: None)
     try:
+        if current_pool() is None or current_pool().runs == 0:
+            tell(f"Starting {config.stages} worker processes, one per stage, and loading the weights in each")
         pipeline = make_executor(model, config)
         if pipeline.runs == 0:
+            tell("Warming up the worker processes (untimed)")
             with pipeline.lock:
                 warm_up(model, [0], config, executor=pipeline)
     except PipelineError as error:
@@ -325,7 +507,7 @@ def start_pipeline(model: StagedModel, config: DecodeConfig) -> DistributedExecu
 
 
 def _decode(run: MethodRun, model: StagedModel, snapshot: Snapshot, throttle: float,
-            pipeline: DistributedExecutor | None = None) -> Iterator[Snapshot]:
+            pipeline: DistributedExecutor | None, stop: threading.Event) -> Iterator[Snapshot]:
     sync = None
     if model.info.device.startswith("cuda"):
         import torch
@@ -336,25 +518,24 @@ def _decode(run: MethodRun, model: StagedModel, snapshot: Snapshot, throttle: fl
         raise ValueError("the worker processes are busy with another run: try again in a moment")
     steps = ppsd.stream(model, list(run.prompt_ids), run.config, stopwatch=stopwatch, executor=pipeline)
     shown = time.perf_counter()
-    finished = False
     _count("open", +1)
     try:
         for step in steps:
             run.recorder.add(step)
+            if stop.is_set():
+                return  # between steps: the workers hold no half-done call, so they are kept
             if time.perf_counter() - shown >= throttle:
                 stopwatch.pause()  # the UI's time is not the decoder's
                 yield snapshot
                 stopwatch.resume()
                 shown = time.perf_counter()
         wall = stopwatch.now()
-        finished = True
     except PipelineError as error:
+        pipeline.close()  # a worker died or hung: the next run starts fresh ones
         raise ValueError(f"the worker processes failed and were shut down: {error}") from None
     finally:
         steps.close()  # Stop: close the decoder now, not when the garbage collector gets to it
         if pipeline is not None:
-            if not finished:
-                pipeline.close()  # Stop or error: the workers go too (a new run starts fresh ones)
             pipeline.lock.release()
         _count("open", -1)
     run.result = Result(run.prompt_ids, tuple(run.recorder.tokens), tuple(run.recorder.drafts),

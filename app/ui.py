@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import html
 import json
-import queue
+import os
 import sys
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -24,8 +23,9 @@ from ppsd.heads import default_exit_layer
 from ppsd.model import model_config, resolve_device
 from ppsd.model_source import needs_preparing
 
-from . import render
-from .runner import ModelCache, RunRequest, Snapshot, run_comparison, workers_available
+from . import render, view
+from .runner import (Background, DeviceLine, ModelCache, RunRequest, Snapshot, run_comparison,
+                     workers_available)
 
 ROOT = Path(__file__).resolve().parent.parent
 PROMPTS = ROOT / "assets" / "prompts" / "chat.json"  # held-out questions for the default (instruct) model
@@ -33,7 +33,8 @@ CSS = ROOT / "assets" / "styles" / "app.css"
 DEFAULT_LAYERS = 30  # the default model's (SmolLM2-135M); replaced on page load / Load for others
 REPLAY_SECONDS = 4.0  # screen time of the slowest lane in the race replay
 REPLAY_FPS = 12
-QUEUE_SIZE = 16
+QUEUE_SIZE = 16  # runs that may wait for the device; one more is told the demo is busy
+RUN_HANDLERS = QUEUE_SIZE + 4  # run handlers at once (waiting in line or refused): below Gradio's 40 threads
 FIGURE_SECONDS = 1.0  # live redraw period of the plots (the token streams follow every snapshot)
 
 BUILTIN_EXAMPLES = (
@@ -70,7 +71,22 @@ and stamped its own work on one clock. In **one process** the stages ran in turn
 their measured costs replayed as if each stage had its own worker (projected clock).
 """
 
-CACHE = ModelCache()  # process-wide: every visitor shares the loaded models
+
+
+def allowed_models() -> tuple[str, ...] | None:
+    """Which model names the page may load: PPSD_MODELS, comma-separated, or "*" for any name a
+    visitor types. Unset: any, except on a Hugging Face Space (SPACE_ID is set), where only the
+    default model loads unless the owner sets PPSD_MODELS."""
+    setting = os.environ.get("PPSD_MODELS", "").strip()
+    if setting == "*" or (not setting and not os.environ.get("SPACE_ID")):
+        return None
+    names = tuple(n.strip() for n in setting.split(",") if n.strip())
+    return names or (ppsd.DEFAULT_MODEL,)
+
+
+CACHE = ModelCache(allowed=allowed_models())  # process-wide: every visitor shares the loaded models
+LINE = DeviceLine(QUEUE_SIZE)  # one decode at a time on the device, in arrival order
+_STOPS: dict[str, threading.Event] = {}  # session -> its running comparison's Stop
 
 
 def _gpu(fn: Callable) -> Callable:
@@ -102,32 +118,24 @@ def load_examples(path: Path = PROMPTS) -> list[dict]:
     return chosen
 
 
-def _loading(name: str) -> Iterator[str]:
-    """Load `name` into CACHE on a thread, yielding what it is doing (first use: download,
-    conversion, weights, warm-up) twice a second; re-raises the loader's ValueError."""
-    messages: queue.SimpleQueue = queue.SimpleQueue()
-    failure: list[Exception] = []
-
-    def tell(message: str) -> None:  # the page and the server's terminal
-        messages.put(message)
+def _tell(tell: Callable[[str], None]) -> Callable[[str], None]:
+    """`tell`, echoed to the server's terminal (a first-use conversion is worth seeing there)."""
+    def both(message: str) -> None:
+        tell(message)
         print(message, file=sys.stderr, flush=True)
+    return both
 
-    def load() -> None:
-        try:
-            CACHE.get(name, progress=tell)
-        except Exception as error:  # noqa: BLE001 - handed to the handler's thread below
-            failure.append(error)
 
-    thread = threading.Thread(target=load, name="model-load", daemon=True)
-    thread.start()
-    started, doing = time.perf_counter(), f"Loading {name}"
-    while thread.is_alive():
-        thread.join(0.5)
-        while not messages.empty():
-            doing = messages.get()
-        yield f"{doing}… {time.perf_counter() - started:.0f} s (first use only)"
-    if failure:
-        raise failure[0]
+def _loading(name: str, stop: threading.Event | None = None) -> Iterator[str]:
+    """Load `name` into CACHE on a thread, yielding what it is doing (first use: download,
+    conversion, weights, warm-up) twice a second; re-raises the loader's ValueError. Stop ends
+    the wait, not the load: the model is there for the next run."""
+    stop = stop or threading.Event()
+    loading = Background(lambda tell: CACHE.get(name, progress=_tell(tell)), "model-load")
+    for doing in loading.progress(stop, f"Loading {name}"):
+        yield f"{doing} (first use only)"
+    if not stop.is_set():
+        loading.value()
 
 
 def layer_count(name: str, cache: ModelCache = CACHE) -> int | None:
@@ -147,208 +155,91 @@ def layer_count(name: str, cache: ModelCache = CACHE) -> int | None:
 
 
 def stage_updates(num_layers: int, stages: int, exit_layer: int | None = None, model: str = "") -> tuple[Any, Any]:
-    """E and K sliders for a model of `num_layers`: K in [2, L], E in [1, L - K + 1] so that
-    stages 2..K keep at least one layer each; E defaults to the shipped head's for `model` and K,
-    else the balanced L/K."""
+    """E and K sliders for a model of `num_layers`: E in [1, L - 1], K in [2, L], and the pair
+    kept valid (K - 1 <= L - E: stages 2..K hold a layer each) by lowering the value that did not
+    move; E defaults to the shipped head's for `model` and K, else the balanced L/K. The ranges
+    never shrink to one value, which a Gradio slider refuses."""
     stages = max(2, min(int(stages), num_layers))
-    top = num_layers - stages + 1
     default = default_exit_layer(model, num_layers, stages)
-    exit_layer = max(1, min(int(default if exit_layer is None else exit_layer), top))
+    exit_layer = max(1, min(int(default if exit_layer is None else exit_layer), num_layers - stages + 1))
     balanced = ppsd.balanced_exit_layer(num_layers, stages)
     why = f"balanced E = L/K = {balanced}" if default == balanced else \
         f"default E = {default}: the shipped head's (chosen by measured speed); balanced L/K = {balanced}"
-    return (gr.update(minimum=1, maximum=top, value=exit_layer, info=f"drafts use layers 0…E−1; {why}"),
-            gr.update(minimum=2, maximum=num_layers, value=stages, info=f"1 ≤ K − 1 ≤ L − E; L = {num_layers}"))
+    return (gr.update(minimum=1, maximum=max(num_layers - 1, 2), value=exit_layer,
+                      info=f"drafts use layers 0…E−1; {why}"),
+            gr.update(minimum=2, maximum=max(num_layers, 3), value=stages, info=_stages_info(num_layers)))
 
 
-# --------------------------------------------------------------------------- outputs
+def _stages_info(num_layers: int) -> str:
+    return f"K − 1 ≤ L − E: each later stage holds a layer; L = {num_layers}"
 
 
-@dataclass(frozen=True)
-class Outputs:
-    """The components a run writes, in the order its handler yields them."""
-
-    headline: gr.HTML
-    columns: dict[str, tuple[gr.HTML, gr.HTML]]  # method -> (stats, stream)
-    timeline: gr.Plot
-    theory: gr.Plot
-    metrics: gr.HTML
-    summary: gr.JSON
-    race: gr.State
-
-    def components(self) -> list:
-        cols = [c for method in ("ar", "ppsd", "eesd") for c in self.columns[method]]
-        return [self.headline, *cols, self.timeline, self.theory, self.metrics, self.summary, self.race]
-
-
-def render_snapshot(snap: Snapshot, *, figures: bool = True) -> tuple:
-    """Every output of the page for one snapshot (live or final), in `Outputs` order; with
-    `figures` False the two plots are left as they are (gr.skip)."""
-    if not snap.runs:  # the worker processes are starting: only the status line changes
-        return _headline_only(_headline(snap, {}))
-    piece = snap.loaded.piece
-    prompt = snap.request.prompt
-    workers = snap.concurrent
-    finished = {m: (r.result.metrics("measured"), r.result.metrics("projected"))
-                for m, r in snap.runs.items() if r.done}
-    columns = []
-    for method in ("ar", "ppsd", "eesd"):
-        run = snap.runs.get(method)
-        if run is None:
-            waiting = "not enabled" if method == "eesd" and not snap.request.eesd else "waiting for its turn"
-            columns += [render.render_stats(method, None, None, live=waiting),
-                        render.render_tokens((), piece, prompt=prompt)]
-            continue
-        trace = run.trace()
-        deciders = render.deciding_events(trace.events, trace.num_stages)
-        if run.done:
-            measured, projected = finished[method]
-            stats = render.render_stats(method, projected, measured, workers=workers)
-            pending = ()
-        else:
-            stats = render.render_stats(method, None, None, live=f"decoding… {len(run.recorder.tokens)} tokens")
-            pending = run.recorder.pending
-        columns += [stats, render.render_tokens(run.recorder.tokens, piece, prompt=prompt, pending=pending,
-                                                deciders=deciders)]
-    plots = (_timeline(snap), _theory(snap, finished)) if figures else (gr.skip(), gr.skip())
-    return (_headline(snap, finished), *columns, *plots,
-            render.render_metrics_table(finished, workers=workers), _summary(snap, finished) if snap.done else None,
-            _race_state(snap) if snap.done else None)
-
-
-def _headline_only(headline: str) -> tuple:
-    """An update of the headline alone (a model loading, workers starting): every other output kept."""
-    return (headline, *[gr.skip()] * 11)  # Outputs: headline, 6 column parts, 2 plots, metrics, summary, race
-
-
-def _headline(snap: Snapshot, finished: dict) -> str:
-    status = ""
-    if snap.active == "workers":
-        status = f"Starting {snap.request.stages} worker processes, one per stage (first run only)…"
-    elif snap.active is not None:
-        run = snap.runs[snap.active]
-        status = (f"Running {render.METHOD_NAMES[snap.active]}… {len(run.recorder.tokens)}/"
-                  f"{run.config.max_new_tokens} tokens")
-    if "ar" not in finished or "ppsd" not in finished:
-        return render.render_headline(None, None, None, stages=snap.stages, device=snap.device, status=status)
-    eesd = finished.get("eesd")
-    done = {m: r.result.token_ids for m, r in snap.runs.items() if r.done}
-    agreement = render.agreement_note(done, greedy=snap.request.temperature == 0) if snap.done else ""
-    (ar_m, ar_p), (ppsd_m, ppsd_p) = finished["ar"], finished["ppsd"]
-    if snap.concurrent:  # measured on K workers leads; the projection shows what messaging cost
-        return render.render_headline(ar_m, ppsd_m, eesd[0] if eesd else None, stages=snap.stages,
-                                      device=snap.device, status=status, agreement=agreement,
-                                      ar_projected=ar_p, ppsd_projected=ppsd_p)
-    return render.render_headline(
-        ar_p, ppsd_p, eesd[0] if eesd else None, stages=snap.stages,
-        device=snap.device, ar_measured=ar_m, ppsd_measured=ppsd_m, status=status,
-        agreement=agreement)
-
-
-def _timeline(snap: Snapshot):
-    names = {"ppsd": "PPSD: verify while drafting", "ar": "AR on the same pipeline",
-             "eesd": "EESD: draft, then verify"}
-    panels = [(names[m], snap.runs[m].shown()) for m in ("ppsd", "ar", "eesd")
-              if m in snap.runs and snap.runs[m].recorder.events]
-    if not panels:
-        return render.empty_figure("The pipeline timeline appears here once a run starts.")
-    title = render.timeline_title(panels[0][1], snap.stages) + ("" if snap.done else " · live")
-    return render.render_timeline(panels, snap.loaded.piece, title=title)
-
-
-def _theory(snap: Snapshot, finished: dict):
-    config = next(iter(snap.runs.values())).config
-    points = []
-    lead = 0 if snap.concurrent else 1
-    if "ar" in finished and "ppsd" in finished and finished["ppsd"][lead].acceptance_rate is not None:
-        ar_x, ppsd_x = finished["ar"][lead], finished["ppsd"][lead]
-        clock = "measured clock, K workers" if snap.concurrent else "projected clock"
-        points.append(render.TheoryPoint(f"PPSD measured ({clock})", ppsd_x.acceptance_rate,
-                                         ar_x.wall_seconds / ppsd_x.wall_seconds))
-    if "ar" in finished and "eesd" in finished and finished["eesd"][0].acceptance_rate is not None:
-        ar_m, eesd_m = finished["ar"][0], finished["eesd"][0]
-        points.append(render.TheoryPoint("EESD measured (measured clock)", eesd_m.acceptance_rate,
-                                         ar_m.wall_seconds / eesd_m.wall_seconds))
-    layers = snap.loaded.model.num_layers
-    return render.render_theory(stages=config.stages, draft_len=config.draft_len,
-                                exit_fraction=config.exit_layer / layers, points=points)
-
-
-def _summary(snap: Snapshot, finished: dict) -> dict:
-    """The machine-readable result of a run (also the API's last output)."""
-    info = snap.loaded.model.info
-    config = next(iter(snap.runs.values())).config
-    out: dict[str, Any] = {
-        "model": info.name, "device": info.device, "dtype": info.dtype, "num_layers": info.num_layers,
-        "exit_layer": config.exit_layer, "stages": config.stages, "draft_len": config.draft_len,
-        "max_new_tokens": config.max_new_tokens, "temperature": config.temperature, "top_p": config.top_p,
-        "seed": config.seed, "prompt": snap.request.prompt, "chat": snap.request.chat and snap.loaded.chat,
-        "exit_head": snap.head,
-        "executor": "K worker processes" if snap.concurrent else "one process",
-        "timing": ("decoder only, UI rendering paused; measured = " +
-                   ("each stage in its own worker process, at once" if snap.concurrent else
-                    "stages in turn on one device") + "; projected = measured per-stage costs replayed on K workers"),
-    }
-    for method, run in snap.runs.items():
-        measured, projected = finished[method]
-        out[method] = {"text": snap.loaded.decode(run.result.token_ids), "token_ids": run.result.token_ids,
-                       "measured": measured.to_dict(), "projected": projected.to_dict()}
-    out["speedup_projected"] = out["ar"]["projected"]["wall_seconds"] / out["ppsd"]["projected"]["wall_seconds"]
-    out["speedup_measured"] = out["ar"]["measured"]["wall_seconds"] / out["ppsd"]["measured"]["wall_seconds"]
-    return out
-
-
-def _race_state(snap: Snapshot) -> dict:
-    """What the race replay needs, as plain data: lanes on the page's clock and token text."""
-    lanes = []
-    pieces: dict[int, str] = {}
-    for method, run in snap.runs.items():
-        trace = run.shown()
-        tokens = run.result.tokens
-        finish = max((e.end for e in trace.events), default=0.0)  # on the clock of the commit times
-        lanes.append(render.Lane(method, tokens, render.commit_times(tokens, trace), finish))
-        for token in tokens:
-            for token_id in (token.id, token.draft):
-                if token_id is not None:
-                    pieces[token_id] = snap.loaded.piece(token_id)
-    return {"lanes": lanes, "pieces": pieces, "clock": "measured" if snap.concurrent else "projected"}
+def max_tokens_update(prompt: str, model: str, chat: bool, value: float) -> Any:
+    """The max-tokens slider bound by the context left after the prompt, once the model is
+    loaded (before that, by the cap alone; Run checks the rest)."""
+    loaded = CACHE.find((model or "").strip() or ppsd.DEFAULT_MODEL)
+    if loaded is None or not (prompt or "").strip():
+        return gr.skip()
+    room = loaded.model.info.max_context - len(loaded.encode(prompt, chat=bool(chat) and loaded.chat))
+    top = max(2, min(ppsd.MAX_NEW_TOKENS_CAP, room))
+    return gr.update(maximum=top, value=min(int(value), top),
+                     info=f"at most {top}: the context of {loaded.model.info.max_context} minus the prompt")
 
 
 # --------------------------------------------------------------------------- handlers
 
 
+def ordered(values: dict[str, Any]) -> tuple:
+    """A view's values in the order of `view.OUTPUTS`; what it does not name stays as it is."""
+    return tuple(values.get(name, gr.skip()) for name in view.OUTPUTS)
+
+
 def idle_outputs() -> tuple:
-    """The page before any run."""
-    blank = lambda text: (render.render_stats("", None, None, live=text),  # noqa: E731
-                          render.render_tokens((), str, placeholder="The output appears here."))
-    return (render.render_headline(None, None, None, stages=2, device=""),
-            *blank("waiting"), *blank("waiting"), *blank("not enabled"),
-            render.empty_figure("The pipeline timeline appears here once a run starts."),
-            render.render_theory(stages=2, draft_len=4, exit_fraction=0.5),
-            render.render_metrics_table({}), None, None)
+    return ordered(view.idle())
+
+
+def _session(request: gr.Request | None) -> str:
+    return getattr(request, "session_hash", None) or "no-session"
 
 
 @_gpu
 def on_run(prompt: str, model: str, exit_layer: float, stages: float, eesd: bool, draft_len: float,
            max_new_tokens: float, temperature: float, top_p: float, seed: float,
-           exit_head: str = "", workers: bool = False, chat: bool = True) -> Iterator[tuple]:
-    """Run the comparison, yielding every output at the runner's throttled pace."""
-    request = RunRequest(prompt=prompt or "", model=(model or "").strip() or ppsd.DEFAULT_MODEL,
-                         exit_layer=int(exit_layer), stages=int(stages), eesd=bool(eesd),
-                         draft_len=int(draft_len), max_new_tokens=int(max_new_tokens),
-                         temperature=float(temperature), top_p=float(top_p), seed=int(seed),
-                         exit_head=exit_head or "", workers=bool(workers), chat=bool(chat))
-    if not request.prompt.strip():
-        raise gr.Error("The prompt is empty: type some text for the model to continue, or click an example.",
-                       title="Nothing to decode")
+           exit_head: str = "", workers: bool = False, chat: bool = True,
+           request: gr.Request | None = None) -> Iterator[tuple]:
+    """Run the comparison, yielding every output at the runner's throttled pace. The model loads
+    before the run joins the line for the device; Stop (this session's) is heard at every step."""
+    stop = _STOPS[_session(request)] = threading.Event()
+    run = RunRequest(prompt=prompt or "", model=(model or "").strip() or ppsd.DEFAULT_MODEL,
+                     exit_layer=exit_layer, stages=stages, eesd=bool(eesd), draft_len=draft_len,
+                     max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed,
+                     exit_head=exit_head or "", workers=bool(workers), chat=bool(chat))
     try:
-        if request.model not in CACHE:
-            for doing in _loading(request.model):
-                yield _headline_only(render.render_headline(None, None, None, stages=request.stages, device="",
-                                                            status=doing))
-        yield from _updates(run_comparison(request, CACHE))
+        if not run.prompt.strip():
+            raise ValueError("The prompt is empty: type some text for the model to continue, or click an example.")
+        yield ordered({**view.idle(), **view.status("Starting…")})  # no numbers of an earlier run stay up
+        if run.model not in CACHE:
+            for doing in _loading(run.model, stop):
+                yield ordered(view.status(doing))
+        with LINE.place() as ticket:
+            while (ahead := LINE.ahead(ticket, wait=0.5)) > 0 and not stop.is_set():
+                yield ordered(view.status(f"Waiting for the device: {ahead} run{'s' * (ahead > 1)} ahead of yours…"))
+            if stop.is_set():
+                yield ordered(view.status("Stopped before decoding began. Press Run to start again."))
+                return
+            yield from _updates(run_comparison(run, CACHE, stop=stop))
     except ValueError as error:
-        raise gr.Error(str(error), title="Cannot run") from None
+        yield ordered(view.failed(str(error)))
+    finally:
+        if _STOPS.get(_session(request)) is stop:
+            del _STOPS[_session(request)]
+
+
+def on_stop(request: gr.Request | None = None) -> None:
+    """Stop this session's run at its next step; it then shows where it stopped."""
+    stop = _STOPS.get(_session(request))
+    if stop is not None:
+        stop.set()
 
 
 def _updates(snapshots: Iterator[Snapshot]) -> Iterator[tuple]:
@@ -359,8 +250,8 @@ def _updates(snapshots: Iterator[Snapshot]) -> Iterator[tuple]:
     drawn_at, finished = 0.0, 0
     for snap in snapshots:
         done = sum(run.done for run in snap.runs.values())
-        figures = snap.done or done != finished or time.perf_counter() - drawn_at >= FIGURE_SECONDS
-        values = render_snapshot(snap, figures=figures)
+        figures = snap.done or snap.stopped or done != finished or time.perf_counter() - drawn_at >= FIGURE_SECONDS
+        values = ordered(view.snapshot(snap, figures=figures))
         if figures:
             drawn_at, finished = time.perf_counter(), done
         # The last update goes out whole: it is what an API client receives as the result.
@@ -444,12 +335,13 @@ def _status(text: str, kind: str) -> str:
 
 
 def on_stages(stages: float, layers: int, model: str = "") -> tuple:
+    """K moved: E becomes the default for the new K (the shipped head's, or L/K), lowered if needed."""
     return stage_updates(layers, int(stages), model=(model or "").strip() or ppsd.DEFAULT_MODEL)
 
 
 def on_exit(exit_layer: float, stages: float, layers: int) -> Any:
-    top = layers - int(exit_layer) + 1
-    return gr.update(maximum=top, value=min(int(stages), top), info=f"1 ≤ K − 1 ≤ L − E; L = {layers}")
+    """E moved: K is lowered when the layers after E cannot hold K - 1 stages."""
+    return gr.update(value=max(2, min(int(stages), layers - int(exit_layer) + 1)))
 
 
 def on_settings(exit_layer: float, stages: float, draft_len: float, layers: int):
@@ -477,6 +369,7 @@ def create_controls() -> dict[str, Any]:
             with gr.Row():
                 c["run"] = gr.Button("▶ Run AR vs PPSD", variant="primary", elem_id="run", scale=3)
                 c["stop"] = gr.Button("■ Stop", variant="stop", elem_id="stop", scale=1)
+            c["message"] = gr.HTML(view.message(), elem_id="run-message")
         with gr.Column(scale=2, min_width=300):
             with gr.Row(equal_height=True):
                 c["model"] = gr.Textbox(label="Model (the default, a local directory, a .gguf file or a hub id)",
@@ -506,7 +399,7 @@ def create_controls() -> dict[str, Any]:
                     c["temperature"] = gr.Slider(0.0, 2.0, value=0.0, step=0.05, label="Temperature (0 = greedy)")
                 with gr.Row():
                     c["top_p"] = gr.Slider(0.05, 1.0, value=1.0, step=0.05, label="Top-p")
-                    c["seed"] = gr.Number(value=0, precision=0, label="Seed")
+                    c["seed"] = gr.Number(value=0, step=1, label="Seed", info="a whole number, 0 to 2^63 − 1")
                 c["exit_head"] = gr.Textbox(
                     label="Exit head", value="", elem_id="exit-head",
                     placeholder="empty: the shipped trained head for this model and E if any, else the shared head; "
@@ -548,6 +441,10 @@ def create_race() -> tuple[gr.HTML, gr.Button]:
     return race, replay
 
 
+RUN_INPUTS = ("prompt", "model", "exit_layer", "stages", "eesd", "draft_len", "max_new_tokens", "temperature",
+              "top_p", "seed", "exit_head", "workers", "chat")  # on_run's parameters, in order
+
+
 def create_demo() -> gr.Blocks:
     """The whole page. Builds components and wires events; loads no model."""
     with gr.Blocks(title="PPSD: pipeline-parallel self-speculative decoding") as demo:
@@ -556,39 +453,40 @@ def create_demo() -> gr.Blocks:
         r, eesd_column = create_results()
         race, replay = create_race()
         with gr.Accordion("Raw numbers (JSON; also the last output of the `run` API)", open=False):
-            summary = gr.JSON(show_label=False, elem_id="summary")
-        out = Outputs(r["headline"], {m: r[m] for m in ("ar", "ppsd", "eesd")}, r["timeline"], r["theory"],
-                      r["metrics"], summary, gr.State(None))
-        inputs = [c["prompt"], c["model"], c["exit_layer"], c["stages"], c["eesd"], c["draft_len"],
-                  c["max_new_tokens"], c["temperature"], c["top_p"], c["seed"], c["exit_head"], c["workers"], c["chat"]]
-        outputs = out.components()
+            r["summary"] = gr.JSON(show_label=False, elem_id="summary")
+        r["message"], r["race"] = c["message"], gr.State(None)
+        for method in ("ar", "ppsd", "eesd"):
+            r[f"stats_{method}"], r[f"stream_{method}"] = r.pop(method)
+        outputs = [r[name] for name in view.OUTPUTS]
+        quiet = dict(api_visibility="private", show_progress="hidden")
         run_event = c["run"].click(
-            on_run, inputs, outputs, api_name="run", concurrency_limit=1, concurrency_id="device",
-            show_progress="minimal", trigger_mode="once",
+            on_run, [c[name] for name in RUN_INPUTS], outputs, api_name="run", concurrency_limit=RUN_HANDLERS,
+            concurrency_id="run", show_progress="hidden", trigger_mode="once",
         )
         run_event.then(after_run, [c["model"], c["exit_layer"], c["stages"], c["exit_head"]],
-                       [c["model_status"], c["exit_layer"], c["stages"], c["layers"]], api_visibility="private",
-                       show_progress="hidden")
-        replay_after = run_event.success(on_replay, out.race, race, api_visibility="private",
-                                         show_progress="hidden")
-        replay_event = replay.click(on_replay, out.race, race, api_name="replay", show_progress="hidden")
-        c["stop"].click(None, cancels=[run_event, replay_after, replay_event], api_visibility="private")
+                       [c["model_status"], c["exit_layer"], c["stages"], c["layers"]], **quiet)
+        run_event.then(max_tokens_update, [c["prompt"], c["model"], c["chat"], c["max_new_tokens"]],
+                       c["max_new_tokens"], **quiet)
+        replay_after = run_event.success(on_replay, r["race"], race, **quiet)
+        replay_event = replay.click(on_replay, r["race"], race, api_name="replay", show_progress="hidden")
+        c["stop"].click(on_stop, None, None, cancels=[replay_after, replay_event], api_name="stop",
+                        concurrency_limit=None, show_progress="hidden")
         c["load"].click(on_load, c["model"], [c["model_status"], c["exit_layer"], c["stages"], c["layers"],
                                                 c["load"]],
-                        api_name="load", concurrency_limit=1, concurrency_id="device", show_progress="hidden")
-        c["stages"].input(on_stages, [c["stages"], c["layers"], c["model"]], [c["exit_layer"], c["stages"]],
-                          api_visibility="private", show_progress="hidden")
-        c["exit_layer"].input(on_exit, [c["exit_layer"], c["stages"], c["layers"]], c["stages"],
-                              api_visibility="private", show_progress="hidden")
+                        api_name="load", concurrency_limit=2, concurrency_id="load", show_progress="hidden")
+        for name in ("prompt", "chat"):
+            c[name].change(max_tokens_update, [c["prompt"], c["model"], c["chat"], c["max_new_tokens"]],
+                           c["max_new_tokens"], trigger_mode="always_last", **quiet)
+        c["stages"].input(on_stages, [c["stages"], c["layers"], c["model"]], [c["exit_layer"], c["stages"]], **quiet)
+        c["exit_layer"].input(on_exit, [c["exit_layer"], c["stages"], c["layers"]], c["stages"], **quiet)
         settings = [c["exit_layer"], c["stages"], c["draft_len"], c["layers"]]
         for name in ("exit_layer", "stages", "draft_len"):
-            c[name].release(on_settings, settings, out.theory, api_visibility="private", show_progress="hidden")
-        c["eesd"].change(_toggle_eesd, c["eesd"], [eesd_column, c["run"]], api_visibility="private",
-                         show_progress="hidden")
-        demo.load(idle_outputs, None, outputs, api_visibility="private", show_progress="hidden")
-        demo.load(on_page_load, c["model"], [c["exit_layer"], c["stages"], c["layers"], c["model_status"]],
-                  api_visibility="private", show_progress="hidden")
-    demo.queue(max_size=QUEUE_SIZE)  # bounded: a crowd waits in line, it does not pile up
+            c[name].release(on_settings, settings, r["theory"], **quiet)
+        c["eesd"].change(_toggle_eesd, c["eesd"], [eesd_column, c["run"]], **quiet)
+        demo.load(idle_outputs, None, outputs, **quiet)
+        demo.load(on_page_load, c["model"], [c["exit_layer"], c["stages"], c["layers"], c["model_status"]], **quiet)
+    # Gradio's own queue is a backstop far above LINE's bound, which answers "busy" in words.
+    demo.queue(max_size=4 * RUN_HANDLERS)
     return demo
 
 
@@ -597,5 +495,7 @@ def _toggle_eesd(on: bool) -> tuple:
 
 
 def launch_kwargs() -> dict[str, Any]:
-    """What Gradio 6 takes at launch rather than in Blocks: theme and CSS."""
-    return {"theme": gr.themes.Soft(primary_hue="emerald", secondary_hue="blue"), "css_paths": [CSS]}
+    """What Gradio 6 takes at launch rather than in Blocks: theme and CSS, and `show_error`, so
+    input Gradio itself refuses (a value past a slider's maximum) reaches an API client in words."""
+    return {"theme": gr.themes.Soft(primary_hue="emerald", secondary_hue="blue"), "css_paths": [CSS],
+            "show_error": True}

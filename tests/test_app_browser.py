@@ -49,7 +49,7 @@ def page_url(request):
         yield f"http://127.0.0.1:{port}/", model, real
     finally:
         demo.close()
-        ui.CACHE._models.clear()
+        ui.CACHE.clear()
 
 
 def test_page_runs_an_example_and_shows_tokens_timeline_and_headline(page_url, tmp_path):

@@ -235,7 +235,7 @@ def test_runner_runs_ar_then_ppsd_then_eesd_with_identical_greedy_tokens(tiny_ca
     (RunRequest(prompt=" ", model="tiny"), "prompt is empty"),
     (RunRequest(prompt="hi", model="tiny", stages=9), "out of range"),
     (RunRequest(prompt="hi", model="tiny", max_new_tokens=ppsd.MAX_NEW_TOKENS_CAP + 1), "max_new_tokens"),
-    (RunRequest(prompt="hi", model="nope"), "cannot load model 'nope'"),
+    (RunRequest(prompt="hi", model="nope"), "'nope' is not a loadable model here"),
 ])
 def test_runner_rejects_bad_requests_and_keeps_the_loaded_model(tiny_cache, request_, message):
     list(run_comparison(RunRequest(prompt="hi", model="tiny", max_new_tokens=1), tiny_cache))
@@ -299,7 +299,7 @@ def test_pausable_stopwatch_reads_any_process_stamp_without_the_pauses():
 def test_runner_on_k_workers_gives_the_same_tokens_on_a_measured_concurrent_clock(tiny_cache):
     from dataclasses import replace
 
-    from app import ui
+    from app import view
     from ppsd.distributed import close_all
 
     request = RunRequest(prompt="def fibonacci(n):", model="tiny", max_new_tokens=12, workers=True)
@@ -316,8 +316,8 @@ def test_runner_on_k_workers_gives_the_same_tokens_on_a_measured_concurrent_cloc
         assert run.result.token_ids == local.runs[method].result.token_ids
         assert run.result.trace.concurrent and run.shown().clock == "measured"
         assert not local.runs[method].result.trace.concurrent and local.runs[method].shown().clock == "projected"
-    race = ui._race_state(snap)
+    race = view._race_state(snap)
     assert race["clock"] == "measured"
     for lane in race["lanes"]:  # the measured clock starts after 0: every lane still finishes whole
         assert sum(t <= lane.total for t in lane.times) == len(lane.tokens) == 12
-    assert "measured clock" in ui.render_snapshot(snap)[0]
+    assert "measured clock" in view.snapshot(snap)["headline"]

@@ -1,0 +1,191 @@
+"""Snapshot -> page: what every output of a run shows, as plain values keyed by output name.
+
+Pure functions over `app.runner` snapshots and `app.render`: no Gradio events, no decoding.
+`app.ui` maps the names to its components (`OUTPUTS` is their order) and leaves any output a
+view does not name unchanged.
+"""
+
+from __future__ import annotations
+
+import html
+from typing import Any
+
+from . import render
+from .runner import Snapshot
+
+METHODS = ("ar", "ppsd", "eesd")
+OUTPUTS = ("headline", *(f"{part}_{m}" for m in METHODS for part in ("stats", "stream")),
+           "timeline", "theory", "metrics", "message", "summary", "race")
+TIMELINE_EMPTY = "The pipeline timeline appears here once a run starts."
+TIMELINE_NAMES = {"ppsd": "PPSD: verify while drafting", "ar": "AR on the same pipeline",
+                  "eesd": "EESD: draft, then verify"}
+
+
+def message(text: str = "", kind: str = "error") -> str:
+    """The message box beside Run: empty, or one error (or notice) in words."""
+    if not text:
+        return '<div class="run-message run-message-empty"></div>'
+    return f'<div class="run-message run-message-{kind}" role="status">{html.escape(text)}</div>'
+
+
+def idle() -> dict[str, Any]:
+    """The page before any run (also after a failed one: no stale numbers stay up)."""
+    values: dict[str, Any] = {"headline": render.render_headline(None, None, None, stages=2, device="")}
+    for method in METHODS:
+        values[f"stats_{method}"] = render.render_stats("", None, None,
+                                                        live="not enabled" if method == "eesd" else "waiting")
+        values[f"stream_{method}"] = render.render_tokens((), str, placeholder="The output appears here.")
+    values.update(timeline=render.empty_figure(TIMELINE_EMPTY),
+                  theory=render.render_theory(stages=2, draft_len=4, exit_fraction=0.5),
+                  metrics=render.render_metrics_table({}), message=message(), summary=None, race=None)
+    return values
+
+
+def failed(text: str) -> dict[str, Any]:
+    """A run that could not start or failed: the reason beside Run, the results cleared. The
+    API's last output carries it too, as {"error": text}."""
+    return {**idle(), "message": message(text), "summary": {"error": text}}
+
+
+def status(text: str, *, stages: int = 2) -> dict[str, Any]:
+    """Only the headline's status line changes (loading a model, waiting for the device)."""
+    return {"headline": render.render_headline(None, None, None, stages=stages, device="", status=text)}
+
+
+def snapshot(snap: Snapshot, *, figures: bool = True) -> dict[str, Any]:
+    """Every output for one snapshot (live, stopped or final); without `figures` the two plots
+    are left as they are."""
+    if not snap.runs:  # the worker processes are starting: only the status line changes
+        return {"headline": _headline(snap, {}), "message": message()}
+    finished = {m: (r.result.metrics("measured"), r.result.metrics("projected"))
+                for m, r in snap.runs.items() if r.done}
+    values: dict[str, Any] = {"headline": _headline(snap, finished)}
+    for method in METHODS:
+        values[f"stats_{method}"], values[f"stream_{method}"] = _column(snap, method, finished)
+    if figures:
+        values.update(timeline=_timeline(snap), theory=_theory(snap, finished))
+    values.update(metrics=render.render_metrics_table(finished, workers=snap.concurrent), message=message(),
+                  summary=_summary(snap, finished) if snap.done else None,
+                  race=_race_state(snap) if snap.done else None)
+    return values
+
+
+def _column(snap: Snapshot, method: str, finished: dict) -> tuple[str, str]:
+    piece, prompt = snap.loaded.piece, snap.request.prompt
+    run = snap.runs.get(method)
+    if run is None:
+        waiting = "not enabled" if method == "eesd" and not snap.request.eesd else (
+            "not run: stopped" if snap.stopped else "waiting for its turn")
+        return render.render_stats(method, None, None, live=waiting), render.render_tokens((), piece, prompt=prompt)
+    trace = run.trace()
+    deciders = render.deciding_events(trace.events, trace.num_stages)
+    if run.done:
+        measured, projected = finished[method]
+        stats = render.render_stats(method, projected, measured, workers=snap.concurrent)
+        pending = ()
+    else:
+        doing = "stopped at" if snap.stopped else "decoding…"
+        stats = render.render_stats(method, None, None, live=f"{doing} {len(run.recorder.tokens)} tokens")
+        pending = () if snap.stopped else run.recorder.pending
+    return stats, render.render_tokens(run.recorder.tokens, piece, prompt=prompt, pending=pending,
+                                       deciders=deciders)
+
+
+def _status_line(snap: Snapshot) -> str:
+    if snap.stopped:
+        run = snap.runs.get(snap.active or "")
+        where = (f" during {render.METHOD_NAMES[snap.active]}, after {len(run.recorder.tokens)} tokens"
+                 if run is not None else " before decoding began")
+        return f"Stopped{where}. Press Run to start again."
+    if snap.active == "workers":
+        return snap.status or f"Starting {snap.request.stages} worker processes, one per stage…"
+    if snap.active is not None:
+        run = snap.runs[snap.active]
+        return (f"Running {render.METHOD_NAMES[snap.active]}… {len(run.recorder.tokens)}/"
+                f"{run.config.max_new_tokens} tokens")
+    return ""
+
+
+def _headline(snap: Snapshot, finished: dict) -> str:
+    status_text = _status_line(snap)
+    if "ar" not in finished or "ppsd" not in finished:
+        return render.render_headline(None, None, None, stages=snap.stages, device=snap.device, status=status_text)
+    eesd = finished.get("eesd")
+    done = {m: r.result.token_ids for m, r in snap.runs.items() if r.done}
+    agreement = render.agreement_note(done, greedy=snap.request.temperature == 0) if snap.done else ""
+    (ar_m, ar_p), (ppsd_m, ppsd_p) = finished["ar"], finished["ppsd"]
+    if snap.concurrent:  # measured on K workers leads; the projection shows what messaging cost
+        return render.render_headline(ar_m, ppsd_m, eesd[0] if eesd else None, stages=snap.stages,
+                                      device=snap.device, status=status_text, agreement=agreement,
+                                      ar_projected=ar_p, ppsd_projected=ppsd_p)
+    return render.render_headline(ar_p, ppsd_p, eesd[0] if eesd else None, stages=snap.stages,
+                                  device=snap.device, ar_measured=ar_m, ppsd_measured=ppsd_m,
+                                  status=status_text, agreement=agreement)
+
+
+def _timeline(snap: Snapshot):
+    panels = [(TIMELINE_NAMES[m], snap.runs[m].shown()) for m in ("ppsd", "ar", "eesd")
+              if m in snap.runs and snap.runs[m].recorder.events]
+    if not panels:
+        return render.empty_figure(TIMELINE_EMPTY)
+    live = "" if snap.done else (" · stopped" if snap.stopped else " · live")
+    title = render.timeline_title(panels[0][1], snap.stages) + live
+    return render.render_timeline(panels, snap.loaded.piece, title=title)
+
+
+def _theory(snap: Snapshot, finished: dict):
+    config = next(iter(snap.runs.values())).config
+    points = []
+    lead = 0 if snap.concurrent else 1
+    if "ar" in finished and "ppsd" in finished and finished["ppsd"][lead].acceptance_rate is not None:
+        ar_x, ppsd_x = finished["ar"][lead], finished["ppsd"][lead]
+        clock = "measured clock, K workers" if snap.concurrent else "projected clock"
+        points.append(render.TheoryPoint(f"PPSD measured ({clock})", ppsd_x.acceptance_rate,
+                                         ar_x.wall_seconds / ppsd_x.wall_seconds))
+    if "ar" in finished and "eesd" in finished and finished["eesd"][0].acceptance_rate is not None:
+        ar_m, eesd_m = finished["ar"][0], finished["eesd"][0]
+        points.append(render.TheoryPoint("EESD measured (measured clock)", eesd_m.acceptance_rate,
+                                         ar_m.wall_seconds / eesd_m.wall_seconds))
+    layers = snap.loaded.model.num_layers
+    return render.render_theory(stages=config.stages, draft_len=config.draft_len,
+                                exit_fraction=config.exit_layer / layers, points=points)
+
+
+def _summary(snap: Snapshot, finished: dict) -> dict:
+    """The machine-readable result of a run (also the API's last output)."""
+    info = snap.loaded.model.info
+    config = next(iter(snap.runs.values())).config
+    out: dict[str, Any] = {
+        "model": info.name, "device": info.device, "dtype": info.dtype, "num_layers": info.num_layers,
+        "exit_layer": config.exit_layer, "stages": config.stages, "draft_len": config.draft_len,
+        "max_new_tokens": config.max_new_tokens, "temperature": config.temperature, "top_p": config.top_p,
+        "seed": config.seed, "prompt": snap.request.prompt, "chat": snap.request.chat and snap.loaded.chat,
+        "exit_head": snap.head,
+        "executor": "K worker processes" if snap.concurrent else "one process",
+        "timing": ("decoder only, UI rendering paused; measured = " +
+                   ("each stage in its own worker process, at once" if snap.concurrent else
+                    "stages in turn on one device") + "; projected = measured per-stage costs replayed on K workers"),
+    }
+    for method, run in snap.runs.items():
+        measured, projected = finished[method]
+        out[method] = {"text": snap.loaded.decode(run.result.token_ids), "token_ids": run.result.token_ids,
+                       "measured": measured.to_dict(), "projected": projected.to_dict()}
+    out["speedup_projected"] = out["ar"]["projected"]["wall_seconds"] / out["ppsd"]["projected"]["wall_seconds"]
+    out["speedup_measured"] = out["ar"]["measured"]["wall_seconds"] / out["ppsd"]["measured"]["wall_seconds"]
+    return out
+
+
+def _race_state(snap: Snapshot) -> dict:
+    """What the race replay needs, as plain data: lanes on the page's clock and token text."""
+    lanes = []
+    pieces: dict[int, str] = {}
+    for method, run in snap.runs.items():
+        trace = run.shown()
+        tokens = run.result.tokens
+        finish = max((e.end for e in trace.events), default=0.0)  # on the clock of the commit times
+        lanes.append(render.Lane(method, tokens, render.commit_times(tokens, trace), finish))
+        for token in tokens:
+            for token_id in (token.id, token.draft):
+                if token_id is not None:
+                    pieces[token_id] = snap.loaded.piece(token_id)
+    return {"lanes": lanes, "pieces": pieces, "clock": "measured" if snap.concurrent else "projected"}
