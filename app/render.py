@@ -242,22 +242,24 @@ def eesd_break_even(draft_len: int, exit_fraction: float, steps: int = 2000) -> 
 
 
 def render_theory(
-    *, stages: int, draft_len: int, exit_fraction: float, points: Sequence[TheoryPoint] = ()
+    *, stages: int, draft_len: int, exit_fraction: float, points: Sequence[TheoryPoint] = (),
+    eesd: bool = True,
 ) -> go.Figure:
-    """Ideal speedup against acceptance rate: PPSD(K) and EESD(g, E/L), the 1x line, the region
-    where EESD loses to AR, and the measured points of this run."""
+    """Ideal speedup against acceptance rate: PPSD(K), the 1x line and the measured points of
+    this run; with `eesd` (only when EESD runs) also EESD(g, E/L) and where it loses to AR."""
     grid = [i / 200 for i in range(201)]
     fig = go.Figure()
     lose = eesd_break_even(draft_len, exit_fraction)
-    if lose is None or lose > 0:
+    if eesd and (lose is None or lose > 0):
         fig.add_vrect(x0=0, x1=1 if lose is None else lose, fillcolor=CORRECTION_COLOR, opacity=0.08,
                       line_width=0, annotation_text="EESD slower than AR", annotation_position="top left",
                       annotation_font=dict(color=CORRECTION_COLOR, size=11))
     fig.add_trace(go.Scatter(x=grid, y=[ideal_ppsd_speedup(a, stages) for a in grid], mode="lines",
                              name=f"ideal PPSD, K={stages}", line=dict(color=KIND_COLORS["verify"], width=3)))
-    fig.add_trace(go.Scatter(x=grid, y=[ideal_eesd_speedup(a, draft_len, exit_fraction) for a in grid],
-                             mode="lines", name=f"ideal EESD, g={draft_len}, E/L={exit_fraction:.2f}",
-                             line=dict(color=KIND_COLORS["draft"], width=3, dash="dash")))
+    if eesd:
+        fig.add_trace(go.Scatter(x=grid, y=[ideal_eesd_speedup(a, draft_len, exit_fraction) for a in grid],
+                                 mode="lines", name=f"ideal EESD, g={draft_len}, E/L={exit_fraction:.2f}",
+                                 line=dict(color=KIND_COLORS["draft"], width=3, dash="dash")))
     fig.add_hline(y=1.0, line=dict(color=_FONT, width=1, dash="dot"), annotation_text="1× (AR)",
                   annotation_position="bottom left")
     symbols = {"PPSD": "star", "EESD": "diamond"}

@@ -452,8 +452,8 @@ class DeviceLine:
         ticket = object()
         with self._changed:
             if len(self._line) > self.max_waiting:
-                raise ValueError(f"the demo is busy: {len(self._line) - 1} runs are already waiting. "
-                                 "Please try again in a moment")
+                raise ValueError(f"the demo is busy (one run decoding, {len(self._line) - 1} waiting, the most "
+                                 "it queues): please try again in a moment")
             self._line.append(ticket)
         try:
             yield ticket

@@ -13,6 +13,7 @@ import os
 import sys
 import threading
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -344,9 +345,11 @@ def on_exit(exit_layer: float, stages: float, layers: int) -> Any:
     return gr.update(value=max(2, min(int(stages), layers - int(exit_layer) + 1)))
 
 
-def on_settings(exit_layer: float, stages: float, draft_len: float, layers: int):
-    """Redraw the theory curves when E, K or g move (no run needed: it is a formula)."""
-    return render.render_theory(stages=int(stages), draft_len=int(draft_len), exit_fraction=int(exit_layer) / layers)
+def on_settings(exit_layer: float, stages: float, draft_len: float, layers: int, eesd: bool = False):
+    """Redraw the theory curves when E, K, g or the EESD choice change (no run needed: it is a
+    formula); EESD's curve only when EESD will run."""
+    return render.render_theory(stages=int(stages), draft_len=int(draft_len), exit_fraction=int(exit_layer) / layers,
+                                eesd=bool(eesd))
 
 
 # --------------------------------------------------------------------------- panels
@@ -418,6 +421,9 @@ def create_results() -> tuple[dict[str, Any], gr.Column]:
               "ppsd": ("PPSD", "verify while drafting, K stages"),
               "eesd": ("EESD", "draft g tokens, then verify")}
     columns = {}
+    r["drafts"] = gr.Checkbox(value=False, label="Show the drafts inline (rejected ones struck through, in-flight ones dashed)", elem_id="drafts",
+                              info="Off: each stream shows only its committed text, so AR's and PPSD's can be compared "
+                                   "word for word. Hover a token for its draft either way.")
     with gr.Row(equal_height=False, elem_id="columns"):
         for method, (name, sub) in titles.items():
             with gr.Column(min_width=260, visible=method != "eesd", elem_id=f"col-{method}") as columns[method]:
@@ -441,6 +447,36 @@ def create_race() -> tuple[gr.HTML, gr.Button]:
     return race, replay
 
 
+def create_steps() -> dict[str, Any]:
+    """The step-through: the finished PPSD run, one pipeline slot at a time."""
+    s: dict[str, Any] = {}
+    with gr.Accordion("Step through PPSD, slot by slot", open=True, elem_id="steps"):
+        with gr.Row():
+            s["previous"] = gr.Button("◀ Previous", size="sm", scale=1, elem_id="step-previous")
+            s["slot"] = gr.Slider(1, 2, value=1, step=1, label="Slot", scale=6, elem_id="step-slot")
+            s["next"] = gr.Button("Next ▶", size="sm", scale=1, elem_id="step-next")
+        s["view"] = gr.HTML(view.step(None, 0), elem_id="step-view")
+    return s
+
+
+def on_step(race: dict | None, slot: float, move: int = 0) -> tuple:
+    """Show slot `slot` + `move` (1-based on the slider), kept inside the run's slots."""
+    count = len(race["steps"]) if race and race.get("steps") else 1
+    slot = max(1, min(int(slot) + move, count))
+    return gr.update(value=slot), view.step(race, slot - 1)
+
+
+def on_steps_ready(race: dict | None) -> tuple:
+    """After a run: the slider spans its slots, and shows the first."""
+    count = len(race["steps"]) if race and race.get("steps") else 1
+    return gr.update(maximum=max(count, 2), value=1), view.step(race, 0)
+
+
+def on_diagram(exit_layer: float, stages: float, layers: int) -> str:
+    return view.diagram(layers, exit_layer, stages)
+
+
+SHOW_DRAFTS_JS = "(on) => { document.querySelector('#columns').classList.toggle('show-drafts', on); }"
 RUN_INPUTS = ("prompt", "model", "exit_layer", "stages", "eesd", "draft_len", "max_new_tokens", "temperature",
               "top_p", "seed", "exit_head", "workers", "chat")  # on_run's parameters, in order
 
@@ -448,10 +484,17 @@ RUN_INPUTS = ("prompt", "model", "exit_layer", "stages", "eesd", "draft_len", "m
 def create_demo() -> gr.Blocks:
     """The whole page. Builds components and wires events; loads no model."""
     with gr.Blocks(title="PPSD: pipeline-parallel self-speculative decoding") as demo:
-        gr.Markdown(INTRO, elem_id="intro")
+        with gr.Row(equal_height=False):
+            with gr.Column(scale=3):
+                gr.Markdown(INTRO, elem_id="intro")
+            with gr.Column(scale=2, min_width=300):
+                diagram = gr.HTML(view.diagram(DEFAULT_LAYERS, default_exit_layer(ppsd.DEFAULT_MODEL, DEFAULT_LAYERS, 2),
+                                               2), elem_id="diagram")
         c = create_controls()
+        c["diagram"] = diagram
         r, eesd_column = create_results()
         race, replay = create_race()
+        steps = create_steps()
         with gr.Accordion("Raw numbers (JSON; also the last output of the `run` API)", open=False):
             r["summary"] = gr.JSON(show_label=False, elem_id="summary")
         r["message"], r["race"] = c["message"], gr.State(None)
@@ -468,6 +511,11 @@ def create_demo() -> gr.Blocks:
         run_event.then(max_tokens_update, [c["prompt"], c["model"], c["chat"], c["max_new_tokens"]],
                        c["max_new_tokens"], **quiet)
         replay_after = run_event.success(on_replay, r["race"], race, **quiet)
+        run_event.success(on_steps_ready, r["race"], [steps["slot"], steps["view"]], **quiet)
+        for name, move in (("previous", -1), ("next", +1)):
+            steps[name].click(partial(on_step, move=move), [r["race"], steps["slot"]], [steps["slot"], steps["view"]],
+                              **quiet)
+        steps["slot"].input(on_step, [r["race"], steps["slot"]], [steps["slot"], steps["view"]], **quiet)
         replay_event = replay.click(on_replay, r["race"], race, api_name="replay", show_progress="hidden")
         c["stop"].click(on_stop, None, None, cancels=[replay_after, replay_event], api_name="stop",
                         concurrency_limit=None, show_progress="hidden")
@@ -479,10 +527,14 @@ def create_demo() -> gr.Blocks:
                            c["max_new_tokens"], trigger_mode="always_last", **quiet)
         c["stages"].input(on_stages, [c["stages"], c["layers"], c["model"]], [c["exit_layer"], c["stages"]], **quiet)
         c["exit_layer"].input(on_exit, [c["exit_layer"], c["stages"], c["layers"]], c["stages"], **quiet)
-        settings = [c["exit_layer"], c["stages"], c["draft_len"], c["layers"]]
+        settings = [c["exit_layer"], c["stages"], c["draft_len"], c["layers"], c["eesd"]]
         for name in ("exit_layer", "stages", "draft_len"):
             c[name].release(on_settings, settings, r["theory"], **quiet)
+        c["eesd"].change(on_settings, settings, r["theory"], **quiet)
+        for name in ("exit_layer", "stages", "layers"):
+            c[name].change(on_diagram, [c["exit_layer"], c["stages"], c["layers"]], c["diagram"], **quiet)
         c["eesd"].change(_toggle_eesd, c["eesd"], [eesd_column, c["run"]], **quiet)
+        r["drafts"].change(None, r["drafts"], None, js=SHOW_DRAFTS_JS)  # in the browser: no server call
         demo.load(idle_outputs, None, outputs, **quiet)
         demo.load(on_page_load, c["model"], [c["exit_layer"], c["stages"], c["layers"], c["model_status"]], **quiet)
     # Gradio's own queue is a backstop far above LINE's bound, which answers "busy" in words.

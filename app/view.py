@@ -10,7 +10,7 @@ from __future__ import annotations
 import html
 from typing import Any
 
-from . import render
+from . import render, teach
 from .runner import Snapshot
 
 METHODS = ("ar", "ppsd", "eesd")
@@ -36,7 +36,7 @@ def idle() -> dict[str, Any]:
                                                         live="not enabled" if method == "eesd" else "waiting")
         values[f"stream_{method}"] = render.render_tokens((), str, placeholder="The output appears here.")
     values.update(timeline=render.empty_figure(TIMELINE_EMPTY),
-                  theory=render.render_theory(stages=2, draft_len=4, exit_fraction=0.5),
+                  theory=render.render_theory(stages=2, draft_len=4, exit_fraction=0.5, eesd=False),
                   metrics=render.render_metrics_table({}), message=message(), summary=None, race=None)
     return values
 
@@ -148,7 +148,7 @@ def _theory(snap: Snapshot, finished: dict):
                                          ar_m.wall_seconds / eesd_m.wall_seconds))
     layers = snap.loaded.model.num_layers
     return render.render_theory(stages=config.stages, draft_len=config.draft_len,
-                                exit_fraction=config.exit_layer / layers, points=points)
+                                exit_fraction=config.exit_layer / layers, points=points, eesd=snap.request.eesd)
 
 
 def _summary(snap: Snapshot, finished: dict) -> dict:
@@ -188,4 +188,28 @@ def _race_state(snap: Snapshot) -> dict:
             for token_id in (token.id, token.draft):
                 if token_id is not None:
                     pieces[token_id] = snap.loaded.piece(token_id)
-    return {"lanes": lanes, "pieces": pieces, "clock": "measured" if snap.concurrent else "projected"}
+    ppsd_run = snap.runs["ppsd"]
+    steps = teach.slots(ppsd_run.result.trace)  # the same trace the timeline draws
+    return {"lanes": lanes, "pieces": pieces, "clock": "measured" if snap.concurrent else "projected",
+            "steps": steps, "ppsd_tokens": ppsd_run.result.tokens}
+
+
+def step(race: dict | None, index: int) -> str:
+    """Slot `index` (0-based) of the finished PPSD run: what every stage computed, the draft
+    accepted or corrected, the work flushed, and the text committed so far."""
+    if not race or not race.get("steps"):
+        return '<div class="race-note">Run a comparison; then step through its PPSD run slot by slot here.</div>'
+    steps = race["steps"]
+    index = max(0, min(int(index), len(steps) - 1))
+    piece = lambda token_id: race["pieces"].get(token_id, "?")  # noqa: E731
+    caption = html.escape(teach.step_caption(steps, index))
+    return (f'<div class="step-caption">{caption}</div>'
+            + teach.render_slot(steps, index, race["ppsd_tokens"], piece))
+
+
+def diagram(num_layers: int, exit_layer: int, stages: int) -> str:
+    """The pipeline picture for the sliders' E and K ("" while they do not fit the model)."""
+    try:
+        return teach.pipeline_diagram(int(num_layers), int(exit_layer), int(stages))
+    except ValueError:
+        return ""

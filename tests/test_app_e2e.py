@@ -211,3 +211,69 @@ def test_more_workers_than_cores_is_refused_with_the_reason(server):
     too_many = len(os.sched_getaffinity(0)) + 1
     outputs = client.predict(*run_args(model, stages=too_many, exit_layer=1, workers=True), api_name="/run")
     assert "CPU cores" in outputs[-1]["error"]
+
+
+def test_one_model_however_its_path_is_spelled_and_at_most_two_kept(server, tmp_path):
+    """/load with the same directory spelled four ways loads it once; a third model evicts the
+    least recently used one, never the default, so memory stays bounded whatever visitors type."""
+    import shutil
+    from pathlib import Path
+
+    client, model = server
+    ui.CACHE.clear()
+    spellings = [model, model + "/", model + "//", str(Path(model).parent / "." / Path(model).name)]
+    for name in spellings:
+        client.predict(name, api_name="/load")
+    assert len(ui.CACHE) == 1 and all(name in ui.CACHE for name in spellings)
+    copies = [shutil.copytree(model, tmp_path / f"copy{i}") for i in range(2)]
+    for copy in copies:
+        client.predict(str(copy), api_name="/load")
+    assert len(ui.CACHE) == ui.CACHE.capacity == 2
+    assert model not in ui.CACHE and all(str(c) in ui.CACHE for c in copies)  # the oldest went first
+    outputs = client.predict(*run_args(model, max_new_tokens=3), api_name="/run")  # and it loads again on use
+    assert len(outputs[-1]["ar"]["token_ids"]) == 3 and len(ui.CACHE) == 2
+
+
+def test_a_slow_load_does_not_hold_the_device(server, monkeypatch):
+    """One visitor's model loading (a download, a conversion) must not delay another's run."""
+    import time
+
+    client, model = server
+    client.predict(*run_args(model, max_new_tokens=2), api_name="/run")  # loaded, warm
+    loader = ui.CACHE._loader
+
+    def slow(name, **kwargs):
+        if name == "slow/model":
+            time.sleep(6)
+            raise ValueError("cannot load model 'slow/model': gone")
+        return loader(name, **kwargs)
+
+    monkeypatch.setattr(ui.CACHE, "_loader", slow)
+    monkeypatch.setattr(ui.CACHE, "_key", lambda name: name)
+    other = Client(client.src, verbose=False)  # a second visitor
+    slow_job = other.submit(*run_args("slow/model"), api_name="/run")
+    time.sleep(0.5)
+    started = time.monotonic()
+    outputs = client.predict(*run_args(model, max_new_tokens=4), api_name="/run")
+    assert len(outputs[-1]["ppsd"]["token_ids"]) == 4
+    assert time.monotonic() - started < 4  # it did not wait for the 6 s load
+    assert "not a loadable model" in slow_job.result(timeout=30)[-1]["error"]
+
+
+def test_a_full_line_says_busy_in_words(server, monkeypatch):
+    import time
+
+    from app.runner import DeviceLine
+
+    client, model = server
+    monkeypatch.setattr(ui, "LINE", DeviceLine(0))  # room for the running one, none waiting
+    first = client.submit(*run_args(model, max_new_tokens=200), api_name="/run")
+    deadline = time.monotonic() + 30
+    while not ui.LINE._line and time.monotonic() < deadline:
+        time.sleep(0.02)
+    other = Client(client.src, verbose=False)
+    busy = other.predict(*run_args(model, max_new_tokens=2), api_name="/run")[-1]
+    assert busy == {"error": "the demo is busy (one run decoding, 0 waiting, the most it queues): please try "
+                             "again in a moment"}
+    client.predict(api_name="/stop")
+    assert "Stopped" in first.result(timeout=30)[0]

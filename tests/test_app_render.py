@@ -168,6 +168,10 @@ def test_theory_curves_break_even_and_measured_point():
     assert fig.data[1].y[0] < 1.0  # EESD below 1x at a = 0
     assert list(fig.data[2].x) == [0.8] and list(fig.data[2].y) == [2.1]
     assert fig.layout.shapes[0].x1 == pytest.approx(0.44, abs=0.01)  # the shaded EESD < 1x region
+    alone = render.render_theory(stages=4, draft_len=4, exit_fraction=0.25, eesd=False)  # EESD did not run
+    assert [t.name for t in alone.data] == ["ideal PPSD, K=4"]
+    assert not any("EESD" in str(a.text) for a in alone.layout.annotations)
+    assert [shape.type for shape in alone.layout.shapes] == ["line"]  # the 1x line, no shaded region
 
 
 # --------------------------------------------------------------------------- race replay
@@ -321,3 +325,20 @@ def test_runner_on_k_workers_gives_the_same_tokens_on_a_measured_concurrent_cloc
     for lane in race["lanes"]:  # the measured clock starts after 0: every lane still finishes whole
         assert sum(t <= lane.total for t in lane.times) == len(lane.tokens) == 12
     assert "measured clock" in view.snapshot(snap)["headline"]
+
+
+def test_a_space_offers_only_the_models_its_owner_allows(monkeypatch, tiny_cache):
+    from app.ui import allowed_models
+
+    for env, expected in [({}, None), ({"SPACE_ID": "me/ppsd"}, (ppsd.DEFAULT_MODEL,)),
+                          ({"SPACE_ID": "me/ppsd", "PPSD_MODELS": "*"}, None),
+                          ({"PPSD_MODELS": "tiny, other"}, ("tiny", "other"))]:
+        monkeypatch.delenv("SPACE_ID", raising=False)
+        monkeypatch.delenv("PPSD_MODELS", raising=False)
+        for key, value in env.items():
+            monkeypatch.setenv(key, value)
+        assert allowed_models() == expected, env
+    cache = ModelCache(device="cpu", loader=tiny_cache._loader, allowed=("tiny",))
+    assert cache.get("tiny").name == "tiny"
+    with pytest.raises(ValueError, match=r"'/etc/passwd' is not offered here: choose one of tiny"):
+        cache.get("/etc/passwd")
