@@ -34,6 +34,8 @@ from ppsd.trace import Stopwatch
 
 THROTTLE_SECONDS = 0.25  # live UI refresh period; the final snapshot always follows
 WARMUP_TOKENS = 4
+DEFAULT_REPEATS = 3  # timed runs of each method: the page shows their median speedup and its range
+MAX_REPEATS = 9
 
 _counts = {"open": 0, "finished": 0}  # decoders open now; comparisons run to the end
 _counts_lock = threading.Lock()
@@ -276,6 +278,14 @@ class RunRequest:
     exit_head: str = ""  # "" or "auto": the shipped head if one fits; "shared"; or a train-head directory
     workers: bool = False  # K worker processes, one per stage (measured), instead of one process (projected)
     chat: bool = True  # the prompt as a chat user turn (when the model has a template), else raw text
+    repeats: int = DEFAULT_REPEATS  # timed runs of each method, interleaved; the first is shown live
+
+    def rounds(self) -> int:
+        """`repeats`, checked: a whole number in [1, MAX_REPEATS]."""
+        rounds = whole_number("repeats", self.repeats)
+        if not 1 <= rounds <= MAX_REPEATS:
+            raise ValueError(f"repeats={rounds} is out of range: 1 <= repeats <= {MAX_REPEATS}")
+        return rounds
 
     @property
     def methods(self) -> tuple[str, ...]:
@@ -332,6 +342,10 @@ class MethodRun:
         """The trace the page plots: measured when the stages really ran at once, else projected."""
         return self.trace() if self.concurrent else self.projected()
 
+    def wall(self) -> float:
+        """Seconds of the finished run on the page's clock (measured on K workers, else projected)."""
+        return self.result.metrics("measured" if self.concurrent else "projected").wall_seconds
+
 
 @dataclass
 class Snapshot:
@@ -344,7 +358,12 @@ class Snapshot:
     done: bool = False
     head: str = "shared"  # which exit head drafted, in words
     stopped: bool = False  # the user pressed Stop: `active` is the method that was cut short
-    status: str = ""  # what a long preparation (starting the workers) is doing now
+    status: str = ""  # what a long preparation (starting the workers, timing again) is doing now
+    walls: dict[str, list[float]] = field(default_factory=dict)  # method -> wall of each timed run, page's clock
+
+    def speedups(self) -> list[float]:
+        """AR's wall over PPSD's, one per timed round (round i of each: they ran back to back)."""
+        return [ar / p for ar, p in zip(self.walls.get("ar", []), self.walls.get("ppsd", [])) if p > 0]
 
     @property
     def stages(self) -> int:
@@ -370,6 +389,7 @@ def run_comparison(request: RunRequest, cache: ModelCache, *, throttle: float = 
     loaded = cache.get(request.model)
     model = loaded.model
     configs = {m: request.config(m, model.num_layers) for m in request.methods}
+    rounds = request.rounds()
     head = cache.exit_head(request.exit_head, loaded, configs["ar"].exit_layer)
     model = model.with_exit_head(head.head)
     prompt_ids = loaded.encode(request.prompt, chat=request.chat and loaded.chat)
@@ -389,6 +409,7 @@ def run_comparison(request: RunRequest, cache: ModelCache, *, throttle: float = 
             yield snapshot
             return
         pipeline = starting.value()
+        snapshot.status = ""
     for method, config in configs.items():
         run = MethodRun(method, config, stages, tuple(prompt_ids), model.info.device, concurrent=pipeline is not None)
         runs[method] = run
@@ -399,7 +420,22 @@ def run_comparison(request: RunRequest, cache: ModelCache, *, throttle: float = 
             snapshot.stopped = True
             yield snapshot
             return
+        snapshot.walls[method] = [run.wall()]
+    for round_ in range(2, rounds + 1):  # interleaved, so a slow spell of the machine hits every method
+        for method, run in runs.items():
+            snapshot.status = f"Timing again for the spread: run {round_} of {rounds}, {method.upper()}"
+            yield snapshot
+            again = MethodRun(method, run.config, stages, run.prompt_ids, run.device, concurrent=run.concurrent)
+            for _ in _decode(again, model, snapshot, float("inf"), pipeline, stop):
+                pass
+            if again.result is None:  # stopped: the runs timed so far stand
+                break
+            snapshot.walls[method].append(again.wall())
+        if stop.is_set():
+            break
+    timed = len(snapshot.speedups())
     snapshot.active, snapshot.done = None, True
+    snapshot.status = "" if timed == rounds else f"Stopped while timing again: the spread is over {timed} runs."
     _count("finished", +1)
     yield snapshot
 

@@ -25,8 +25,8 @@ from ppsd.model import model_config, resolve_device
 from ppsd.model_source import needs_preparing
 
 from . import render, view
-from .runner import (Background, DeviceLine, ModelCache, RunRequest, Snapshot, run_comparison,
-                     workers_available)
+from .runner import (DEFAULT_REPEATS, MAX_REPEATS, Background, DeviceLine, ModelCache, RunRequest, Snapshot,
+                     run_comparison, workers_available)
 
 ROOT = Path(__file__).resolve().parent.parent
 PROMPTS = ROOT / "assets" / "prompts" / "chat.json"  # held-out questions for the default (instruct) model
@@ -206,7 +206,7 @@ def _session(request: gr.Request | None) -> str:
 @_gpu
 def on_run(prompt: str, model: str, exit_layer: float, stages: float, eesd: bool, draft_len: float,
            max_new_tokens: float, temperature: float, top_p: float, seed: float,
-           exit_head: str = "", workers: bool = False, chat: bool = True,
+           exit_head: str = "", workers: bool = False, chat: bool = True, repeats: float = DEFAULT_REPEATS,
            request: gr.Request | None = None) -> Iterator[tuple]:
     """Run the comparison, yielding every output at the runner's throttled pace. The model loads
     before the run joins the line for the device; Stop (this session's) is heard at every step."""
@@ -214,7 +214,7 @@ def on_run(prompt: str, model: str, exit_layer: float, stages: float, eesd: bool
     run = RunRequest(prompt=prompt or "", model=(model or "").strip() or ppsd.DEFAULT_MODEL,
                      exit_layer=exit_layer, stages=stages, eesd=bool(eesd), draft_len=draft_len,
                      max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed,
-                     exit_head=exit_head or "", workers=bool(workers), chat=bool(chat))
+                     exit_head=exit_head or "", workers=bool(workers), chat=bool(chat), repeats=repeats)
     try:
         if not run.prompt.strip():
             raise ValueError("The prompt is empty: type some text for the model to continue, or click an example.")
@@ -390,6 +390,10 @@ def create_controls() -> dict[str, Any]:
                 c["max_new_tokens"] = gr.Slider(1, ppsd.MAX_NEW_TOKENS_CAP, value=64, step=1,
                                                 label="Max new tokens", elem_id="max-new-tokens")
                 c["eesd"] = gr.Checkbox(value=False, label="Also run EESD (draft then verify)", elem_id="eesd")
+            c["repeats"] = gr.Slider(1, MAX_REPEATS, value=DEFAULT_REPEATS, step=1, elem_id="repeats",
+                                     label="Timed runs of each method",
+                                     info="The first is shown live; the rest run back to back, AR and PPSD "
+                                          "interleaved, and the headline gives the median speedup and its range.")
             c["workers"] = gr.Checkbox(
                 value=workers_available(2, resolve_device("auto")) is None, elem_id="workers",
                 label="Run on K worker processes, one per stage (measured clock)",
@@ -478,7 +482,7 @@ def on_diagram(exit_layer: float, stages: float, layers: int) -> str:
 
 SHOW_DRAFTS_JS = "(on) => { document.querySelector('#columns').classList.toggle('show-drafts', on); }"
 RUN_INPUTS = ("prompt", "model", "exit_layer", "stages", "eesd", "draft_len", "max_new_tokens", "temperature",
-              "top_p", "seed", "exit_head", "workers", "chat")  # on_run's parameters, in order
+              "top_p", "seed", "exit_head", "workers", "chat", "repeats")  # on_run's parameters, in order
 
 
 def create_demo() -> gr.Blocks:

@@ -30,7 +30,7 @@ def message(text: str = "", kind: str = "error") -> str:
 
 def idle() -> dict[str, Any]:
     """The page before any run (also after a failed one: no stale numbers stay up)."""
-    values: dict[str, Any] = {"headline": render.render_headline(None, None, None, stages=2, device="")}
+    values: dict[str, Any] = {"headline": render.render_headline(None)}
     for method in METHODS:
         values[f"stats_{method}"] = render.render_stats("", None, None,
                                                         live="not enabled" if method == "eesd" else "waiting")
@@ -47,9 +47,9 @@ def failed(text: str) -> dict[str, Any]:
     return {**idle(), "message": message(text), "summary": {"error": text}}
 
 
-def status(text: str, *, stages: int = 2) -> dict[str, Any]:
+def status(text: str) -> dict[str, Any]:
     """Only the headline's status line changes (loading a model, waiting for the device)."""
-    return {"headline": render.render_headline(None, None, None, stages=stages, device="", status=text)}
+    return {"headline": render.render_headline(None, status=text)}
 
 
 def snapshot(snap: Snapshot, *, figures: bool = True) -> dict[str, Any]:
@@ -97,8 +97,10 @@ def _status_line(snap: Snapshot) -> str:
         where = (f" during {render.METHOD_NAMES[snap.active]}, after {len(run.recorder.tokens)} tokens"
                  if run is not None else " before decoding began")
         return f"Stopped{where}. Press Run to start again."
+    if snap.status:
+        return snap.status
     if snap.active == "workers":
-        return snap.status or f"Starting {snap.request.stages} worker processes, one per stage…"
+        return f"Starting {snap.request.stages} worker processes, one per stage…"
     if snap.active is not None:
         run = snap.runs[snap.active]
         return (f"Running {render.METHOD_NAMES[snap.active]}… {len(run.recorder.tokens)}/"
@@ -109,18 +111,15 @@ def _status_line(snap: Snapshot) -> str:
 def _headline(snap: Snapshot, finished: dict) -> str:
     status_text = _status_line(snap)
     if "ar" not in finished or "ppsd" not in finished:
-        return render.render_headline(None, None, None, stages=snap.stages, device=snap.device, status=status_text)
-    eesd = finished.get("eesd")
+        return render.render_headline(None, status=status_text)
     done = {m: r.result.token_ids for m, r in snap.runs.items() if r.done}
     agreement = render.agreement_note(done, greedy=snap.request.temperature == 0) if snap.done else ""
-    (ar_m, ar_p), (ppsd_m, ppsd_p) = finished["ar"], finished["ppsd"]
-    if snap.concurrent:  # measured on K workers leads; the projection shows what messaging cost
-        return render.render_headline(ar_m, ppsd_m, eesd[0] if eesd else None, stages=snap.stages,
-                                      device=snap.device, status=status_text, agreement=agreement,
-                                      ar_projected=ar_p, ppsd_projected=ppsd_p)
-    return render.render_headline(ar_p, ppsd_p, eesd[0] if eesd else None, stages=snap.stages,
-                                  device=snap.device, ar_measured=ar_m, ppsd_measured=ppsd_m,
-                                  status=status_text, agreement=agreement)
+    lead = 0 if snap.concurrent else 1  # finished[m] is (measured, projected)
+    comparison = render.Comparison(
+        ar=finished["ar"][lead], ppsd=finished["ppsd"][lead], ar_other=finished["ar"][1 - lead],
+        ppsd_other=finished["ppsd"][1 - lead], stages=snap.stages, device=snap.device, workers=snap.concurrent,
+        speedups=tuple(snap.speedups()), eesd=finished["eesd"][0] if "eesd" in finished else None)
+    return render.render_headline(comparison, status=status_text, agreement=agreement)
 
 
 def _timeline(snap: Snapshot):
@@ -172,6 +171,9 @@ def _summary(snap: Snapshot, finished: dict) -> dict:
                        "measured": measured.to_dict(), "projected": projected.to_dict()}
     out["speedup_projected"] = out["ar"]["projected"]["wall_seconds"] / out["ppsd"]["projected"]["wall_seconds"]
     out["speedup_measured"] = out["ar"]["measured"]["wall_seconds"] / out["ppsd"]["measured"]["wall_seconds"]
+    # Every timed round on the page's clock (the first is the live run above); the headline's median.
+    out["timed_runs"] = {"clock": "measured" if snap.concurrent else "projected", "speedups": snap.speedups(),
+                         **{f"{m}_wall_seconds": walls for m, walls in snap.walls.items()}}
     return out
 
 

@@ -27,10 +27,11 @@ def free_port() -> int:
 
 def run_args(model: str, *, prompt: str = "def fibonacci(n):", eesd: bool = False, exit_layer: float = 4,
              stages: float = 2, max_new_tokens: float = 24, exit_head: str = "", workers: bool = False,
-             chat: bool = True, seed: float = 0, draft_len: float = 3) -> tuple:
-    """Arguments of the `run` endpoint, in the order of the page's inputs."""
+             chat: bool = True, seed: float = 0, draft_len: float = 3, repeats: float = 1) -> tuple:
+    """Arguments of the `run` endpoint, in the order of the page's inputs (one timed run each,
+    unless asked: the spread has its own test)."""
     return (prompt, model, exit_layer, stages, eesd, draft_len, max_new_tokens, 0.0, 1.0, seed, exit_head,
-            workers, chat)
+            workers, chat, repeats)
 
 
 @pytest.fixture(scope="module")
@@ -72,6 +73,20 @@ def test_greedy_run_gives_identical_ar_ppsd_and_eesd_text(server):
     assert 'class="tok tok-' in outputs[4]  # PPSD's token stream has coloured spans
 
 
+def test_timed_runs_give_the_median_and_range_of_interleaved_repeats(server):
+    import statistics
+
+    client, model = server
+    outputs = client.predict(*run_args(model, repeats=3), api_name="/run")
+    timed = outputs[-1]["timed_runs"]
+    assert timed["clock"] == "projected" and len(timed["speedups"]) == 3
+    assert len(timed["ar_wall_seconds"]) == len(timed["ppsd_wall_seconds"]) == 3
+    assert timed["speedups"] == pytest.approx([a / p for a, p in zip(timed["ar_wall_seconds"], timed["ppsd_wall_seconds"])])
+    median = statistics.median(timed["speedups"])
+    word = "faster" if median >= 1 else "slower"
+    assert f"PPSD {max(median, 1 / median):.2f}× {word} than AR" in outputs[0] and "median of 3 runs" in outputs[0]
+
+
 @pytest.mark.parametrize("args, message", [
     (dict(prompt="   "), "prompt is empty"),
     (dict(stages=8, exit_layer=4), "do not fit"),
@@ -79,6 +94,8 @@ def test_greedy_run_gives_identical_ar_ppsd_and_eesd_text(server):
     (dict(max_new_tokens=1.5), "max_new_tokens=1.5 is not a whole number"),
     (dict(seed=2**64), "seed=18446744073709551616 is out of range: 0 <= seed <= 2^63 - 1"),
     (dict(seed=-1), "seed=-1 is out of range"),
+    (dict(repeats=2.5), "repeats=2.5 is not a whole number"),
+    (dict(repeats=10), "Value 10 is greater than maximum value 9"),  # Gradio's slider check
     (dict(max_new_tokens=5000), "Value 5000 is greater than maximum value 1024"),  # Gradio's slider check
 ])
 def test_bad_settings_give_an_error_and_the_server_keeps_serving(server, args, message):
