@@ -223,8 +223,10 @@ def on_run(prompt: str, model: str, exit_layer: float, stages: float, eesd: bool
             for doing in _loading(run.model, stop):
                 yield ordered(view.status(doing))
         with LINE.place() as ticket:
-            while (ahead := LINE.ahead(ticket, wait=0.5)) > 0 and not stop.is_set():
+            ahead = LINE.ahead(ticket)
+            while ahead > 0 and not stop.is_set():
                 yield ordered(view.status(f"Waiting for the device: {ahead} run{'s' * (ahead > 1)} ahead of yours…"))
+                ahead = LINE.ahead(ticket, wait=0.5)
             if stop.is_set():
                 yield ordered(view.status("Stopped before decoding began. Press Run to start again."))
                 return

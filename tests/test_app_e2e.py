@@ -294,3 +294,47 @@ def test_a_full_line_says_busy_in_words(server, monkeypatch):
                              "again in a moment"}
     client.predict(api_name="/stop")
     assert "Stopped" in first.result(timeout=30)[0]
+
+
+def test_ten_visitors_at_once_are_queued_see_their_place_and_all_finish(server):
+    import time
+
+    client, model = server
+    client.predict(*run_args(model, max_new_tokens=2), api_name="/run")  # loaded and warm
+    visitors = [Client(client.src, verbose=False) for _ in range(10)]
+    jobs = [v.submit(*run_args(model, max_new_tokens=12), api_name="/run") for v in visitors]
+    deadline = time.monotonic() + 180
+    while not all(job.done() for job in jobs) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    results = [job.result() for job in jobs]
+    assert all(len(r[-1]["ppsd"]["token_ids"]) == 12 for r in results)  # everyone's run, whole
+    assert len({tuple(r[-1]["ppsd"]["token_ids"]) for r in results}) == 1  # and undisturbed: the same tokens
+    seen = " ".join(str(o[0]) for job in jobs for o in job.outputs())
+    assert "Waiting for the device:" in seen and "ahead of yours" in seen  # the line was shown
+
+
+@pytest.mark.skipif(len(__import__("os").sched_getaffinity(0)) < 2, reason="K = 2 workers need 2 cores")
+def test_a_killed_worker_is_a_message_within_seconds_and_the_next_run_starts_fresh_ones(server):
+    import os
+    import signal
+    import time
+
+    from ppsd.distributed import current_pool
+
+    client, model = server
+    client.predict(*run_args(model, max_new_tokens=2, workers=True), api_name="/run")
+    pids = current_pool().pids
+    job = client.submit(*run_args(model, max_new_tokens=240, workers=True, repeats=9), api_name="/run")
+    deadline = time.monotonic() + 60
+    while not job.outputs() or "Running" not in str(job.outputs()[-1][0]):
+        assert time.monotonic() < deadline, [str(o[0])[:200] for o in job.outputs()[-3:]]
+        time.sleep(0.02)
+    assert not job.done()
+    os.kill(pids[0], signal.SIGKILL)
+    killed = time.monotonic()
+    error = job.result(timeout=30)[-1]["error"]
+    assert time.monotonic() - killed < 10
+    assert error.startswith("the worker processes failed and were shut down") and "SIGKILL" in error
+    outputs = client.predict(*run_args(model, max_new_tokens=3, workers=True), api_name="/run")
+    assert len(outputs[-1]["ppsd"]["token_ids"]) == 3 and current_pool().pids != pids  # fresh workers
+    assert not any(_running(pid) for pid in pids)
