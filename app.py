@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
+import sys
 
 from app import create_demo, launch_kwargs
 from ppsd.cli import thread_count
@@ -21,6 +23,9 @@ def main(argv: list[str] | None = None) -> None:
         import torch
 
         torch.set_num_threads(args.threads)
+    # A container (a Space) stops with SIGTERM: exit as on Ctrl-C, so the worker pipelines are
+    # closed in order at exit instead of finding their coordinator gone.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     demo = create_demo()
     demo.launch(server_name=args.host, server_port=args.port, **launch_kwargs())
 

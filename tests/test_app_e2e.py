@@ -338,3 +338,51 @@ def test_a_killed_worker_is_a_message_within_seconds_and_the_next_run_starts_fre
     outputs = client.predict(*run_args(model, max_new_tokens=3, workers=True), api_name="/run")
     assert len(outputs[-1]["ppsd"]["token_ids"]) == 3 and current_pool().pids != pids  # fresh workers
     assert not any(_running(pid) for pid in pids)
+
+
+def _children(pid: int) -> list[int]:
+    import subprocess
+
+    found = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout.split()
+    return [int(p) for p in found]
+
+
+@pytest.mark.skipif(len(__import__("os").sched_getaffinity(0)) < 2, reason="K = 2 workers need 2 cores")
+@pytest.mark.parametrize("stop", ["SIGINT", "SIGTERM"])  # Ctrl-C; a container (a Space) stopping
+def test_the_server_shuts_down_quietly_and_leaves_no_process(saved_model, stop):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    port = free_port()
+    root = Path(__file__).resolve().parent.parent
+    server = subprocess.Popen([sys.executable, "app.py", "--port", str(port), "--threads", "1"], cwd=root,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            try:
+                client = Client(f"http://127.0.0.1:{port}/", verbose=False)
+                break
+            except Exception:  # noqa: BLE001 - not up yet
+                assert time.monotonic() < deadline and server.poll() is None
+                time.sleep(0.5)
+        outputs = client.predict(*run_args(saved_model, max_new_tokens=8, workers=True), api_name="/run")
+        assert outputs[-1]["executor"] == "K worker processes"
+        started = _children(server.pid)
+        started += [w for p in started for w in _children(p)]  # the workers, forked by the forkserver
+        assert len(started) >= 3
+        server.send_signal(getattr(signal, stop))
+        _, err = server.communicate(timeout=60)
+    finally:
+        if server.poll() is None:
+            server.kill()
+    assert server.returncode == 0
+    assert "Traceback" not in err and "Connection closed" not in err, err[-2000:]
+    deadline = time.monotonic() + 10
+    while any(os.path.exists(f"/proc/{p}") for p in started) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not [p for p in started if os.path.exists(f"/proc/{p}")]
