@@ -331,12 +331,27 @@ def compared_sentence(c: Comparison) -> str:
             f"{c.stages}-stage pipeline ({where}), {timed}; the decoder alone is timed.")
 
 
-def render_headline(c: Comparison | None, *, status: str = "", agreement: str = "") -> str:
+PHASE_NAMES = {"model": "load the model", "workers": "start the workers", "ar": "AR", "ppsd": "PPSD",
+               "eesd": "EESD", "repeats": "time again"}
+
+
+def render_progress(phases: Sequence[str], current: str | None) -> str:
+    """The run's phases as steps: done, now (the one `current` names), still to come."""
+    if current not in phases:
+        return ""
+    now = phases.index(current)
+    steps = [f'<span class="phase phase-{"done" if i < now else "now" if i == now else "todo"}">'
+             f'{"✓ " if i < now else ""}{html.escape(PHASE_NAMES.get(p, p))}</span>' for i, p in enumerate(phases)]
+    return f'<div class="phases">{"<span class=phase-arrow>›</span>".join(steps)}</div>'
+
+
+def render_headline(c: Comparison | None, *, status: str = "", agreement: str = "", progress: str = "") -> str:
     """Headline, the sentence saying what was compared, and the honest notes on the other clock;
-    `status` while a run is in flight; `agreement` says whether the outputs are identical."""
+    `status` (and the `progress` steps) while a run is in flight; `agreement` says whether the
+    outputs are identical."""
     if c is None:
         body = html.escape(status or "Press Run: AR, then PPSD (then EESD) decode the prompt one after another.")
-        return f'<div class="headline-box"><div class="headline-status">{body}</div></div>'
+        return f'<div class="headline-box">{progress}<div class="headline-status">{body}</div></div>'
     note = lambda text: f'<div class="headline-note">{text}</div>'  # noqa: E731
     lines = [speedup_headline(c), note(html.escape(compared_sentence(c)))]
     if c.ppsd.acceptance_rate is not None and c.speedup > c.ppsd.ideal_speedup:
@@ -368,7 +383,7 @@ def render_headline(c: Comparison | None, *, status: str = "", agreement: str = 
     if agreement:
         lines.append(f'<div class="headline-note headline-agreement">{html.escape(agreement)}</div>')
     if status:
-        lines.append(f'<div class="headline-status">{html.escape(status)}</div>')
+        lines.append(f'{progress}<div class="headline-status">{html.escape(status)}</div>')
     return f'<div class="headline-box">{"".join(lines)}</div>'
 
 

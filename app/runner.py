@@ -291,6 +291,12 @@ class RunRequest:
     def methods(self) -> tuple[str, ...]:
         return ("ar", "ppsd", "eesd") if self.eesd else ("ar", "ppsd")
 
+    def phases(self) -> tuple[str, ...]:
+        """What a run goes through, in order: the model, the workers, each method, the repeats
+        (the keys `Snapshot.active` takes, "model" before there is a snapshot)."""
+        repeats = ("repeats",) if self.repeats != 1 else ()
+        return ("model", *(("workers",) if self.workers else ()), *self.methods, *repeats)
+
     def config(self, method: str, num_layers: int) -> DecodeConfig:
         """The validated config of `method` (ValueError names the bad value: a form or an API
         client may send 2.5 layers, NaN or a seed past 2^63, and none of it is rounded away)."""
@@ -423,6 +429,7 @@ def run_comparison(request: RunRequest, cache: ModelCache, *, throttle: float = 
         snapshot.walls[method] = [run.wall()]
     for round_ in range(2, rounds + 1):  # interleaved, so a slow spell of the machine hits every method
         for method, run in runs.items():
+            snapshot.active = "repeats"
             snapshot.status = f"Timing again for the spread: run {round_} of {rounds}, {method.upper()}"
             yield snapshot
             again = MethodRun(method, run.config, stages, run.prompt_ids, run.device, concurrent=run.concurrent)

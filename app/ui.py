@@ -221,7 +221,7 @@ def on_run(prompt: str, model: str, exit_layer: float, stages: float, eesd: bool
         yield ordered({**view.idle(), **view.status("Starting…")})  # no numbers of an earlier run stay up
         if run.model not in CACHE:
             for doing in _loading(run.model, stop):
-                yield ordered(view.status(doing))
+                yield ordered(view.status(doing, run, "model"))
         with LINE.place() as ticket:
             ahead = LINE.ahead(ticket)
             while ahead > 0 and not stop.is_set():

@@ -11,7 +11,7 @@ import html
 from typing import Any
 
 from . import render, teach
-from .runner import Snapshot
+from .runner import RunRequest, Snapshot
 
 METHODS = ("ar", "ppsd", "eesd")
 OUTPUTS = ("headline", *(f"{part}_{m}" for m in METHODS for part in ("stats", "stream")),
@@ -47,9 +47,11 @@ def failed(text: str) -> dict[str, Any]:
     return {**idle(), "message": message(text), "summary": {"error": text}}
 
 
-def status(text: str) -> dict[str, Any]:
-    """Only the headline's status line changes (loading a model, waiting for the device)."""
-    return {"headline": render.render_headline(None, status=text)}
+def status(text: str, request: RunRequest | None = None, phase: str | None = None) -> dict[str, Any]:
+    """Only the headline's status line changes (loading a model, waiting for the device), with
+    the run's phases as steps when `request` and its current `phase` are given."""
+    progress = render.render_progress(request.phases(), phase) if request is not None else ""
+    return {"headline": render.render_headline(None, status=text, progress=progress)}
 
 
 def snapshot(snap: Snapshot, *, figures: bool = True) -> dict[str, Any]:
@@ -101,7 +103,7 @@ def _status_line(snap: Snapshot) -> str:
         return snap.status
     if snap.active == "workers":
         return f"Starting {snap.request.stages} worker processes, one per stage…"
-    if snap.active is not None:
+    if snap.active in snap.runs:
         run = snap.runs[snap.active]
         return (f"Running {render.METHOD_NAMES[snap.active]}… {len(run.recorder.tokens)}/"
                 f"{run.config.max_new_tokens} tokens")
@@ -110,8 +112,9 @@ def _status_line(snap: Snapshot) -> str:
 
 def _headline(snap: Snapshot, finished: dict) -> str:
     status_text = _status_line(snap)
+    progress = "" if snap.done or snap.stopped else render.render_progress(snap.request.phases(), snap.active)
     if "ar" not in finished or "ppsd" not in finished:
-        return render.render_headline(None, status=status_text)
+        return render.render_headline(None, status=status_text, progress=progress)
     done = {m: r.result.token_ids for m, r in snap.runs.items() if r.done}
     agreement = render.agreement_note(done, greedy=snap.request.temperature == 0) if snap.done else ""
     lead = 0 if snap.concurrent else 1  # finished[m] is (measured, projected)
@@ -119,7 +122,7 @@ def _headline(snap: Snapshot, finished: dict) -> str:
         ar=finished["ar"][lead], ppsd=finished["ppsd"][lead], ar_other=finished["ar"][1 - lead],
         ppsd_other=finished["ppsd"][1 - lead], stages=snap.stages, device=snap.device, workers=snap.concurrent,
         speedups=tuple(snap.speedups()), eesd=finished["eesd"][0] if "eesd" in finished else None)
-    return render.render_headline(comparison, status=status_text, agreement=agreement)
+    return render.render_headline(comparison, status=status_text, agreement=agreement, progress=progress)
 
 
 def _timeline(snap: Snapshot):

@@ -239,7 +239,7 @@ def test_runner_runs_ar_then_ppsd_then_eesd_with_identical_greedy_tokens(tiny_ca
     for snap in run_comparison(request, tiny_cache, throttle=0.0):
         if snap.active and snap.active not in order:
             order.append(snap.active)
-    assert order == ["ar", "ppsd", "eesd"] and snap.done and snap.active is None
+    assert order == ["ar", "ppsd", "eesd", "repeats"] and snap.done and snap.active is None
     ids = {m: r.result.token_ids for m, r in snap.runs.items()}
     assert ids["ar"] == ids["ppsd"] == ids["eesd"] and len(ids["ar"]) == 16
     for run in snap.runs.values():
@@ -355,3 +355,18 @@ def test_a_space_offers_only_the_models_its_owner_allows(monkeypatch, tiny_cache
     assert cache.get("tiny").name == "tiny"
     with pytest.raises(ValueError, match=r"'/etc/passwd' is not offered here: choose one of tiny"):
         cache.get("/etc/passwd")
+
+
+def test_a_run_in_flight_shows_its_phases_done_now_and_to_come(tiny_cache):
+    from app import view
+
+    request = RunRequest(prompt="def fibonacci(n):", model="tiny", max_new_tokens=6, repeats=2)
+    assert request.phases() == ("model", "ar", "ppsd", "repeats")
+    seen = {}
+    for snap in run_comparison(request, tiny_cache, throttle=0.0):
+        seen.setdefault(snap.active, view.snapshot(snap)["headline"])
+    assert '<span class="phase phase-now">PPSD</span>' in seen["ppsd"] and "✓ AR" in seen["ppsd"]
+    assert '<span class="phase phase-now">time again</span>' in seen["repeats"]
+    assert "phases" not in view.snapshot(snap)["headline"]  # a finished run shows its numbers only
+    loading = view.status("Loading tiny… 3 s", request, "model")["headline"]
+    assert '<span class="phase phase-now">load the model</span>' in loading and "phase-todo" in loading
