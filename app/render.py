@@ -112,7 +112,7 @@ def render_legend() -> str:
     """The key of the token stream, shown above it at all times."""
     items = [("tok-accepted", "accepted", "the exit head's draft, confirmed by the full model"),
              ("tok-corrected", "corrected", "the full model replaced the draft"),
-             ("tok-rejected", "rejected draft", "kept visible, struck through"),
+             ("tok-rejected", "rejected draft", "struck through, with “Show the drafts”"),
              ("tok-verified", "no draft", "AR, or the first token after the prompt"),
              ("tok-pending", "pending", "drafted, still in the pipeline (live only)")]
     spans = "".join(f'<span class="legend-item" title="{_attr(tip)}"><span class="tok {cls}">{label}</span>'

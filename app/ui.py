@@ -47,19 +47,28 @@ BUILTIN_EXAMPLES = (
 INTRO = """
 # Pipeline-Parallel Self-Speculative Decoding
 
-**PPSD** (Li et al., [arXiv 2509.19368](https://arxiv.org/abs/2509.19368)) splits one language model
-into **K pipeline stages**. Stage 1 runs the first **E** layers plus an *early-exit head* and keeps
-**drafting** the next token from them; the later stages carry each token through the remaining layers
-and the final stage **verifies** the draft made K − 1 slots earlier. A confirmed draft (**accepted**)
-costs one slot instead of K; a wrong one is **corrected** by the full model, and the tokens in flight
-behind it are **flushed**. Every committed token is the full model's choice, so greedy output is
-identical to plain autoregressive decoding (**AR**): only the speed changes. Press **Run** to decode
-the same prompt with AR, then PPSD (and optionally EESD, draft‑then‑verify) on this machine, and watch
-where the pipeline works, waits and wastes.
+**The picture.** A language model writes one word-piece (a *token*) at a time, and every token
+passes through all of its layers, one after another: 30 layers here. Cut those layers into
+**K** groups, the *stages* in the diagram, and give each stage its own worker, like stations on
+an assembly line. Plain decoding (*autoregressive*, **AR**) keeps only one station busy: the next
+token cannot start before the last one has left the line.
 
-The default model is **SmolLM2-135M-Instruct** (30 layers; 4-bit GGUF weights, dequantized), asked
-through its chat template; its drafts come from an exit head this project trained on the model's own
-answers (K = 2, E = 18 of 30 layers).
+**The trick.** The first station can *guess* the next token early: after its first **E** layers, a
+small *exit head* (a layer trained to predict the final answer from halfway through) proposes a
+*draft*. The guess goes down the line at once, while the last station *verifies* the token before it.
+If the full model agrees, the guess is **accepted** and a token came out after one station's time
+instead of K. If not, the full model's own token is kept (**corrected**) and the guesses queued
+behind the wrong one are thrown away (**flushed**).
+
+**Why it is safe.** Every token that is kept is the full model's own choice, so the text is
+*identical* to plain decoding; only the speed changes. The **acceptance rate** (the share of
+guesses that were right) decides how much faster it is.
+
+Press **Run**: the page decodes the same prompt with AR, then with PPSD (and, if ticked, with
+**EESD**, which drafts several tokens and then verifies them in one go), and shows where each stage
+works, waits and wastes. The default model is **SmolLM2-135M-Instruct** (30 layers), asked through
+its chat template; its drafts come from an exit head trained for this demo on the model's own
+answers (K = 2, E = 18). Method: Li et al., [arXiv 2509.19368](https://arxiv.org/abs/2509.19368).
 """
 
 TIMELINE_CAPTION = """
@@ -183,8 +192,9 @@ def max_tokens_update(prompt: str, model: str, chat: bool, value: float) -> Any:
         return gr.skip()
     room = loaded.model.info.max_context - len(loaded.encode(prompt, chat=bool(chat) and loaded.chat))
     top = max(2, min(ppsd.MAX_NEW_TOKENS_CAP, room))
-    return gr.update(maximum=top, value=min(int(value), top),
-                     info=f"at most {top}: the context of {loaded.model.info.max_context} minus the prompt")
+    why = "the demo's cap" if top == ppsd.MAX_NEW_TOKENS_CAP else \
+        f"the context of {loaded.model.info.max_context} minus the prompt"
+    return gr.update(maximum=top, value=min(int(value), top), info=f"at most {top}: {why}")
 
 
 # --------------------------------------------------------------------------- handlers

@@ -8,6 +8,7 @@ view does not name unchanged.
 from __future__ import annotations
 
 import html
+import statistics
 from typing import Any
 
 from . import render, teach
@@ -142,8 +143,9 @@ def _theory(snap: Snapshot, finished: dict):
     if "ar" in finished and "ppsd" in finished and finished["ppsd"][lead].acceptance_rate is not None:
         ar_x, ppsd_x = finished["ar"][lead], finished["ppsd"][lead]
         clock = "measured clock, K workers" if snap.concurrent else "projected clock"
-        points.append(render.TheoryPoint(f"PPSD measured ({clock})", ppsd_x.acceptance_rate,
-                                         ar_x.wall_seconds / ppsd_x.wall_seconds))
+        speedups = snap.speedups() or [ar_x.wall_seconds / ppsd_x.wall_seconds]
+        label = f"PPSD measured ({clock}{', median of %d runs' % len(speedups) if len(speedups) > 1 else ''})"
+        points.append(render.TheoryPoint(label, ppsd_x.acceptance_rate, statistics.median(speedups)))
     if "ar" in finished and "eesd" in finished and finished["eesd"][0].acceptance_rate is not None:
         ar_m, eesd_m = finished["ar"][0], finished["eesd"][0]
         points.append(render.TheoryPoint("EESD measured (measured clock)", eesd_m.acceptance_rate,

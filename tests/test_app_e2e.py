@@ -386,3 +386,17 @@ def test_the_server_shuts_down_quietly_and_leaves_no_process(saved_model, stop):
     while any(os.path.exists(f"/proc/{p}") for p in started) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not [p for p in started if os.path.exists(f"/proc/{p}")]
+
+
+def test_the_max_tokens_slider_offers_only_what_the_context_leaves(server):
+    client, model = server
+    client.predict(model, api_name="/load")
+    loaded = ui.CACHE.find(model)
+    prompt = "def fibonacci(n):"
+    room = loaded.model.info.max_context - len(loaded.encode(prompt, chat=False))
+    update = ui.max_tokens_update(prompt, model, False, 1000)
+    assert update["maximum"] == room < 1024 and update["value"] == room and "minus the prompt" in update["info"]
+    outputs = client.predict(*run_args(model, prompt=prompt, max_new_tokens=room, chat=False), api_name="/run")
+    assert len(outputs[-1]["ar"]["token_ids"]) == room  # the slider's top is a run that works
+    too_long = client.predict(*run_args(model, prompt=prompt, max_new_tokens=room + 1, chat=False), api_name="/run")
+    assert "is too long" in too_long[-1]["error"]
