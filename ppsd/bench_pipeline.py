@@ -27,13 +27,14 @@ from pathlib import Path
 
 import torch
 
-from .bench import CHAT_PROMPTS_FILE, load_prompts, spread
+from .bench import CHAT_PROMPTS_FILE, hf_generate, load_prompts, spread
 from .chat import encode_prompt, has_chat_template
 from .cli import thread_count
 from .model_source import resolve
 from .config import DecodeConfig, balanced_exit_layer
 from .generate import Result, generate
 from .metrics import ideal_ppsd_speedup
+from .heads import AUTO_HEAD, choose_exit_head, exit_layer_for
 from .model import DEFAULT_MODEL, StagedModel, load_model
 
 
@@ -57,7 +58,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-prompts", type=int, default=6, help="first N prompts, spread over categories")
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--stages", type=int, default=2, help="K workers (default 2)")
-    parser.add_argument("--exit-layer", type=int, default=None, help="E (default L/K)")
+    parser.add_argument("--exit-layer", type=int, default=None,
+                        help="E (default: the shipped head's E for this model and K, else L/K)")
+    parser.add_argument("--exit-head", default=AUTO_HEAD,
+                        help="auto: the shipped head for these weights and E, else shared (default); shared; or a "
+                             "train-head directory")
+    parser.add_argument("--draft-len", type=int, default=4, help="EESD's g (default 4)")
     parser.add_argument("--threads-per-worker", type=thread_count, default=1)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=1)
@@ -71,14 +77,19 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     model, prompts, source = _model_and_prompts(args)
-    config = DecodeConfig(stages=args.stages, exit_layer=args.exit_layer, max_new_tokens=args.new_tokens)
-    config = config.resolved(model.num_layers)
+    exit_layer = exit_layer_for(args.model, model.num_layers, args.stages, args.exit_layer)
+    config = DecodeConfig(stages=args.stages, exit_layer=exit_layer, max_new_tokens=args.new_tokens,
+                          draft_len=args.draft_len).resolved(model.num_layers)
+    head = choose_exit_head(model, config.exit_layer, args.exit_head)
+    model = model.with_exit_head(head.head)
     methods = [
         Method("AR, 1 process, 1 thread", "ar", "in-process", 1),
         Method("AR, 1 process, 2 threads", "ar", "in-process", 2),
+        Method("HF generate(), 1 thread", "hf", "in-process", 1),
         Method(f"AR, {args.stages}-worker pipeline", "ar", "pipeline", 1),
         Method(f"PPSD, {args.stages}-worker pipeline", "ppsd", "pipeline", 1),
         Method("PPSD, 1 process, projected", "ppsd", "in-process", 1, clock="projected"),
+        Method(f"EESD g={config.draft_len}, 1 process, 1 thread", "eesd", "in-process", 1),
     ]
     from .distributed import make_executor
 
@@ -87,7 +98,8 @@ def main(argv: list[str] | None = None) -> int:
     pool = make_executor(model, config, threads_per_worker=args.threads_per_worker, timeout=60.0)
     startup = time.perf_counter() - started
     print(f"model: {source}; {len(prompts)} prompts x {args.new_tokens} tokens; K={args.stages}, "
-          f"E={config.exit_layer}; pool started in {startup:.1f} s (pids {pool.pids})", flush=True)
+          f"E={config.exit_layer}, exit head {head.label}; pool started in {startup:.1f} s (pids {pool.pids})",
+          flush=True)
     walls: dict[tuple[str, int], list[float]] = {}
     outputs: dict[tuple[str, int], list[int]] = {}
     runs: dict[str, list[Result]] = {}
@@ -95,22 +107,40 @@ def main(argv: list[str] | None = None) -> int:
         for i, prompt in enumerate(prompts):
             for m in methods:
                 torch.set_num_threads(m.threads)
-                result = generate(model, prompt, replace(config, method=m.method),
-                                  executor=pool if m.executor == "pipeline" else None)
-                outputs.setdefault((m.label, i), result.token_ids)
-                if outputs[(m.label, i)] != outputs[(methods[0].label, i)]:
-                    raise SystemExit(f"{m.label} differs from {methods[0].label} on prompt {i}: not exact")
+                if m.method == "hf":
+                    token_ids, wall = hf_generate(model, prompt, args.new_tokens)
+                    _check(m, i, token_ids, outputs[(methods[0].label, i)], model.hf_model)
+                else:
+                    result = generate(model, prompt, replace(config, method=m.method),
+                                      executor=pool if m.executor == "pipeline" else None)
+                    outputs.setdefault((m.label, i), result.token_ids)
+                    _check(m, i, result.token_ids, outputs[(methods[0].label, i)], None)
+                    wall = result.metrics(m.clock).wall_seconds
+                    if repeat >= args.warmup:
+                        runs.setdefault(m.label, []).append(result)
                 if repeat >= args.warmup:
-                    walls.setdefault((m.label, i), []).append(result.metrics(m.clock).wall_seconds)
-                    runs.setdefault(m.label, []).append(result)
+                    walls.setdefault((m.label, i), []).append(wall)
         print(f"repeat {repeat + 1}/{args.warmup + args.repeats} done"
               f"{' (warm-up)' if repeat < args.warmup else ''}", flush=True)
     pool.close()
     report = _report(args, config, methods, prompts, walls, runs, source, load_before, startup)
+    report["exit_head"] = head.label
     print(_table(report))
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=2))
     return 0
+
+
+def _check(m: Method, i: int, token_ids: list[int], reference: list[int], hf_model) -> None:
+    """Every method must commit AR's tokens. HF's `min_new_tokens` masks EOS where our runs
+    treat it as an ordinary token, so HF is compared up to AR's first EOS."""
+    if hf_model is not None:
+        eos = hf_model.generation_config.eos_token_id
+        eos = set(eos if isinstance(eos, list) else [eos])
+        cut = next((n for n, t in enumerate(reference) if t in eos), len(reference))
+        token_ids, reference = token_ids[:cut], reference[:cut]
+    if token_ids != reference:
+        raise SystemExit(f"{m.label} differs from AR on prompt {i}: not exact")
 
 
 def _model_and_prompts(args) -> tuple[StagedModel, list[list[int]], str]:
@@ -162,14 +192,22 @@ def _report(args, config, methods, prompts, walls, runs, source, load_before, st
     tokens = args.new_tokens * len(prompts)
     speed = {m.label: tokens / sum(statistics.median(walls[(m.label, i)]) for i in range(len(prompts)))
              for m in methods}
-    ppsd_label, ar_label = methods[3].label, methods[2].label
+    by = {(m.method, m.executor, m.threads, m.clock): m.label for m in methods}
+    ar1, ar2, hf = by[("ar", "in-process", 1, "measured")], by[("ar", "in-process", 2, "measured")], \
+        by[("hf", "in-process", 1, "measured")]
+    ppsd_label, ar_label = by[("ppsd", "pipeline", 1, "measured")], by[("ar", "pipeline", 1, "measured")]
     ppsd_metrics = [r.metrics("measured") for r in runs[ppsd_label]]
     accepted = sum(m.accepted for m in ppsd_metrics)
     verified = accepted + sum(m.rejected for m in ppsd_metrics)
     acceptance = accepted / verified if verified else 0.0
     ideal = ideal_ppsd_speedup(acceptance, config.stages)
     measured = speed[ppsd_label] / speed[ar_label]
-    best_single = max(speed[methods[0].label], speed[methods[1].label])
+    best_single = max(speed[ar1], speed[ar2], speed[hf])
+    threads_gain = speed[ar2] / speed[ar1]  # T: what a second thread gives single-process AR
+    exit_fraction = config.exit_layer / model_layers(runs[ar_label][0])
+    # PPSD on 2 workers beats AR on 2 threads when S_PPSD(a) * (2-stage pipeline AR ~ 1-thread AR)
+    # exceeds T; with stage 1 costing about E/L of a token, that is a* = (1 - 1/T) / (1 - E/L).
+    break_even = (1 - 1 / threads_gain) / (1 - exit_fraction) if threads_gain > 1 else 0.0
     utilization = [statistics.mean(u) for u in zip(*(m.stage_utilization for m in ppsd_metrics))]
     return {
         "command": "python -m ppsd.bench_pipeline " + " ".join(sys.argv[1:]),
@@ -184,11 +222,18 @@ def _report(args, config, methods, prompts, walls, runs, source, load_before, st
         "measured_ppsd_speedup_vs_pipeline_ar": measured,
         "measured_over_ideal": measured / ideal,
         "ppsd_speedup_vs_best_single_process_ar": speed[ppsd_label] / best_single,
-        "ppsd_speedup_vs_single_process_ar_1_thread": speed[ppsd_label] / speed[methods[0].label],
+        "ppsd_speedup_vs_single_process_ar_1_thread": speed[ppsd_label] / speed[ar1],
+        "ar_two_thread_gain_T": threads_gain,
+        "break_even_acceptance": break_even,
+        "hf_over_ar_1_thread": speed[hf] / speed[ar1],
         "ppsd_stage_utilization_measured": utilization,
         "loadavg_before": load_before, "loadavg_after": os.getloadavg(),
         "cpus": len(os.sched_getaffinity(0)),
     }
+
+
+def model_layers(result: Result) -> int:
+    return sum(len(r) for r in result.trace.stages)
 
 
 def _table(report: dict) -> str:
@@ -202,6 +247,10 @@ def _table(report: dict) -> str:
         f"-> {report['measured_over_ideal']:.3f} of ideal",
         f"PPSD over best single-process AR = {report['ppsd_speedup_vs_best_single_process_ar']:.3f}; "
         f"over 1-thread AR = {report['ppsd_speedup_vs_single_process_ar_1_thread']:.3f}",
+        f"AR 2 threads / 1 thread T = {report['ar_two_thread_gain_T']:.3f}; break-even acceptance "
+        f"a* = (1 - 1/T) / (1 - E/L) = {report['break_even_acceptance']:.3f} "
+        f"({'reached' if report['ppsd_acceptance_rate'] >= report['break_even_acceptance'] else 'NOT reached'} "
+        f"at a = {report['ppsd_acceptance_rate']:.3f})",
         "PPSD stage utilization (measured) = " + ", ".join(f"{u:.2f}" for u in report["ppsd_stage_utilization_measured"]),
         f"load average before {report['loadavg_before'][0]:.2f}, after {report['loadavg_after'][0]:.2f} "
         f"on {report['cpus']} CPUs",
