@@ -1,5 +1,13 @@
-"""The PPSD web demo: `render` (pure HTML/Plotly), `runner` (model cache and timed runs), `ui`
-(the Gradio page). `app.py` at the repository root launches it."""
+"""The PPSD web demo, in layers (each imports only those listed before it):
+
+- `render`, `teach`: pure functions, records in, HTML and Plotly figures out;
+- `models`: the loaded models a server shares; `line`: the device line, background waits;
+- `runner`: one comparison (AR, PPSD, EESD, timed again), as snapshots;
+- `view`: snapshot -> every output of the page, by name; `page_text`: the page's words;
+- `ui`: the Gradio page, thin handlers and wiring.
+
+`app.py` at the repository root launches it.
+"""
 
 from .ui import create_demo, launch_kwargs
 

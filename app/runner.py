@@ -1,8 +1,9 @@
-"""Run orchestration over the library: load models once (lazily, cached by name), then decode
-one prompt with AR, PPSD and optionally EESD one after another, yielding snapshots for the UI at
-a throttled rate. Each method runs either in this process (stages in turn; the page shows the
+"""Run orchestration over the library: decode one prompt with AR, PPSD and optionally EESD one
+after another (then again, interleaved, for the spread), yielding snapshots for the UI at a
+throttled rate. Each method runs either in this process (stages in turn; the page shows the
 projected clock) or on K worker processes, one per stage (`ppsd.distributed`; the page shows the
-measured clock), started once and reused, closed on Stop and on error.
+measured clock), started once and reused, also after Stop, closed on a worker's failure.
+Models come from `app.models`.
 
 Timing covers the decoder alone: the stopwatch that stamps the trace is paused while a snapshot
 is handed to the UI, so rendering never leaks into a method's wall time or its trace. No Gradio
@@ -12,28 +13,24 @@ and no HTML here; tensors stay inside `ppsd`.
 from __future__ import annotations
 
 import importlib.util
-import sys
 import threading
 import time
-from collections import OrderedDict
-from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
-from functools import lru_cache
+from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
 import ppsd
 from ppsd import DecodeConfig, Recorder, Result, StagedModel, Trace
-from ppsd.chat import encode_prompt, has_chat_template
 from ppsd.config import whole_number
 from ppsd.distributed import DistributedExecutor, PipelineError, current_pool, make_executor
 from ppsd.generate import check_prompt
-from ppsd.heads import HeadChoice, choose_exit_head
-from ppsd.model_source import UNREACHABLE, Progress, is_default, resolve
+from ppsd.model_source import Progress
 from ppsd.pipeline_wire import usable_cores
 from ppsd.trace import Stopwatch
 
+from .line import Background
+from .models import Loaded, ModelCache, warm_up
+
 THROTTLE_SECONDS = 0.25  # live UI refresh period; the final snapshot always follows
-WARMUP_TOKENS = 4
 DEFAULT_REPEATS = 3  # timed runs of each method: the page shows their median speedup and its range
 MAX_REPEATS = 9
 
@@ -78,187 +75,6 @@ class PausableStopwatch(Stopwatch):
         if self._paused_at is not None:
             self._pauses.append((self._paused_at, time.perf_counter()))
             self._paused_at = None
-
-
-@dataclass(frozen=True)
-class Loaded:
-    """A loaded model with its tokenizer; `piece` renders one token id as display text."""
-
-    name: str
-    model: StagedModel
-    tokenizer: object
-    load_seconds: float
-    key: str = ""  # what the name resolved to: the cache's identity of these weights
-
-    def encode(self, text: str, *, chat: bool = False) -> list[int]:
-        """Token ids of `text`: a chat user turn when `chat`, else raw text."""
-        return encode_prompt(self.tokenizer, text, chat=chat)
-
-    @property
-    def chat(self) -> bool:
-        """Has the model a chat template (an instruct model)?"""
-        return has_chat_template(self.tokenizer)
-
-    def decode(self, ids: list[int]) -> str:
-        """The text of `ids`, special tokens (a chat model's end-of-turn) left out."""
-        return self.tokenizer.decode(ids, skip_special_tokens=True)
-
-    @property
-    def piece(self) -> Callable[[int], str]:
-        return _piece_function(self.tokenizer)
-
-
-@lru_cache(maxsize=8)
-def _piece_function(tokenizer) -> Callable[[int], str]:
-    # SentencePiece tokenizers drop a token's leading space when it is decoded alone; decoding it
-    # after a fixed anchor token and cutting the anchor off keeps the space.
-    anchor = tokenizer("a", add_special_tokens=False)["input_ids"][-1:] or []
-    anchor_text = tokenizer.decode(anchor) if anchor else ""
-
-    @lru_cache(maxsize=65536)
-    def piece(token_id: int) -> str:
-        both = tokenizer.decode(anchor + [token_id])
-        if anchor and both.startswith(anchor_text):
-            return both[len(anchor_text):]
-        return tokenizer.decode([token_id])
-
-    return piece
-
-
-NOT_LOADABLE = ("is not a loadable model here: give the default ({default}), a model directory or "
-                ".gguf file on this server, or a Hugging Face hub id")
-
-
-class ModelCache:
-    """Loaded models, shared by every visitor: keyed by what a name resolves to (a directory
-    however it is spelled, a hub id), at most `capacity` of them, the least recently used
-    evicted first and the default model last. `allowed` (None: any name) limits which names may
-    load at all, for a public Space. A failed load leaves the cache unchanged and says only that
-    the name is not loadable: the reason (which paths exist) goes to the server's log."""
-
-    def __init__(self, *, device: str | None = "auto",
-                 loader: Callable[..., tuple[StagedModel, object]] = ppsd.load_model,
-                 key: Callable[[str], str] = resolve, capacity: int = 2,
-                 allowed: tuple[str, ...] | None = None) -> None:
-        if capacity < 1:
-            raise ValueError(f"capacity={capacity}: the cache must hold at least one model")
-        self._device = device
-        self._loader = loader
-        self._key = key
-        self.capacity = capacity
-        self.allowed = allowed
-        self._models: OrderedDict[str, Loaded] = OrderedDict()  # key -> model, least recent first
-        self._aliases: dict[str, str] = {}  # name as typed -> key
-        self._heads: dict[tuple[str, str, int], HeadChoice] = {}
-        self._lock = threading.Lock()  # held briefly: the tables above
-        self._loading = threading.Lock()  # held through a load: two at once would hold both in memory
-
-    def __contains__(self, name: str) -> bool:
-        return self.find(name) is not None
-
-    def __len__(self) -> int:
-        return len(self._models)
-
-    def names(self) -> list[str]:
-        return [loaded.name for loaded in self._models.values()]
-
-    def find(self, name: str) -> "Loaded | None":
-        """The loaded model `name` if it is in the cache (never loads, never resolves)."""
-        key = self._aliases.get(str(name).strip())
-        return self._models.get(key) if key is not None else None
-
-    def clear(self) -> None:
-        with self._lock:
-            self._models.clear()
-            self._aliases.clear()
-            self._heads.clear()
-        _free_memory()
-
-    def exit_head(self, spec: str, loaded: "Loaded", exit_layer: int) -> HeadChoice:
-        """The exit head `spec` names for `loaded` at `exit_layer` ("" or "auto": the shipped one
-        when it fits, else shared), loaded once; ValueError when a given head was made for
-        another model or another E (`ppsd.heads.load_exit_head` says which)."""
-        key = (spec.strip(), loaded.key, exit_layer)
-        with self._lock:
-            if key not in self._heads:
-                self._heads[key] = choose_exit_head(loaded.model, exit_layer, key[0])
-            return self._heads[key]
-
-    def get(self, name: str, *, progress: Progress | None = None) -> Loaded:
-        """The loaded model `name`, loading and warming it up on first use (ValueError if it may
-        not or cannot be loaded); `progress` hears of a first-use download or conversion."""
-        name = str(name).strip()
-        if not name:
-            raise ValueError("model name is empty: give a local directory or a Hugging Face hub id")
-        if self.allowed is not None and name not in self.allowed:
-            raise ValueError(f"{name!r} is not offered here: choose one of {', '.join(self.allowed)}")
-        found = self._touch(name)
-        if found is not None:
-            return found
-        with self._loading:
-            found = self._touch(name)  # loaded by whoever held the lock before us
-            if found is not None:
-                return found
-            try:
-                key = self._key(name)
-                loaded = self._models.get(key) or self._load(name, key, progress)
-            except ValueError as error:
-                print(f"model {name!r} not loaded: {error}", file=sys.stderr, flush=True)
-                if UNREACHABLE in str(error):  # says nothing of this server's files
-                    raise
-                raise ValueError(f"{name!r} " + NOT_LOADABLE.format(default=ppsd.DEFAULT_MODEL)) from None
-            with self._lock:
-                self._models[key] = loaded
-                self._aliases[name] = key
-                self._models.move_to_end(key)
-                self._evict()
-            return loaded
-
-    def _touch(self, name: str) -> "Loaded | None":
-        """`find(name)`, marked as the most recently used."""
-        with self._lock:
-            found = self.find(name)
-            if found is not None:
-                self._models.move_to_end(found.key)
-            return found
-
-    def _load(self, name: str, key: str, progress: Progress | None) -> "Loaded":
-        started = time.perf_counter()
-        model, tokenizer = self._loader(name, device=self._device, progress=progress)
-        loaded = Loaded(name, model, tokenizer, time.perf_counter() - started, key=key)
-        warm_up(model, loaded.encode("Hello") or [0])
-        return loaded
-
-    def _evict(self) -> None:
-        """Drop least recently used models (the default model last) until `capacity` fit."""
-        while len(self._models) > self.capacity:
-            keys = list(self._models)
-            victim = next((k for k in keys if not is_default(self._models[k].name)), keys[0])
-            del self._models[victim]
-            self._aliases = {n: k for n, k in self._aliases.items() if k != victim}
-            self._heads = {h: v for h, v in self._heads.items() if h[1] != victim}
-            print(f"model cache: evicted {victim} (holds at most {self.capacity})", file=sys.stderr, flush=True)
-            _free_memory()
-
-
-def _free_memory() -> None:
-    """Give an evicted model's memory back now (its tensors may sit in reference cycles)."""
-    import gc
-
-    gc.collect()
-    import torch
-
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
-
-
-def warm_up(model: StagedModel, prompt_ids: list[int], config: DecodeConfig = DecodeConfig(), *,
-            executor: DistributedExecutor | None = None) -> None:
-    """A few untimed tokens of every method (on `executor` when given), so lazy initialisation
-    (kernels, allocator, first calls and messages) does not land in AR's timing, which runs first."""
-    for method in ("ar", "ppsd", "eesd"):
-        ppsd.generate(model, prompt_ids, replace(config, method=method, max_new_tokens=WARMUP_TOKENS),
-                      executor=executor)
 
 
 @dataclass(frozen=True)
@@ -445,73 +261,6 @@ def run_comparison(request: RunRequest, cache: ModelCache, *, throttle: float = 
     snapshot.status = "" if timed == rounds else f"Stopped while timing again: the spread is over {timed} runs."
     _count("finished", +1)
     yield snapshot
-
-
-class Background:
-    """`work(tell)` on a daemon thread, for waits a page must be able to leave (Stop) while
-    showing what happens: `progress` yields the latest `tell` message twice a second, `value`
-    returns the result or raises the work's exception."""
-
-    def __init__(self, work: Callable[[Progress], object], name: str) -> None:
-        self._messages: list[str] = []
-        self._outcome: list = []  # [result] or [None, exception]
-
-        def run() -> None:
-            try:
-                self._outcome[:] = [work(self._messages.append)]
-            except BaseException as error:  # noqa: BLE001 - handed to the caller's thread in value()
-                self._outcome[:] = [None, error]
-
-        self._thread = threading.Thread(target=run, name=name, daemon=True)
-        self._thread.start()
-
-    def progress(self, stop: threading.Event, doing: str, every: float = 0.5) -> Iterator[str]:
-        """'<latest message>… N s' while the work runs, until it ends or `stop` is set."""
-        started = time.perf_counter()
-        while self._thread.is_alive() and not stop.is_set():
-            yield f"{(self._messages or [doing])[-1]}… {time.perf_counter() - started:.0f} s"
-            self._thread.join(every)
-
-    def value(self) -> object:
-        self._thread.join()
-        if len(self._outcome) == 2:
-            raise self._outcome[1]
-        return self._outcome[0]
-
-
-class DeviceLine:
-    """The device decodes one comparison at a time: visitors queue here in arrival order, at
-    most `max_waiting` of them (more are told to come back), and can see how many are ahead.
-    Loading a model happens before joining, so it never holds the device."""
-
-    def __init__(self, max_waiting: int) -> None:
-        self.max_waiting = max_waiting
-        self._line: list[object] = []  # the first holds the device
-        self._changed = threading.Condition()
-
-    @contextmanager
-    def place(self) -> Iterator[object]:
-        """A place in line, left on exit (also on Stop and on error). ValueError when full."""
-        ticket = object()
-        with self._changed:
-            if len(self._line) > self.max_waiting:
-                raise ValueError(f"the demo is busy (one run decoding, {len(self._line) - 1} waiting, the most "
-                                 "it queues): please try again in a moment")
-            self._line.append(ticket)
-        try:
-            yield ticket
-        finally:
-            with self._changed:
-                self._line.remove(ticket)
-                self._changed.notify_all()
-
-    def ahead(self, ticket: object, *, wait: float = 0.0) -> int:
-        """How many runs are ahead of `ticket` (0: the device is its), after waiting up to
-        `wait` seconds for that to change."""
-        with self._changed:
-            if self._line.index(ticket) > 0 and wait > 0:
-                self._changed.wait(wait)
-            return self._line.index(ticket)
 
 
 def workers_available(stages: int, device: str) -> str | None:

@@ -56,8 +56,8 @@ class Trace:
         1. Every event is well formed: stage in [1, K], 0 <= start <= end, width >= 1,
            0 <= kept <= width, kind known, clock known.
         2. At most one piece of work per stage at a time.
-        3. Tokens pass the stages in order: work on stage k > 1 starts after the work of stage
-           k - 1 on its first position, recorded before it, has ended.
+        3. Tokens pass the stages in order: work on stage k > 1 starts after the latest work of
+           stage k - 1 on any of its positions, recorded before it, has ended.
         4. Every position in [0, length - 1) passed every stage exactly once in work that was
            kept (after its last flush); no kept work lies at or beyond length - 1.
         5. Utilization of every stage lies in [0, 1].
@@ -150,13 +150,16 @@ class Dependencies:
 
 
 def dependencies(events: tuple[Event, ...] | list[Event], num_stages: int) -> list[Dependencies]:
-    """For each event: the latest earlier work of the previous stage on its first position, and,
-    for stage-1 work fed by the final stage, the latest earlier final-stage work."""
+    """For each event: the latest earlier work of the previous stage on any of its positions (an
+    EESD verification spans g drafts, each pushed through stage 1 on its own), and, for stage-1
+    work fed by the final stage, the latest earlier final-stage work."""
     last_final: int | None = None
     last_at: dict[tuple[int, int], int] = {}
     found = []
     for i, e in enumerate(events):
-        producer = last_at.get((e.stage - 1, e.position)) if e.stage > 1 else None
+        inputs = [last_at[(e.stage - 1, p)] for p in range(e.position, e.position + e.width)
+                  if (e.stage - 1, p) in last_at] if e.stage > 1 else []
+        producer = max(inputs) if inputs else None
         restart = last_final if e.stage == 1 and e.from_final else None
         found.append(Dependencies(producer, restart))
         for p in range(e.position, e.position + e.width):

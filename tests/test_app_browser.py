@@ -36,7 +36,7 @@ def free_port() -> int:
 @pytest.fixture(scope="module")
 def page_url(request):
     from app import create_demo, launch_kwargs
-    from app import ui
+    from app import handlers
 
     torch.set_num_threads(1)  # two shared cores: avoid oversubscription stalls
     real = default_available()
@@ -49,13 +49,13 @@ def page_url(request):
         yield f"http://127.0.0.1:{port}/", model, real
     finally:
         demo.close()
-        ui.CACHE.clear()
+        handlers.CACHE.clear()
 
 
 def test_page_runs_an_example_and_shows_tokens_timeline_and_headline(page_url, tmp_path):
     sync_api = pytest.importorskip("playwright.sync_api")
     from app.runner import workers_available
-    from app.ui import load_examples
+    from app.page_text import load_examples
     from ppsd.model import resolve_device
 
     url, model, real = page_url

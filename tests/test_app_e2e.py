@@ -13,7 +13,7 @@ import torch
 from gradio_client import Client
 
 from app import create_demo, launch_kwargs
-from app import ui
+from app import handlers
 
 
 def free_port() -> int:
@@ -38,7 +38,7 @@ def run_args(model: str, *, prompt: str = "def fibonacci(n):", eesd: bool = Fals
 def server(saved_model):
     # Two shared cores: one intra-op thread avoids oversubscription stalls.
     torch.set_num_threads(1)
-    ui.CACHE.clear()
+    handlers.CACHE.clear()
     demo = create_demo()
     demo.queue(max_size=8)
     port = free_port()
@@ -47,14 +47,14 @@ def server(saved_model):
         yield Client(f"http://127.0.0.1:{port}/", verbose=False), saved_model
     finally:
         demo.close()
-        ui.CACHE.clear()
+        handlers.CACHE.clear()
 
 
 def test_demo_builds_without_loading_a_model():
-    ui.CACHE.clear()
+    handlers.CACHE.clear()
     demo = create_demo()
     assert isinstance(demo, gr.Blocks)
-    assert len(ui.CACHE) == 0
+    assert len(handlers.CACHE) == 0
     assert "run" in {d.api_name for d in demo.fns.values()}
 
 
@@ -145,9 +145,9 @@ def test_unloadable_model_keeps_the_loaded_one(server, name, tmp_path):
     if name == "no/such-model":  # a hub id, and tests run offline: said at once, and it names no server file
         assert error == "cannot load model 'no/such-model': cannot reach the model hub; give a local directory, or connect"
     else:  # whatever is wrong with a path, the page does not tell which server paths exist
-        assert error == f"{bad!r} is not a loadable model here: give the default ({ui.ppsd.DEFAULT_MODEL}), a " \
+        assert error == f"{bad!r} is not a loadable model here: give the default ({handlers.ppsd.DEFAULT_MODEL}), a " \
                         "model directory or .gguf file on this server, or a Hugging Face hub id"
-    assert model in ui.CACHE and bad not in ui.CACHE
+    assert model in handlers.CACHE and bad not in handlers.CACHE
     outputs = client.predict(*run_args(model, max_new_tokens=3), api_name="/run")
     assert len(outputs[-1]["ar"]["token_ids"]) == 3
 
@@ -237,18 +237,18 @@ def test_one_model_however_its_path_is_spelled_and_at_most_two_kept(server, tmp_
     from pathlib import Path
 
     client, model = server
-    ui.CACHE.clear()
+    handlers.CACHE.clear()
     spellings = [model, model + "/", model + "//", str(Path(model).parent / "." / Path(model).name)]
     for name in spellings:
         client.predict(name, api_name="/load")
-    assert len(ui.CACHE) == 1 and all(name in ui.CACHE for name in spellings)
+    assert len(handlers.CACHE) == 1 and all(name in handlers.CACHE for name in spellings)
     copies = [shutil.copytree(model, tmp_path / f"copy{i}") for i in range(2)]
     for copy in copies:
         client.predict(str(copy), api_name="/load")
-    assert len(ui.CACHE) == ui.CACHE.capacity == 2
-    assert model not in ui.CACHE and all(str(c) in ui.CACHE for c in copies)  # the oldest went first
+    assert len(handlers.CACHE) == handlers.CACHE.capacity == 2
+    assert model not in handlers.CACHE and all(str(c) in handlers.CACHE for c in copies)  # the oldest went first
     outputs = client.predict(*run_args(model, max_new_tokens=3), api_name="/run")  # and it loads again on use
-    assert len(outputs[-1]["ar"]["token_ids"]) == 3 and len(ui.CACHE) == 2
+    assert len(outputs[-1]["ar"]["token_ids"]) == 3 and len(handlers.CACHE) == 2
 
 
 def test_a_slow_load_does_not_hold_the_device(server, monkeypatch):
@@ -257,7 +257,7 @@ def test_a_slow_load_does_not_hold_the_device(server, monkeypatch):
 
     client, model = server
     client.predict(*run_args(model, max_new_tokens=2), api_name="/run")  # loaded, warm
-    loader = ui.CACHE._loader
+    loader = handlers.CACHE._loader
 
     def slow(name, **kwargs):
         if name == "slow/model":
@@ -265,8 +265,8 @@ def test_a_slow_load_does_not_hold_the_device(server, monkeypatch):
             raise ValueError("cannot load model 'slow/model': gone")
         return loader(name, **kwargs)
 
-    monkeypatch.setattr(ui.CACHE, "_loader", slow)
-    monkeypatch.setattr(ui.CACHE, "_key", lambda name: name)
+    monkeypatch.setattr(handlers.CACHE, "_loader", slow)
+    monkeypatch.setattr(handlers.CACHE, "_key", lambda name: name)
     other = Client(client.src, verbose=False)  # a second visitor
     slow_job = other.submit(*run_args("slow/model"), api_name="/run")
     time.sleep(0.5)
@@ -280,13 +280,13 @@ def test_a_slow_load_does_not_hold_the_device(server, monkeypatch):
 def test_a_full_line_says_busy_in_words(server, monkeypatch):
     import time
 
-    from app.runner import DeviceLine
+    from app.line import DeviceLine
 
     client, model = server
-    monkeypatch.setattr(ui, "LINE", DeviceLine(0))  # room for the running one, none waiting
+    monkeypatch.setattr(handlers, "LINE", DeviceLine(0))  # room for the running one, none waiting
     first = client.submit(*run_args(model, max_new_tokens=200), api_name="/run")
     deadline = time.monotonic() + 30
-    while not ui.LINE._line and time.monotonic() < deadline:
+    while not handlers.LINE._line and time.monotonic() < deadline:
         time.sleep(0.02)
     other = Client(client.src, verbose=False)
     busy = other.predict(*run_args(model, max_new_tokens=2), api_name="/run")[-1]
@@ -391,10 +391,10 @@ def test_the_server_shuts_down_quietly_and_leaves_no_process(saved_model, stop):
 def test_the_max_tokens_slider_offers_only_what_the_context_leaves(server):
     client, model = server
     client.predict(model, api_name="/load")
-    loaded = ui.CACHE.find(model)
+    loaded = handlers.CACHE.find(model)
     prompt = "def fibonacci(n):"
     room = loaded.model.info.max_context - len(loaded.encode(prompt, chat=False))
-    update = ui.max_tokens_update(prompt, model, False, 1000)
+    update = handlers.max_tokens_update(prompt, model, False, 1000)
     assert update["maximum"] == room < 1024 and update["value"] == room and "minus the prompt" in update["info"]
     outputs = client.predict(*run_args(model, prompt=prompt, max_new_tokens=room, chat=False), api_name="/run")
     assert len(outputs[-1]["ar"]["token_ids"]) == room  # the slider's top is a run that works

@@ -10,7 +10,8 @@ import torch
 
 import ppsd
 from app import render
-from app.runner import ModelCache, PausableStopwatch, RunRequest, run_comparison
+from app.models import ModelCache
+from app.runner import PausableStopwatch, RunRequest, run_comparison
 from ppsd import Draft, Event, Token, Trace
 from ppsd.metrics import DEFINITIONS, ideal_ppsd_speedup
 
@@ -268,10 +269,10 @@ def test_agreement_note_tells_identical_from_sampled_from_broken():
 
 
 def test_live_updates_send_only_changes_and_end_complete(tiny_cache):
-    from app import ui
+    from app import handlers
 
     request = RunRequest(prompt="def fibonacci(n):", model="tiny", max_new_tokens=12)
-    updates = list(ui._updates(run_comparison(request, tiny_cache, throttle=0.0)))
+    updates = list(handlers._updates(run_comparison(request, tiny_cache, throttle=0.0)))
     skipped = lambda value: isinstance(value, dict) and value.get("__type__") == "update"  # noqa: E731
     assert not any(skipped(v) for v in updates[-1])  # the result an API client receives is whole
     assert 'class="tok tok-' in updates[-1][4] and updates[-1][-2]["ar"]["token_ids"]
@@ -341,7 +342,7 @@ def test_runner_on_k_workers_gives_the_same_tokens_on_a_measured_concurrent_cloc
 
 
 def test_a_space_offers_only_the_models_its_owner_allows(monkeypatch, tiny_cache):
-    from app.ui import allowed_models
+    from app.handlers import allowed_models
 
     for env, expected in [({}, None), ({"SPACE_ID": "me/ppsd"}, (ppsd.DEFAULT_MODEL,)),
                           ({"SPACE_ID": "me/ppsd", "PPSD_MODELS": "*"}, None),

@@ -10,6 +10,7 @@ import pytest
 
 from ppsd import DecodeConfig, StagedModel, Trace, generate
 from ppsd.metrics import ideal_eesd_speedup, ideal_ppsd_speedup
+from ppsd.steps import Event
 
 from test_exactness import exit_equals_full, model_for
 
@@ -149,3 +150,16 @@ def test_ideal_ppsd_speedup_takes_its_slot_from_the_slowest_stage(llama):
     result = run(llama, "ppsd", stages=2, exit_layer=2)
     a = result.metrics().acceptance_rate
     assert result.metrics().ideal_speedup == pytest.approx(1 / (1 - a * (1 - 6 / 8)))
+
+
+def test_an_eesd_verification_waits_for_the_last_draft_it_checks():
+    """EESD pushes g drafts through stage 1 one by one, then stage 2 verifies all g at once: on
+    the projected clock that verification starts after the last draft, not after the first."""
+    events = (Event(1, 0, "prefill", 0.0, 1.0, 5, width=3), Event(2, 0, "prefill", 1.0, 2.0, 5, width=3),
+              Event(1, 3, "draft", 2.0, 3.0, 6), Event(1, 4, "draft", 3.0, 4.0, 7), Event(1, 5, "draft", 4.0, 5.0, 8),
+              Event(2, 3, "verify", 5.0, 6.0, 6, width=3))
+    trace = Trace(events, (range(0, 2), range(2, 4)), prompt_len=3, length=7, clock="measured")
+    projected = trace.project()
+    assert projected.events[-1].start == pytest.approx(projected.events[-2].end)
+    wrong = replace(events[-1], start=3.5, end=4.5)  # begun while drafts 2 and 3 were still running
+    assert 3 in [n for n, _ in Trace(events[:-1] + (wrong,), trace.stages, 3, 7, "measured").violations()]

@@ -1,0 +1,81 @@
+"""Waiting, visibly: the line of runs for the one device, and work on a thread that a page can
+stop waiting for (Stop) while it shows what happens.
+
+Plain threading; no Gradio, no models.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from contextlib import contextmanager
+from typing import Callable, Iterator
+
+from ppsd.model_source import Progress
+
+
+class Background:
+    """`work(tell)` on a daemon thread, for waits a page must be able to leave (Stop) while
+    showing what happens: `progress` yields the latest `tell` message twice a second, `value`
+    returns the result or raises the work's exception."""
+
+    def __init__(self, work: Callable[[Progress], object], name: str) -> None:
+        self._messages: list[str] = []
+        self._outcome: list = []  # [result] or [None, exception]
+
+        def run() -> None:
+            try:
+                self._outcome[:] = [work(self._messages.append)]
+            except BaseException as error:  # noqa: BLE001 - handed to the caller's thread in value()
+                self._outcome[:] = [None, error]
+
+        self._thread = threading.Thread(target=run, name=name, daemon=True)
+        self._thread.start()
+
+    def progress(self, stop: threading.Event, doing: str, every: float = 0.5) -> Iterator[str]:
+        """'<latest message>… N s' while the work runs, until it ends or `stop` is set."""
+        started = time.perf_counter()
+        while self._thread.is_alive() and not stop.is_set():
+            yield f"{(self._messages or [doing])[-1]}… {time.perf_counter() - started:.0f} s"
+            self._thread.join(every)
+
+    def value(self) -> object:
+        self._thread.join()
+        if len(self._outcome) == 2:
+            raise self._outcome[1]
+        return self._outcome[0]
+
+
+class DeviceLine:
+    """The device decodes one comparison at a time: visitors queue here in arrival order, at
+    most `max_waiting` of them (more are told to come back), and can see how many are ahead.
+    Loading a model happens before joining, so it never holds the device."""
+
+    def __init__(self, max_waiting: int) -> None:
+        self.max_waiting = max_waiting
+        self._line: list[object] = []  # the first holds the device
+        self._changed = threading.Condition()
+
+    @contextmanager
+    def place(self) -> Iterator[object]:
+        """A place in line, left on exit (also on Stop and on error). ValueError when full."""
+        ticket = object()
+        with self._changed:
+            if len(self._line) > self.max_waiting:
+                raise ValueError(f"the demo is busy (one run decoding, {len(self._line) - 1} waiting, the most "
+                                 "it queues): please try again in a moment")
+            self._line.append(ticket)
+        try:
+            yield ticket
+        finally:
+            with self._changed:
+                self._line.remove(ticket)
+                self._changed.notify_all()
+
+    def ahead(self, ticket: object, *, wait: float = 0.0) -> int:
+        """How many runs are ahead of `ticket` (0: the device is its), after waiting up to
+        `wait` seconds for that to change."""
+        with self._changed:
+            if self._line.index(ticket) > 0 and wait > 0:
+                self._changed.wait(wait)
+            return self._line.index(ticket)
