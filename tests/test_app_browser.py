@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import socket
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -52,15 +53,11 @@ def page_url(request):
         handlers.CACHE.clear()
 
 
-def test_page_runs_an_example_and_shows_tokens_timeline_and_headline(page_url, tmp_path):
+@contextmanager
+def _page(page_url):
+    """The page in a fresh browser, on the test's model; closed afterwards, also on failure."""
     sync_api = pytest.importorskip("playwright.sync_api")
-    from app.runner import workers_available
-    from app.page_text import load_examples
-    from ppsd.model import resolve_device
-
     url, model, real = page_url
-    shot = ROOT / "docs" / "screenshot.png" if os.environ.get("PPSD_SAVE_SCREENSHOT") == "1" \
-        else tmp_path / "screenshot.png"
     with sync_api.sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
         try:
@@ -68,57 +65,58 @@ def test_page_runs_an_example_and_shows_tokens_timeline_and_headline(page_url, t
             page.goto(url, wait_until="domcontentloaded")
             page.locator("#run").wait_for(timeout=30_000)
             if not real:
-                box = page.locator("#model textarea, #model input").first
-                box.fill(model)
-            example = load_examples()[0]
-            page.get_by_text(f"{example['category']} · {example['name']}", exact=True).first.click()
-            prompt = page.locator("#prompt textarea").first
-            page.wait_for_function("(el) => el.value.length > 0", arg=prompt.element_handle(), timeout=10_000)
-            assert prompt.input_value() == example["prompt"]
-            # Asked before the run: while one runs, stage 1's pinning narrows this process's cores.
-            workers = workers_available(2, resolve_device("auto")) is None
-            page.locator("#run").click()
-            # The default model's first use converts its GGUF (about 20 s) before the run; the
-            # agreement note comes with the last snapshot, after every timed run.
-            page.locator(".headline-agreement").wait_for(timeout=180_000 if real else 45_000)
-            headline = page.locator(".headline-main").inner_text()
-            assert "than AR" in headline and "PPSD" in headline
-            # With the cores for K = 2 workers the page runs the real pipeline and says so.
-            assert page.locator("#workers input").is_checked() == workers
-            clock = "measured clock" if workers else "projected clock"
-            assert clock in page.locator(".headline-clock").inner_text()
-            coloured = page.locator("#stream-ppsd .tok-accepted, #stream-ppsd .tok-corrected")
-            assert coloured.count() > 0
-            assert page.locator("#stream-ar .tok-verified").count() > 0
-            page.locator("#timeline .js-plotly-plot").wait_for(timeout=10_000)
-            assert "stage 1" in page.locator("#timeline").inner_text()
-            assert page.locator(".ppsd-legend").is_visible()
-            page.locator("#step-view .step-caption").wait_for(timeout=10_000)  # the step-through is ready
-            assert page.locator("#step-view .step-caption").inner_text().startswith("Slot 1 of")
-            page.locator("#step-next").click()
-            page.wait_for_function("() => document.querySelector('#step-view .step-caption')"
-                                   ".innerText.startsWith('Slot 2 of')", timeout=10_000)
-            assert page.locator("#stream-ppsd .tok-rejected").first.is_hidden()  # committed text only
-            page.locator("#drafts input").check()
-            assert page.locator("#stream-ppsd .tok-rejected").first.is_visible()  # the drafts on request
-            page.locator("#drafts input").uncheck()
-            page.locator(".race-lane").first.wait_for(timeout=10_000)
-            page.wait_for_timeout(4500)  # let the race replay finish before the picture
-            shot.parent.mkdir(parents=True, exist_ok=True)
-            page.screenshot(path=str(shot), full_page=True)
+                page.locator("#model textarea, #model input").first.fill(model)
+            yield page
         finally:
             browser.close()
+
+
+def test_page_runs_an_example_and_shows_tokens_timeline_and_headline(page_url, tmp_path):
+    from app.page_text import load_examples
+    from app.runner import workers_available
+    from ppsd.model import resolve_device
+
+    real = page_url[2]
+    shot = ROOT / "docs" / "screenshot.png" if os.environ.get("PPSD_SAVE_SCREENSHOT") == "1" \
+        else tmp_path / "screenshot.png"
+    with _page(page_url) as page:
+        example = load_examples()[0]
+        page.get_by_text(f"{example['category']} · {example['name']}", exact=True).first.click()
+        prompt = page.locator("#prompt textarea").first
+        page.wait_for_function("(el) => el.value.length > 0", arg=prompt.element_handle(), timeout=10_000)
+        assert prompt.input_value() == example["prompt"]
+        # Asked before the run: while one runs, stage 1's pinning narrows this process's cores.
+        workers = workers_available(2, resolve_device("auto")) is None
+        page.locator("#run").click()
+        # The default model's first use converts its GGUF (about 20 s) before the run; the
+        # agreement note comes with the last snapshot, after every timed run.
+        page.locator(".headline-agreement").wait_for(timeout=180_000 if real else 45_000)
+        headline = page.locator(".headline-main").inner_text()
+        assert "than AR" in headline and "PPSD" in headline
+        # With the cores for K = 2 workers the page runs the real pipeline and says so.
+        assert page.locator("#workers input").is_checked() == workers
+        clock = "measured clock" if workers else "projected clock"
+        assert clock in page.locator(".headline-clock").inner_text()
+        coloured = page.locator("#stream-ppsd .tok-accepted, #stream-ppsd .tok-corrected")
+        assert coloured.count() > 0
+        assert page.locator("#stream-ar .tok-verified").count() > 0
+        page.locator("#timeline .js-plotly-plot").wait_for(timeout=10_000)
+        assert "stage 1" in page.locator("#timeline").inner_text()
+        assert page.locator(".ppsd-legend").is_visible()
+        page.locator("#step-view .step-caption").wait_for(timeout=10_000)  # the step-through is ready
+        assert page.locator("#step-view .step-caption").inner_text().startswith("Slot 1 of")
+        page.locator("#step-next").click()
+        page.wait_for_function("() => document.querySelector('#step-view .step-caption')"
+                               ".innerText.startsWith('Slot 2 of')", timeout=10_000)
+        assert page.locator("#stream-ppsd .tok-rejected").first.is_hidden()  # committed text only
+        page.locator("#drafts input").check()
+        assert page.locator("#stream-ppsd .tok-rejected").first.is_visible()  # the drafts on request
+        page.locator("#drafts input").uncheck()
+        page.locator(".race-lane").first.wait_for(timeout=10_000)
+        page.wait_for_timeout(4500)  # let the race replay finish before the picture
+        shot.parent.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(shot), full_page=True)
     assert shot.stat().st_size > 10_000
-
-
-def _open(p, url: str, model: str, real: bool):
-    browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-    page = browser.new_page(viewport={"width": 1400, "height": 1000})
-    page.goto(url, wait_until="domcontentloaded")
-    page.locator("#run").wait_for(timeout=30_000)
-    if not real:
-        page.locator("#model textarea, #model input").first.fill(model)
-    return browser, page
 
 
 def _set_slider(page, elem_id: str, value: int) -> None:
@@ -131,52 +129,40 @@ def _set_slider(page, elem_id: str, value: int) -> None:
 def test_stop_answers_within_a_second_and_shows_where_it_stopped(page_url):
     import time
 
-    sync_api = pytest.importorskip("playwright.sync_api")
-    url, model, real = page_url
-    with sync_api.sync_playwright() as p:
-        browser, page = _open(p, url, model, real)
-        try:
-            page.locator("#prompt textarea").first.fill("Tell me a long story about a lighthouse keeper.")
-            _set_slider(page, "max-new-tokens", 1000)
-            page.locator("#run").click()
-            page.get_by_text("Running AR").first.wait_for(timeout=180_000)
-            page.wait_for_timeout(1500)  # well into the run
-            clicked = time.monotonic()
-            page.locator("#stop").click()
-            page.get_by_text("Stopped during").first.wait_for(timeout=5_000)
-            answered = time.monotonic() - clicked
-            assert answered < 1.0, f"Stop took {answered:.2f} s to show"
-            page.wait_for_timeout(1500)
-            status = page.locator(".headline-status").inner_text()
-            assert status.startswith("Stopped during AR, after") and "Running" not in status  # and it stays
-            assert page.locator("#stats-ar").inner_text().startswith("stopped at")
-        finally:
-            browser.close()
+    with _page(page_url) as page:
+        page.locator("#prompt textarea").first.fill("Tell me a long story about a lighthouse keeper.")
+        _set_slider(page, "max-new-tokens", 1000)
+        page.locator("#run").click()
+        page.get_by_text("Running AR").first.wait_for(timeout=180_000)
+        page.wait_for_timeout(1500)  # well into the run
+        clicked = time.monotonic()
+        page.locator("#stop").click()
+        page.get_by_text("Stopped during").first.wait_for(timeout=5_000)
+        answered = time.monotonic() - clicked
+        assert answered < 1.0, f"Stop took {answered:.2f} s to show"
+        page.wait_for_timeout(1500)
+        status = page.locator(".headline-status").inner_text()
+        assert status.startswith("Stopped during AR, after") and "Running" not in status  # and it stays
+        assert page.locator("#stats-ar").inner_text().startswith("stopped at")
 
 
 def test_every_slider_position_is_valid_and_errors_go_beside_run(page_url):
-    sync_api = pytest.importorskip("playwright.sync_api")
-    url, model, real = page_url
-    with sync_api.sync_playwright() as p:
-        browser, page = _open(p, url, model, real)
-        try:
-            page.wait_for_timeout(1000)  # the page-load handler fits the sliders to the model
-            top_k = int(page.locator("#stages input[type=number]").first.get_attribute("max"))
-            _set_slider(page, "stages", top_k)  # K = L: every stage one layer, so E must fall to 1
-            page.wait_for_function("() => document.querySelector('#exit-layer input[type=number]').value === '1'",
-                                   timeout=10_000)
-            top_e = int(page.locator("#exit-layer input[type=number]").first.get_attribute("max"))
-            _set_slider(page, "exit-layer", top_e)  # E = L - 1: one layer left, so K falls to 2
-            page.wait_for_function("() => document.querySelector('#stages input[type=number]').value === '2'",
-                                   timeout=10_000)
-            assert page.locator(".toast-body, .toast-wrap .error").count() == 0  # no Gradio error toast
-            page.locator("#model textarea, #model input").first.fill("/etc/passwd")
-            page.locator("#prompt textarea").first.fill("hello")
-            page.locator("#run").click()
-            message = page.locator("#run-message .run-message-error")
-            message.wait_for(timeout=30_000)
-            assert "'/etc/passwd' is not a loadable model here" in message.inner_text()
-            assert page.locator(".headline-main").count() == 0  # no numbers of an earlier run
-            assert page.get_by_text("Error", exact=True).count() == 0  # no generic error badges
-        finally:
-            browser.close()
+    with _page(page_url) as page:
+        page.wait_for_timeout(1000)  # the page-load handler fits the sliders to the model
+        top_k = int(page.locator("#stages input[type=number]").first.get_attribute("max"))
+        _set_slider(page, "stages", top_k)  # K = L: every stage one layer, so E must fall to 1
+        page.wait_for_function("() => document.querySelector('#exit-layer input[type=number]').value === '1'",
+                               timeout=10_000)
+        top_e = int(page.locator("#exit-layer input[type=number]").first.get_attribute("max"))
+        _set_slider(page, "exit-layer", top_e)  # E = L - 1: one layer left, so K falls to 2
+        page.wait_for_function("() => document.querySelector('#stages input[type=number]').value === '2'",
+                               timeout=10_000)
+        assert page.locator(".toast-body, .toast-wrap .error").count() == 0  # no Gradio error toast
+        page.locator("#model textarea, #model input").first.fill("/etc/passwd")
+        page.locator("#prompt textarea").first.fill("hello")
+        page.locator("#run").click()
+        message = page.locator("#run-message .run-message-error")
+        message.wait_for(timeout=30_000)
+        assert "'/etc/passwd' is not a loadable model here" in message.inner_text()
+        assert page.locator(".headline-main").count() == 0  # no numbers of an earlier run
+        assert page.get_by_text("Error", exact=True).count() == 0  # no generic error badges
