@@ -1,10 +1,10 @@
 """The PPSD web demo, in layers (each imports only those listed before it):
 
-- `render`, `teach`: pure functions, records in, HTML and Plotly figures out;
+- `render`, `numbers`, `teach`: pure functions, records in, HTML and Plotly figures out;
 - `models`: the loaded models a server shares; `line`: the device line, background waits;
 - `runner`: one comparison (AR, PPSD, EESD, timed again), as snapshots;
 - `view`: snapshot -> every output of the page, by name; `page_text`: the page's words;
-- `ui`: the Gradio page, thin handlers and wiring.
+- `handlers`: thin event handlers; `ui`: the Gradio page's panels and their wiring.
 
 `app.py` at the repository root launches it.
 """

@@ -11,7 +11,7 @@ import html
 import statistics
 from typing import Any
 
-from . import render, teach
+from . import numbers, render, teach
 from .runner import RunRequest, Snapshot
 
 METHODS = ("ar", "ppsd", "eesd")
@@ -31,14 +31,14 @@ def message(text: str = "", kind: str = "error") -> str:
 
 def idle() -> dict[str, Any]:
     """The page before any run (also after a failed one: no stale numbers stay up)."""
-    values: dict[str, Any] = {"headline": render.render_headline(None)}
+    values: dict[str, Any] = {"headline": numbers.render_headline(None)}
     for method in METHODS:
-        values[f"stats_{method}"] = render.render_stats("", None, None,
+        values[f"stats_{method}"] = numbers.render_stats("", None, None,
                                                         live="not enabled" if method == "eesd" else "waiting")
         values[f"stream_{method}"] = render.render_tokens((), str, placeholder="The output appears here.")
     values.update(timeline=render.empty_figure(TIMELINE_EMPTY),
                   theory=render.render_theory(stages=2, draft_len=4, exit_fraction=0.5, eesd=False),
-                  metrics=render.render_metrics_table({}), message=message(), summary=None, race=None)
+                  metrics=numbers.render_metrics_table({}), message=message(), summary=None, race=None)
     return values
 
 
@@ -51,8 +51,8 @@ def failed(text: str) -> dict[str, Any]:
 def status(text: str, request: RunRequest | None = None, phase: str | None = None) -> dict[str, Any]:
     """Only the headline's status line changes (loading a model, waiting for the device), with
     the run's phases as steps when `request` and its current `phase` are given."""
-    progress = render.render_progress(request.phases(), phase) if request is not None else ""
-    return {"headline": render.render_headline(None, status=text, progress=progress)}
+    progress = numbers.render_progress(request.phases(), phase) if request is not None else ""
+    return {"headline": numbers.render_headline(None, status=text, progress=progress)}
 
 
 def snapshot(snap: Snapshot, *, figures: bool = True) -> dict[str, Any]:
@@ -67,7 +67,7 @@ def snapshot(snap: Snapshot, *, figures: bool = True) -> dict[str, Any]:
         values[f"stats_{method}"], values[f"stream_{method}"] = _column(snap, method, finished)
     if figures:
         values.update(timeline=_timeline(snap), theory=_theory(snap, finished))
-    values.update(metrics=render.render_metrics_table(finished, workers=snap.concurrent), message=message(),
+    values.update(metrics=numbers.render_metrics_table(finished, workers=snap.concurrent), message=message(),
                   summary=_summary(snap, finished) if snap.done else None,
                   race=_race_state(snap) if snap.done else None)
     return values
@@ -79,16 +79,16 @@ def _column(snap: Snapshot, method: str, finished: dict) -> tuple[str, str]:
     if run is None:
         waiting = "not enabled" if method == "eesd" and not snap.request.eesd else (
             "not run: stopped" if snap.stopped else "waiting for its turn")
-        return render.render_stats(method, None, None, live=waiting), render.render_tokens((), piece, prompt=prompt)
+        return numbers.render_stats(method, None, None, live=waiting), render.render_tokens((), piece, prompt=prompt)
     trace = run.trace()
     deciders = render.deciding_events(trace.events, trace.num_stages)
     if run.done:
         measured, projected = finished[method]
-        stats = render.render_stats(method, projected, measured, workers=snap.concurrent)
+        stats = numbers.render_stats(method, projected, measured, workers=snap.concurrent)
         pending = ()
     else:
         doing = "stopped at" if snap.stopped else "decoding…"
-        stats = render.render_stats(method, None, None, live=f"{doing} {len(run.recorder.tokens)} tokens")
+        stats = numbers.render_stats(method, None, None, live=f"{doing} {len(run.recorder.tokens)} tokens")
         pending = () if snap.stopped else run.recorder.pending
     return stats, render.render_tokens(run.recorder.tokens, piece, prompt=prompt, pending=pending,
                                        deciders=deciders)
@@ -113,17 +113,17 @@ def _status_line(snap: Snapshot) -> str:
 
 def _headline(snap: Snapshot, finished: dict) -> str:
     status_text = _status_line(snap)
-    progress = "" if snap.done or snap.stopped else render.render_progress(snap.request.phases(), snap.active)
+    progress = "" if snap.done or snap.stopped else numbers.render_progress(snap.request.phases(), snap.active)
     if "ar" not in finished or "ppsd" not in finished:
-        return render.render_headline(None, status=status_text, progress=progress)
+        return numbers.render_headline(None, status=status_text, progress=progress)
     done = {m: r.result.token_ids for m, r in snap.runs.items() if r.done}
-    agreement = render.agreement_note(done, greedy=snap.request.temperature == 0) if snap.done else ""
+    agreement = numbers.agreement_note(done, greedy=snap.request.temperature == 0) if snap.done else ""
     lead = 0 if snap.concurrent else 1  # finished[m] is (measured, projected)
-    comparison = render.Comparison(
+    comparison = numbers.Comparison(
         ar=finished["ar"][lead], ppsd=finished["ppsd"][lead], ar_other=finished["ar"][1 - lead],
         ppsd_other=finished["ppsd"][1 - lead], stages=snap.stages, device=snap.device, workers=snap.concurrent,
         speedups=tuple(snap.speedups()), eesd=finished["eesd"][0] if "eesd" in finished else None)
-    return render.render_headline(comparison, status=status_text, agreement=agreement, progress=progress)
+    return numbers.render_headline(comparison, status=status_text, agreement=agreement, progress=progress)
 
 
 def _timeline(snap: Snapshot):

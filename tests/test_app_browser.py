@@ -43,7 +43,6 @@ def page_url(request):
     real = default_available()
     model = ppsd.DEFAULT_MODEL if real else request.getfixturevalue("saved_model")
     demo = create_demo()
-    demo.queue(max_size=8)
     port = free_port()
     demo.launch(prevent_thread_lock=True, server_port=port, quiet=True, **launch_kwargs())
     try:
@@ -147,6 +146,8 @@ def test_stop_answers_within_a_second_and_shows_where_it_stopped(page_url):
 
 
 def test_every_slider_position_is_valid_and_errors_go_beside_run(page_url):
+    import time
+
     with _page(page_url) as page:
         page.wait_for_timeout(1000)  # the page-load handler fits the sliders to the model
         top_k = int(page.locator("#stages input[type=number]").first.get_attribute("max"))
@@ -166,3 +167,8 @@ def test_every_slider_position_is_valid_and_errors_go_beside_run(page_url):
         assert "'/etc/passwd' is not a loadable model here" in message.inner_text()
         assert page.locator(".headline-main").count() == 0  # no numbers of an earlier run
         assert page.get_by_text("Error", exact=True).count() == 0  # no generic error badges
+        page.locator("#model textarea, #model input").first.fill("no-such-org/no-such-model")  # a mistyped hub id
+        clicked = time.monotonic()
+        page.locator("#run").click()
+        page.get_by_text("cannot reach the model hub").first.wait_for(timeout=30_000)
+        assert time.monotonic() - clicked < 5  # offline (tests run so): at once, not after the hub's retries

@@ -40,7 +40,6 @@ def server(saved_model):
     torch.set_num_threads(1)
     handlers.CACHE.clear()
     demo = create_demo()
-    demo.queue(max_size=8)
     port = free_port()
     demo.launch(prevent_thread_lock=True, server_port=port, quiet=True, **launch_kwargs())
     try:

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import ppsd
-from app import render
+from app import numbers, render
 from app.models import ModelCache
 from app.runner import PausableStopwatch, RunRequest, run_comparison
 from ppsd import Draft, Event, Token, Trace
@@ -131,23 +131,23 @@ def metrics(*, wall: float, accepted: int = 0, rejected: int = 0, clock: str = "
 
 def test_headline_names_speedup_clock_device_and_ideal():
     ar, fast = metrics(wall=2.0), metrics(wall=1.0, accepted=8, rejected=2, ideal=ideal_ppsd_speedup(0.8, 2))
-    one = render.Comparison(ar, fast, metrics(wall=2.0, clock="measured"), metrics(wall=2.5, clock="measured"),
+    one = numbers.Comparison(ar, fast, metrics(wall=2.0, clock="measured"), metrics(wall=2.5, clock="measured"),
                             stages=2, device="cpu", workers=False)
-    out = render.render_headline(one)
+    out = numbers.render_headline(one)
     assert "PPSD 2.00× faster than AR" in out and "(one run; projected clock, cpu)" in out
     assert "a=0.80, K=2) = 1.67×" in out
     assert "AR 2.00 s, PPSD 2.50 s (0.80×)" in out and "cannot be faster there" in out
     assert "Compared: AR and PPSD decoding the same prompt to the same 10 tokens on the same 2-stage pipeline" in out
     assert "above the ideal" in out  # 2.00x against an ideal of 1.67x is explained, not left standing
-    slow = render.render_headline(render.Comparison(ar, metrics(wall=4.0, accepted=1, rejected=9), ar, ar,
+    slow = numbers.render_headline(numbers.Comparison(ar, metrics(wall=4.0, accepted=1, rejected=9), ar, ar,
                                                     stages=2, device="cpu", workers=False))
     assert "PPSD 2.00× slower than AR" in slow and "above the ideal" not in slow
 
 
 def test_headline_leads_with_the_median_of_the_timed_runs_and_their_range():
     ar, ppsd_ = metrics(wall=2.0), metrics(wall=1.6, accepted=8, rejected=2, ideal=ideal_ppsd_speedup(0.8, 2))
-    c = render.Comparison(ar, ppsd_, ar, ppsd_, stages=2, device="cpu", workers=True, speedups=(1.30, 1.10, 1.20))
-    out = render.render_headline(c)
+    c = numbers.Comparison(ar, ppsd_, ar, ppsd_, stages=2, device="cpu", workers=True, speedups=(1.30, 1.10, 1.20))
+    out = numbers.render_headline(c)
     assert "PPSD 1.20× faster than AR" in out  # the median, not the first (live) run's 1.25x
     assert "median of 3 runs, range 1.10–1.30×" in out and "each timed 3×, interleaved" in out
     assert "2 worker processes running at once" in out and "above the ideal" not in out
@@ -157,20 +157,20 @@ def test_metrics_table_puts_each_definition_beside_its_values():
     runs = {"ar": (metrics(wall=2.0, clock="measured"), metrics(wall=1.5)),
             "ppsd": (metrics(wall=3.0, accepted=3, rejected=1, clock="measured"), metrics(wall=0.5, accepted=3,
                                                                                           rejected=1))}
-    out = render.render_metrics_table(runs)
+    out = numbers.render_metrics_table(runs)
     for key in ("acceptance_rate", "tokens_per_second", "stage_utilization", "bubble_fraction",
                 "wasted_stage_slots", "ideal_speedup"):
         assert render.html.escape(DEFINITIONS[key]) in out
     assert "<td>2.00 s</td><td>3.00 s</td>" in out  # measured walls
     assert "<td>1.50 s</td><td>500.0 ms</td>" in out  # projected walls
     assert "<td>—</td><td>0.75</td>" in out and "50% · 75%" in out
-    assert "appear here" in render.render_metrics_table({})
+    assert "appear here" in numbers.render_metrics_table({})
 
 
 def test_stats_card_shows_both_clocks():
-    out = render.render_stats("ppsd", metrics(wall=0.5, accepted=1, rejected=1), metrics(wall=1.0, clock="measured"))
+    out = numbers.render_stats("ppsd", metrics(wall=0.5, accepted=1, rejected=1), metrics(wall=1.0, clock="measured"))
     assert "500.0 ms" in out and "1.00 s" in out and "0.50" in out
-    assert "decoding" in render.render_stats("ppsd", None, None, live="decoding… 3 tokens")
+    assert "decoding" in numbers.render_stats("ppsd", None, None, live="decoding… 3 tokens")
 
 
 def test_theory_curves_break_even_and_measured_point():
@@ -263,9 +263,9 @@ def test_runner_rejects_bad_requests_and_keeps_the_loaded_model(tiny_cache, requ
 
 
 def test_agreement_note_tells_identical_from_sampled_from_broken():
-    assert "Identical output" in render.agreement_note({"ar": [1, 2], "ppsd": [1, 2]}, greedy=True)
-    assert "should not happen" in render.agreement_note({"ar": [1, 2], "ppsd": [1, 3]}, greedy=True)
-    assert "distribution" in render.agreement_note({"ar": [1, 2], "ppsd": [1, 3]}, greedy=False)
+    assert "Identical output" in numbers.agreement_note({"ar": [1, 2], "ppsd": [1, 2]}, greedy=True)
+    assert "should not happen" in numbers.agreement_note({"ar": [1, 2], "ppsd": [1, 3]}, greedy=True)
+    assert "distribution" in numbers.agreement_note({"ar": [1, 2], "ppsd": [1, 3]}, greedy=False)
 
 
 def test_live_updates_send_only_changes_and_end_complete(tiny_cache):

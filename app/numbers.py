@@ -1,0 +1,208 @@
+"""Pure render functions for the numbers of a run: the headline (one typed `Comparison`), the
+phases of a run in flight, each method's stats card and the metrics table with every
+definition beside its values. Strings in, HTML out; every number says its clock.
+"""
+
+from __future__ import annotations
+
+import html
+import statistics
+from dataclasses import dataclass
+from typing import Mapping, Sequence
+
+from ppsd import Metrics
+from ppsd.metrics import DEFINITIONS
+
+from .render import METHOD_NAMES, PROJECTED_MEANING, duration_text
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """What the headline reports: AR and PPSD on the page's clock (`lead`: measured on K worker
+    processes, else projected) and on the other clock, the speedup of every timed round on the
+    lead clock, and EESD (measured) when it ran."""
+
+    ar: Metrics
+    ppsd: Metrics
+    ar_other: Metrics
+    ppsd_other: Metrics
+    stages: int
+    device: str
+    workers: bool
+    speedups: tuple[float, ...] = ()  # AR wall / PPSD wall per timed round; empty: the one run above
+    eesd: Metrics | None = None
+
+    @property
+    def speedup(self) -> float:
+        """The median over the timed rounds (the one run's when there is no spread)."""
+        if self.speedups:
+            return statistics.median(self.speedups)
+        return self.ar.wall_seconds / self.ppsd.wall_seconds if self.ppsd.wall_seconds > 0 else 0.0
+
+
+def speedup_headline(c: Comparison) -> str:
+    """The big line: PPSD against AR on the page's clock (median and range over the timed rounds),
+    the ideal at the measured acceptance beside it."""
+    speedup = c.speedup
+    word = "faster" if speedup >= 1 else "slower"
+    factor = speedup if speedup >= 1 else (1 / speedup if speedup > 0 else 0.0)
+    spread = (f"median of {len(c.speedups)} runs, range {min(c.speedups):.2f}–{max(c.speedups):.2f}×; "
+              if len(c.speedups) > 1 else "one run; ")
+    rate = c.ppsd.acceptance_rate
+    ideal = (f"ideal S<sub>PPSD</sub>(a={rate:.2f}, K={c.stages}) = {c.ppsd.ideal_speedup:.2f}×"
+             if rate is not None else "no draft was verified: acceptance undefined")
+    return (f'<div class="headline"><span class="headline-main">PPSD {factor:.2f}× {word} than AR</span>'
+            f'<span class="headline-clock">({spread}{c.ppsd.clock} clock, {html.escape(c.device)})</span>'
+            f'<span class="headline-ideal">{ideal}</span></div>')
+
+
+def compared_sentence(c: Comparison) -> str:
+    """In one sentence, what was compared with what."""
+    where = (f"{c.stages} worker processes running at once" if c.workers else
+             f"one process, the measured stage costs replayed on {c.stages} workers")
+    timed = f"each timed {len(c.speedups)}×, interleaved" if len(c.speedups) > 1 else "each timed once"
+    return (f"Compared: AR and PPSD decoding the same prompt to the same {c.ar.tokens} tokens on the same "
+            f"{c.stages}-stage pipeline ({where}), {timed}; the decoder alone is timed.")
+
+
+PHASE_NAMES = {"model": "load the model", "workers": "start the workers", "ar": "AR", "ppsd": "PPSD",
+               "eesd": "EESD", "repeats": "time again"}
+
+
+def render_progress(phases: Sequence[str], current: str | None) -> str:
+    """The run's phases as steps: done, now (the one `current` names), still to come."""
+    if current not in phases:
+        return ""
+    now = phases.index(current)
+    steps = [f'<span class="phase phase-{"done" if i < now else "now" if i == now else "todo"}">'
+             f'{"✓ " if i < now else ""}{html.escape(PHASE_NAMES.get(p, p))}</span>' for i, p in enumerate(phases)]
+    return f'<div class="phases">{"<span class=phase-arrow>›</span>".join(steps)}</div>'
+
+
+def render_headline(c: Comparison | None, *, status: str = "", agreement: str = "", progress: str = "") -> str:
+    """Headline, the sentence saying what was compared, and the honest notes on the other clock;
+    `status` (and the `progress` steps) while a run is in flight; `agreement` says whether the
+    outputs are identical."""
+    if c is None:
+        body = html.escape(status or "Press Run: AR, then PPSD (then EESD) decode the prompt one after another.")
+        return f'<div class="headline-box">{progress}<div class="headline-status">{body}</div></div>'
+    note = lambda text: f'<div class="headline-note">{text}</div>'  # noqa: E731
+    lines = [speedup_headline(c), note(html.escape(compared_sentence(c)))]
+    if c.ppsd.acceptance_rate is not None and c.speedup > c.ppsd.ideal_speedup:
+        lines.append(note(
+            f"The median is above the ideal {c.ppsd.ideal_speedup:.2f}×: the ideal assumes K equal stages and "
+            "an AR that pays K full stage-times per token; here the stages' measured costs differ and "
+            "run-to-run noise remains (see the range). It is a measurement, not a better-than-ideal pipeline."))
+    other = c.ar_other.wall_seconds / c.ppsd_other.wall_seconds if c.ppsd_other.wall_seconds else 0.0
+    if c.workers:
+        lines.append(note(
+            f"Measured: each of the K={c.stages} stages ran in its own worker process (pinned to its own cores or "
+            f"GPU), at the same time; AR ran on the same pipeline. The same stage costs replayed with no messages "
+            f"between the stages (projected clock) give {other:.2f}×: the difference is the cost of moving hidden "
+            "states and logits between processes."))
+    else:
+        lines.append(note(f"Projected clock: {PROJECTED_MEANING} (K={c.stages}), as if each stage had its own device."))
+        lines.append(note(
+            f"Measured on this one {html.escape(c.device)} device, stages run in turn: AR "
+            f"{duration_text(c.ar_other.wall_seconds)}, PPSD {duration_text(c.ppsd_other.wall_seconds)} ({other:.2f}×). On one device "
+            "PPSD does the same work as AR plus the flushed work, so it cannot be faster there: its speed comes "
+            "from K stages running at the same time on K workers."))
+    if c.eesd is not None:
+        ar_measured = c.ar if c.workers else c.ar_other
+        ratio = ar_measured.wall_seconds / c.eesd.wall_seconds if c.eesd.wall_seconds else 0.0
+        rate = "n/a" if c.eesd.acceptance_rate is None else f"{c.eesd.acceptance_rate:.2f}"
+        lines.append(note(
+            f"EESD (draft then verify, one device): {ratio:.2f}× AR on the measured clock; ideal "
+            f"S<sub>EESD</sub> at a={rate} is {c.eesd.ideal_speedup:.2f}×."))
+    if agreement:
+        lines.append(f'<div class="headline-note headline-agreement">{html.escape(agreement)}</div>')
+    if status:
+        lines.append(f'{progress}<div class="headline-status">{html.escape(status)}</div>')
+    return f'<div class="headline-box">{"".join(lines)}</div>'
+
+
+def agreement_note(token_ids: Mapping[str, Sequence[int]], *, greedy: bool) -> str:
+    """Whether every method produced the same tokens, and what that means here."""
+    names = " = ".join(METHOD_NAMES.get(m, m) for m in token_ids)
+    same = len({tuple(ids) for ids in token_ids.values()}) == 1
+    if same:
+        return f"✓ Identical output, token for token ({names}): speculation changed only the speed."
+    if greedy:
+        return (f"✗ Outputs differ ({', '.join(METHOD_NAMES.get(m, m) for m in token_ids)}) although decoding "
+                "is greedy: this should not happen, please report it.")
+    return ("Outputs differ: with temperature > 0 each method draws its own sample. PPSD and EESD keep the "
+            "full model's distribution (speculative sampling), not its exact draws.")
+
+
+def render_stats(method: str, projected: Metrics | None, measured: Metrics | None, *, live: str = "",
+                 workers: bool = False) -> str:
+    """The small card at the top of a method's column; `workers`: measured on K worker processes
+    (the measured clock leads), else on one device (the projected clock leads)."""
+    if projected is None or measured is None:
+        return f'<div class="stats"><span class="stats-live">{html.escape(live or "waiting")}</span></div>'
+    rate = "—" if projected.acceptance_rate is None else f"{projected.acceptance_rate:.2f}"
+    lead, other = (measured, projected) if workers else (projected, measured)
+    lead_name, other_name = ("measured, K workers", "projected") if workers else ("projected", "measured")
+    cells = [("tokens", f"{lead.tokens}"),
+             (f"tok/s ({lead_name})", f"{lead.tokens_per_second:.1f}"),
+             (f"wall ({lead_name})", duration_text(lead.wall_seconds)),
+             (f"wall ({other_name})", duration_text(other.wall_seconds)),
+             ("acceptance", rate)]
+    if method == "ar":
+        cells[-1] = ("acceptance (no drafts)", "—")
+    body = "".join(f'<div class="stat"><div class="stat-value">{v}</div><div class="stat-name">{k}</div></div>'
+                   for k, v in cells)
+    return f'<div class="stats">{body}</div>'
+
+
+# (row name, which run's Metrics it reads, DEFINITIONS key or own definition, format). "measured":
+# the decoder alone, where it ran ({where}: one device, stages in turn, or K worker processes at
+# once); "projected": replayed on K concurrent workers. `None` as the clock: a row shown only for
+# runs on K worker processes (on one device a measured utilization says nothing about overlap).
+_UTILIZATION = lambda m: " · ".join(f"{u:.0%}" for u in m.stage_utilization)  # noqa: E731
+_TABLE_ROWS = (
+    ("tokens", "measured", "generated tokens", lambda m: f"{m.tokens}"),
+    ("wall, measured ({where})", "measured",
+     "seconds of the decoder alone, {how} (UI rendering excluded)", lambda m: duration_text(m.wall_seconds)),
+    ("wall, projected (K workers)", "projected",
+     "makespan when the measured per-stage costs are replayed on K concurrent workers",
+     lambda m: duration_text(m.wall_seconds)),
+    ("tokens/s, measured", "measured", "tokens_per_second", lambda m: f"{m.tokens_per_second:.1f}"),
+    ("tokens/s, projected", "projected", "tokens_per_second", lambda m: f"{m.tokens_per_second:.1f}"),
+    ("acceptance a", "measured", "acceptance_rate",
+     lambda m: "—" if m.acceptance_rate is None else f"{m.acceptance_rate:.2f}"),
+    ("accepted / corrected / flushed", "measured",
+     "drafts confirmed / replaced by the full model / discarded before verification",
+     lambda m: f"{m.accepted} / {m.rejected} / {m.flushed}"),
+    ("stage utilization, projected", "projected", "stage_utilization", _UTILIZATION),
+    ("bubble fraction, projected", "projected", "bubble_fraction", lambda m: f"{m.bubble_fraction:.0%}"),
+    ("wasted stage slots", "measured", "wasted_stage_slots", lambda m: f"{m.wasted_stage_slots}"),
+    ("ideal speedup at a", "measured", "ideal_speedup", lambda m: f"{m.ideal_speedup:.2f}×"),
+    ("stage utilization, measured", None, "stage_utilization", _UTILIZATION),
+)
+_WHERE = {False: {"where": "one device", "how": "stages run in turn on one device"},
+          True: {"where": "K worker processes", "how": "each stage in its own worker process, all at once"}}
+
+
+def render_metrics_table(runs: Mapping[str, tuple[Metrics, Metrics]], *, workers: bool = False) -> str:
+    """Every metric of every run, each beside its definition. `runs`: method -> (measured,
+    projected); each row names the clock it reads when the clock matters; `workers`: the
+    measured runs ran on K worker processes."""
+    if not runs:
+        return '<div class="metrics-empty">Metrics and their definitions appear here after a run.</div>'
+    methods = list(runs)
+    head = "".join(f"<th>{METHOD_NAMES.get(m, m)}</th>" for m in methods)
+    rows = []
+    for name, clock, definition, fmt in _TABLE_ROWS:
+        if clock is None and not workers:
+            continue
+        where = _WHERE[workers]
+        name, definition = name.format(**where), DEFINITIONS.get(definition, definition).format(**where)
+        values = [fmt(runs[m][1 if clock == "projected" else 0]) for m in methods]
+        if name.startswith("ideal"):
+            values = ["1.00× (reference)" if m == "ar" else v for m, v in zip(methods, values)]
+        cells = "".join(f"<td>{html.escape(v)}</td>" for v in values)
+        rows.append(f'<tr><th scope="row">{html.escape(name)}</th>{cells}'
+                    f'<td class="definition">{html.escape(definition)}</td></tr>')
+    return (f'<table class="metrics-table"><thead><tr><th>metric</th>{head}<th>definition</th></tr></thead>'
+            f'<tbody>{"".join(rows)}</tbody></table>')
