@@ -226,20 +226,20 @@ def on_load(name: str) -> Iterator[tuple]:
     """Load (or find cached) model `name`; the status box shows the loading state."""
     name = (name or "").strip() or ppsd.DEFAULT_MODEL
     busy = gr.update(value="Loading…", interactive=False)
-    yield (_status(f"Loading {name}…", "busy"), gr.skip(), gr.skip(), gr.skip(), busy)
+    yield (model_status(f"Loading {name}…", "busy"), gr.skip(), gr.skip(), gr.skip(), busy)
     ready = gr.update(value="Load", interactive=True)
     try:
         for doing in _loading(name):
-            yield (_status(doing, "busy"), gr.skip(), gr.skip(), gr.skip(), busy)
+            yield (model_status(doing, "busy"), gr.skip(), gr.skip(), gr.skip(), busy)
         loaded = CACHE.get(name)
     except ValueError as error:
         gr.Warning(str(error), title="Model not loaded")
         kept = ", ".join(CACHE.names()) or "none"
-        yield (_status(f"{error} · still loaded: {kept}", "error"), gr.skip(), gr.skip(), gr.skip(), ready)
+        yield (model_status(f"{error} · still loaded: {kept}", "error"), gr.skip(), gr.skip(), gr.skip(), ready)
         return
     info = loaded.model.info
     e_update, k_update = stage_updates(info.num_layers, 2, model=name)
-    yield (_status(f"{info.name}: {info.model_type}, {info.num_layers} layers, {info.device} {info.dtype} "
+    yield (model_status(f"{info.name}: {info.model_type}, {info.num_layers} layers, {info.device} {info.dtype} "
                    f"(loaded in {loaded.load_seconds:.1f} s, then warmed up untimed)", "ok"),
            e_update, k_update, info.num_layers, ready)
 
@@ -248,11 +248,11 @@ def on_page_load(name: str) -> tuple:
     """Fit the E/K sliders to the model in the box from its config alone (no weights)."""
     layers = layer_count(name or ppsd.DEFAULT_MODEL)
     if layers is None:
-        return gr.skip(), gr.skip(), gr.skip(), _status("Model not loaded yet: it loads on the first Run.", "idle")
+        return gr.skip(), gr.skip(), gr.skip(), model_status("Model not loaded yet: it loads on the first Run.", "idle")
     e_update, k_update = stage_updates(layers, 2, model=name or ppsd.DEFAULT_MODEL)
     loaded = (name or "").strip() in CACHE
     note = "loaded" if loaded else "loads on the first Run (or press Load)"
-    return e_update, k_update, layers, _status(f"{layers} layers · {note}", "ok" if loaded else "idle")
+    return e_update, k_update, layers, model_status(f"{layers} layers · {note}", "ok" if loaded else "idle")
 
 
 def after_run(name: str, exit_layer: float, stages: float, exit_head: str = "") -> tuple:
@@ -261,7 +261,7 @@ def after_run(name: str, exit_layer: float, stages: float, exit_head: str = "") 
     name = (name or "").strip() or ppsd.DEFAULT_MODEL
     if name not in CACHE:
         kept = ", ".join(CACHE.names()) or "none"
-        return _status(f"{name} is not loaded (loaded: {kept})", "idle"), gr.skip(), gr.skip(), gr.skip()
+        return model_status(f"{name} is not loaded (loaded: {kept})", "idle"), gr.skip(), gr.skip(), gr.skip()
     loaded = CACHE.get(name)
     info = loaded.model.info
     e_update, k_update = stage_updates(info.num_layers, int(stages), int(exit_layer))
@@ -269,11 +269,11 @@ def after_run(name: str, exit_layer: float, stages: float, exit_head: str = "") 
         head = f" · exit head at E = {int(exit_layer)}: {CACHE.exit_head(exit_head or '', loaded, int(exit_layer)).label}"
     except ValueError:  # the run already said why this head does not fit
         head = ""
-    status = _status(f"{info.name}: {info.model_type}, {info.num_layers} layers, {info.device} {info.dtype}{head}", "ok")
+    status = model_status(f"{info.name}: {info.model_type}, {info.num_layers} layers, {info.device} {info.dtype}{head}", "ok")
     return status, e_update, k_update, info.num_layers
 
 
-def _status(text: str, kind: str) -> str:
+def model_status(text: str, kind: str) -> str:
     return f'<div class="model-status model-{kind}">{html.escape(text)}</div>'
 
 
@@ -311,5 +311,5 @@ def on_diagram(exit_layer: float, stages: float, layers: int) -> str:
     return view.diagram(layers, exit_layer, stages)
 
 
-def _toggle_eesd(on: bool) -> tuple:
+def on_eesd(on: bool) -> tuple:
     return gr.update(visible=on), gr.update(value="▶ Run AR vs PPSD vs EESD" if on else "▶ Run AR vs PPSD")

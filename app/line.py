@@ -21,13 +21,14 @@ class Background:
 
     def __init__(self, work: Callable[[Progress], object], name: str) -> None:
         self._messages: list[str] = []
-        self._outcome: list = []  # [result] or [None, exception]
+        self._result: object = None
+        self._error: BaseException | None = None
 
         def run() -> None:
             try:
-                self._outcome[:] = [work(self._messages.append)]
+                self._result = work(self._messages.append)
             except BaseException as error:  # noqa: BLE001 - handed to the caller's thread in value()
-                self._outcome[:] = [None, error]
+                self._error = error
 
         self._thread = threading.Thread(target=run, name=name, daemon=True)
         self._thread.start()
@@ -41,9 +42,9 @@ class Background:
 
     def value(self) -> object:
         self._thread.join()
-        if len(self._outcome) == 2:
-            raise self._outcome[1]
-        return self._outcome[0]
+        if self._error is not None:
+            raise self._error
+        return self._result
 
 
 class DeviceLine:

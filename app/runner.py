@@ -20,7 +20,7 @@ from typing import Callable, Iterator
 
 import ppsd
 from ppsd import DecodeConfig, Recorder, Result, StagedModel, Trace
-from ppsd.config import whole_number
+from ppsd.config import real_number, whole_number
 from ppsd.distributed import DistributedExecutor, PipelineError, current_pool, make_executor
 from ppsd.generate import check_prompt
 from ppsd.model_source import Progress
@@ -120,16 +120,9 @@ class RunRequest:
             method=method, exit_layer=None if self.exit_layer is None else whole_number("exit_layer", self.exit_layer),
             stages=whole_number("stages", self.stages), draft_len=whole_number("draft_len", self.draft_len),
             max_new_tokens=whole_number("max_new_tokens", self.max_new_tokens),
-            temperature=_real("temperature", self.temperature), top_p=_real("top_p", self.top_p),
+            temperature=real_number("temperature", self.temperature), top_p=real_number("top_p", self.top_p),
             seed=whole_number("seed", self.seed),
         ).resolved(num_layers)
-
-
-def _real(name: str, value: object) -> float:
-    try:
-        return float(value)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        raise ValueError(f"{name}={value!r} is not a number") from None
 
 
 @dataclass
@@ -177,6 +170,7 @@ class Snapshot:
     loaded: Loaded
     runs: dict[str, MethodRun]
     active: str | None
+    stages: int  # K, validated
     done: bool = False
     head: str = "shared"  # which exit head drafted, in words
     stopped: bool = False  # the user pressed Stop: `active` is the method that was cut short
@@ -186,10 +180,6 @@ class Snapshot:
     def speedups(self) -> list[float]:
         """AR's wall over PPSD's, one per timed round (round i of each: they ran back to back)."""
         return [ar / p for ar, p in zip(self.walls.get("ar", []), self.walls.get("ppsd", [])) if p > 0]
-
-    @property
-    def stages(self) -> int:
-        return next(iter(self.runs.values())).config.stages if self.runs else whole_number("stages", self.request.stages)
 
     @property
     def device(self) -> str:
@@ -218,7 +208,7 @@ def run_comparison(request: RunRequest, cache: ModelCache, *, throttle: float = 
     check_prompt(model, prompt_ids, configs["ar"])
     stages = ppsd.stage_layers(model.num_layers, configs["ar"].exit_layer, configs["ar"].stages)
     runs: dict[str, MethodRun] = {}
-    snapshot = Snapshot(request, loaded, runs, active=None, head=head.label)
+    snapshot = Snapshot(request, loaded, runs, active=None, stages=configs["ar"].stages, head=head.label)
     stop = stop or threading.Event()
     pipeline = None
     if request.workers:

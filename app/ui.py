@@ -18,7 +18,7 @@ from ppsd.heads import default_exit_layer
 from ppsd.model import resolve_device
 
 from . import render, view
-from .handlers import (DEFAULT_LAYERS, RUN_HANDLERS, _status, _toggle_eesd, after_run, idle_outputs,
+from .handlers import (DEFAULT_LAYERS, RUN_HANDLERS, model_status, on_eesd, after_run, idle_outputs,
                        max_tokens_update, on_diagram, on_exit, on_load, on_page_load, on_replay, on_run,
                        on_settings, on_stages, on_step, on_steps_ready, on_stop)
 from .page_text import INTRO, TIMELINE_CAPTION, load_examples
@@ -54,7 +54,7 @@ def create_controls() -> dict[str, Any]:
                                         value=ppsd.DEFAULT_MODEL,
                                         scale=4, elem_id="model")
                 c["load"] = gr.Button("Load", scale=1, min_width=80, elem_id="load")
-            c["model_status"] = gr.HTML(_status("Model not loaded yet: it loads on the first Run.", "idle"))
+            c["model_status"] = gr.HTML(model_status("Model not loaded yet: it loads on the first Run.", "idle"))
             c["layers"] = gr.State(DEFAULT_LAYERS)
             e_default = default_exit_layer(ppsd.DEFAULT_MODEL, DEFAULT_LAYERS, 2)
             with gr.Row():
@@ -195,7 +195,7 @@ def create_demo() -> gr.Blocks:
         c["eesd"].change(on_settings, settings, r["theory"], **quiet)
         for name in ("exit_layer", "stages", "layers"):
             c[name].change(on_diagram, [c["exit_layer"], c["stages"], c["layers"]], c["diagram"], **quiet)
-        c["eesd"].change(_toggle_eesd, c["eesd"], [eesd_column, c["run"]], **quiet)
+        c["eesd"].change(on_eesd, c["eesd"], [eesd_column, c["run"]], **quiet)
         r["drafts"].change(None, r["drafts"], None, js=SHOW_DRAFTS_JS)  # in the browser: no server call
         demo.load(idle_outputs, None, outputs, **quiet)
         demo.load(on_page_load, c["model"], [c["exit_layer"], c["stages"], c["layers"], c["model_status"]], **quiet)

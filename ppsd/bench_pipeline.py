@@ -204,7 +204,7 @@ def _report(args, config, methods, prompts, walls, runs, source, load_before, st
     measured = speed[ppsd_label] / speed[ar_label]
     best_single = max(speed[ar1], speed[ar2], speed[hf])
     threads_gain = speed[ar2] / speed[ar1]  # T: what a second thread gives single-process AR
-    exit_fraction = config.exit_layer / model_layers(runs[ar_label][0])
+    exit_fraction = config.exit_layer / runs[ar_label][0].trace.num_layers
     # PPSD on 2 workers beats AR on 2 threads when S_PPSD(a) * (2-stage pipeline AR ~ 1-thread AR)
     # exceeds T; with stage 1 costing about E/L of a token, that is a* = (1 - 1/T) / (1 - E/L).
     break_even = (1 - 1 / threads_gain) / (1 - exit_fraction) if threads_gain > 1 else 0.0
@@ -230,10 +230,6 @@ def _report(args, config, methods, prompts, walls, runs, source, load_before, st
         "loadavg_before": load_before, "loadavg_after": os.getloadavg(),
         "cpus": len(os.sched_getaffinity(0)),
     }
-
-
-def model_layers(result: Result) -> int:
-    return sum(len(r) for r in result.trace.stages)
 
 
 def _table(report: dict) -> str:

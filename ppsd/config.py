@@ -29,6 +29,15 @@ def whole_number(name: str, value: object) -> int:
     return int(number)
 
 
+def real_number(name: str, value: object) -> float:
+    """`value` as a float (ValueError naming `name` when it is not a number; ranges are checked
+    by `DecodeConfig.resolved`)."""
+    try:
+        return float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        raise ValueError(f"{name}={value!r} is not a number") from None
+
+
 @dataclass(frozen=True)
 class DecodeConfig:
     """Settings of one run. `exit_layer` and `stages` of None mean the balanced default."""

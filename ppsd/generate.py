@@ -50,7 +50,7 @@ class Result:
         return summarize(
             method=self.config.method, tokens=list(self.tokens), drafts=list(self.drafts), trace=trace,
             measured_wall_seconds=self.measured_wall_seconds, draft_len=self.config.draft_len,
-            exit_fraction=self.config.exit_layer / sum(len(r) for r in trace.stages),
+            exit_fraction=self.config.exit_layer / trace.num_layers,
         )
 
 

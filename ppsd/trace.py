@@ -36,6 +36,10 @@ class Trace:
         return len(self.stages)
 
     @property
+    def num_layers(self) -> int:
+        return sum(len(r) for r in self.stages)
+
+    @property
     def makespan(self) -> float:
         if not self.events:
             return 0.0
