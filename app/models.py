@@ -21,7 +21,7 @@ from ppsd.heads import HeadChoice, choose_exit_head
 from ppsd.model_source import UNREACHABLE, Progress, is_default, resolve
 
 if TYPE_CHECKING:
-    from ppsd.distributed import DistributedExecutor
+    from ppsd.executors.pipeline import DistributedExecutor
 
 WARMUP_TOKENS = 4
 

@@ -1,7 +1,7 @@
 """Run orchestration over the library: decode one prompt with AR, PPSD and optionally EESD one
 after another (then again, interleaved, for the spread), yielding snapshots for the UI at a
 throttled rate. Each method runs either in this process (stages in turn; the page shows the
-projected clock) or on K worker processes, one per stage (`ppsd.distributed`; the page shows the
+projected clock) or on K worker processes, one per stage (`ppsd.executors.pipeline`; the page shows the
 measured clock), started once and reused, also after Stop, closed on a worker's failure.
 Models come from `app.models`.
 
@@ -21,10 +21,12 @@ from typing import Callable, Iterator
 import ppsd
 from ppsd import DecodeConfig, Recorder, Result, StagedModel, Trace
 from ppsd.config import real_number, whole_number
-from ppsd.distributed import DistributedExecutor, PipelineError, current_pool, make_executor
+from ppsd.executors.pipeline import DistributedExecutor
+from ppsd.executors.pool import current_pool, shared_pipeline
+from ppsd.executors.wire import PipelineError
 from ppsd.generate import check_prompt
 from ppsd.model_source import Progress
-from ppsd.pipeline_wire import usable_cores
+from ppsd.executors.placement import usable_cores
 from ppsd.trace import Stopwatch
 
 from .line import Background
@@ -278,7 +280,7 @@ def start_pipeline(model: StagedModel, config: DecodeConfig, *,
     try:
         if current_pool() is None or current_pool().runs == 0:
             tell(f"Starting {config.stages} worker processes, one per stage, and loading the weights in each")
-        pipeline = make_executor(model, config)
+        pipeline = shared_pipeline(model, config)
         if pipeline.runs == 0:
             tell("Warming up the worker processes (untimed)")
             with pipeline.lock:

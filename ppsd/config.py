@@ -55,6 +55,11 @@ class DecodeConfig:
     def greedy(self) -> bool:
         return self.temperature == 0.0
 
+    def partition(self, num_layers: int) -> tuple[range, ...]:
+        """The layers of each stage for this run on a model of `num_layers` layers."""
+        config = self.resolved(num_layers)
+        return stage_layers(num_layers, config.exit_layer, config.stages)
+
     def resolved(self, num_layers: int) -> "DecodeConfig":
         """Check every field against a model with `num_layers` layers and fill the defaults.
 

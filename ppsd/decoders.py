@@ -19,7 +19,7 @@ from typing import Callable, Generator, Iterator
 import torch
 
 from .config import DecodeConfig
-from .executor import Executor, Feed, Output
+from .executors.base import Executor, Feed, Output
 from .sampling import Pick, Sampler
 from .steps import Committed, Draft, Drafted, Flushed, Step, Token, Work
 

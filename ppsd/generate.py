@@ -13,9 +13,9 @@ from typing import Iterator
 
 import torch
 
-from .config import DecodeConfig, stage_layers
+from .config import DecodeConfig
 from .decoders import DECODERS
-from .executor import Executor, InProcessExecutor
+from .executors import Executor, InProcessExecutor
 from .metrics import Metrics, summarize
 from .model import StagedModel
 from .steps import Draft, Recorder, Step, Token
@@ -66,18 +66,13 @@ def check_prompt(model: StagedModel, prompt_ids: list[int], config: DecodeConfig
         )
 
 
-def make_executor(model: StagedModel, config: DecodeConfig, stopwatch: Stopwatch) -> Executor:
-    """The in-process executor for `config`'s stage partition."""
-    return InProcessExecutor(model, stage_layers(model.num_layers, config.exit_layer, config.stages), stopwatch)
-
-
 def stream(model: StagedModel, prompt_ids: list[int], config: DecodeConfig, *,
            executor: Executor | None = None, stopwatch: Stopwatch | None = None) -> Iterator[Step]:
     """Validate, then yield the steps of `config.method` on `prompt_ids`, live."""
     config = config.resolved(model.num_layers)
     check_prompt(model, prompt_ids, config)
     stopwatch = stopwatch or _stopwatch(model)
-    executor = executor or make_executor(model, config, stopwatch)
+    executor = executor or InProcessExecutor.for_config(model, config, stopwatch)
     executor.begin(stopwatch)
     try:
         yield from _inference_mode(DECODERS[config.method](executor, list(prompt_ids), config,
@@ -109,7 +104,7 @@ def generate(model: StagedModel, prompt_ids: list[int], config: DecodeConfig, *,
     """Run to the end; the returned trace is validated."""
     config = config.resolved(model.num_layers)
     stopwatch = stopwatch or _stopwatch(model)
-    executor = executor or make_executor(model, config, stopwatch)
+    executor = executor or InProcessExecutor.for_config(model, config, stopwatch)
     recorder = Recorder()
     started = time.perf_counter()
     for step in stream(model, prompt_ids, config, executor=executor, stopwatch=stopwatch):

@@ -16,6 +16,7 @@ import torch
 from torch import nn
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
+from .assets import ASSETS
 from .model_source import DEFAULT_MODEL, UNREACHABLE, Progress, hub_reachable, resolve
 
 # Architectures whose decoder stacks expose model.model.{embed_tokens, layers, norm, rotary_emb}
@@ -215,7 +216,7 @@ def _eos_ids(hf_model: nn.Module) -> tuple[int, ...]:
 
 
 # A 2.2M-parameter model trained here: fast, for tests and quick experiments (not the default).
-TINY_MODEL = str(Path(__file__).resolve().parent.parent / "assets" / "models" / "ppsd-tiny")
+TINY_MODEL = str(ASSETS / "models" / "ppsd-tiny")
 
 
 def resolve_device(device: str | None) -> str:

@@ -9,12 +9,12 @@ one place where a flush relabels earlier work.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Literal, Union
+from typing import Literal, Union, get_args
 
 Status = Literal["verified", "accepted", "corrected"]
 Fate = Literal["pending", "accepted", "rejected", "flushed"]
 Kind = Literal["prefill", "draft", "verify", "flushed"]
-KINDS = ("prefill", "draft", "verify", "flushed")
+EVENT_KINDS: tuple[Kind, ...] = get_args(Kind)
 
 
 @dataclass(frozen=True)

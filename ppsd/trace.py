@@ -8,7 +8,7 @@ import time
 from dataclasses import dataclass, replace
 from typing import Callable, Literal
 
-from .steps import KINDS, Event
+from .steps import EVENT_KINDS, Event
 
 Clock = Literal["measured", "projected"]
 EPS = 1e-9
@@ -71,7 +71,7 @@ class Trace:
         found: list[tuple[int, str]] = []
         for i, e in enumerate(self.events):
             if not (1 <= e.stage <= self.num_stages and 0 <= e.start <= e.end + EPS and e.width >= 1
-                    and e.kind in KINDS and 0 <= e.kept_width <= e.width):
+                    and e.kind in EVENT_KINDS and 0 <= e.kept_width <= e.width):
                 found.append((1, f"event {i} is malformed: {e}"))
         if self.clock not in ("measured", "projected"):
             found.append((1, f"clock {self.clock!r} is neither measured nor projected"))

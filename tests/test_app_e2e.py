@@ -126,7 +126,7 @@ def raw_run(client: Client, args: tuple) -> dict:
 
 @pytest.mark.parametrize("field", ["exit_layer", "seed", "draft_len"])
 def test_nan_through_the_raw_api_is_named_and_the_workers_stay(server, field):
-    from ppsd.distributed import current_pool
+    from ppsd.executors.pool import current_pool
 
     client, model = server
     before = current_pool()
@@ -187,7 +187,7 @@ def test_a_run_on_k_worker_processes_is_measured_and_identical(server):
     clock on the page, pool reused by the next run, also after Stop."""
     import time
 
-    from ppsd.distributed import current_pool
+    from ppsd.executors.pool import current_pool
 
     from app.runner import active_decodes
 
@@ -318,7 +318,7 @@ def test_a_killed_worker_is_a_message_within_seconds_and_the_next_run_starts_fre
     import signal
     import time
 
-    from ppsd.distributed import current_pool
+    from ppsd.executors.pool import current_pool
 
     client, model = server
     client.predict(*run_args(model, max_new_tokens=2, workers=True), api_name="/run")

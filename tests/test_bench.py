@@ -12,7 +12,8 @@ from dataclasses import replace
 import pytest
 
 from ppsd import DecodeConfig, Draft, Event, Result, Token, Trace
-from ppsd import bench, bench_report
+from ppsd.bench import report as bench_report
+from ppsd.bench import sweep as bench
 from ppsd.cli import main
 
 STAGES = (range(0, 1), range(1, 2))  # a 2-layer model, E = 1, K = 2: every stage takes 1 s below

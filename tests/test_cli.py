@@ -132,19 +132,19 @@ SHARED_BAD_INPUTS = [  # values both entry points take: one validation, one mess
 @pytest.mark.parametrize("args,message", SHARED_BAD_INPUTS, ids=[a[0] for a, _ in SHARED_BAD_INPUTS])
 def test_bad_values_give_the_same_line_from_generate_and_the_torchrun_entry_point(saved_model, capsys, args,
                                                                                    message):
-    from ppsd.cli import guarded
-    from ppsd.distributed import main as distributed_main
+    from ppsd.cli import main
+    from ppsd.cli import main
 
     base = ["--model", saved_model, "--prompt", "hello"]
     code, _, generate_err = cli(capsys, "generate", *base, *args)
     assert code == 2 and message in generate_err
-    assert guarded(distributed_main, [*base, *args]) == 2
+    assert main(["pipeline", *base, *args]) == 2
     captured = capsys.readouterr()
     assert captured.err == generate_err and captured.out == ""
 
 
 def test_torchrun_entry_point_exits_2_without_a_traceback(saved_model):
-    done = subprocess.run([sys.executable, "-m", "ppsd.distributed", "--model", saved_model, "--prompt", "hi",
+    done = subprocess.run([sys.executable, "-m", "ppsd", "pipeline", "--model", saved_model, "--prompt", "hi",
                            "--stages", "1"], capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert done.stderr.strip().splitlines() == ["error: stages K=1 is out of range: 2 <= K <= 8 (layers)"]

@@ -80,13 +80,13 @@ def test_greedy_ar_eesd_and_ppsd_commit_exactly_hf_generate_tokens(default, ques
 
 
 def test_ppsd_on_two_worker_processes_commits_hf_generate_tokens(default):
-    from ppsd.distributed import make_executor
+    from ppsd.executors.pool import shared_pipeline
 
     model, tokenizer, exit_layer, choice = default
     ids = encode_prompt(tokenizer, QUESTIONS[1], chat=True)
     config = DecodeConfig(method="ppsd", exit_layer=exit_layer, stages=2, max_new_tokens=NEW_TOKENS)
     drafting = model.with_exit_head(choice.head)
-    with make_executor(drafting, config) as executor:
+    with shared_pipeline(drafting, config) as executor:
         result = generate(drafting, ids, config, executor=executor)
     assert result.token_ids == hf_greedy(model, ids)
     assert result.trace.clock == "measured" and result.trace.concurrent

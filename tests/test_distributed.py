@@ -23,8 +23,11 @@ import torch
 import ppsd
 from ppsd import DecodeConfig, StagedModel
 from ppsd.config import stage_layers
-from ppsd.distributed import DistributedExecutor, PipelineError, PipelineSpec, close_all, make_executor
-from ppsd.executor import InProcessExecutor
+from ppsd.executors import InProcessExecutor
+from ppsd.executors.pipeline import DistributedExecutor
+from ppsd.executors.pool import shared_pipeline
+from ppsd.executors.processes import close_all
+from ppsd.executors.wire import PipelineError, PipelineSpec
 from ppsd.trace import Stopwatch
 
 from conftest import tiny_llama
@@ -51,7 +54,7 @@ def model(checkpoint) -> StagedModel:
 @pytest.fixture(scope="module")
 def pool(model):
     close_all()  # one pipeline per process: torch.distributed has one default group
-    executor = make_executor(model, DecodeConfig(stages=2), timeout=TIMEOUT)
+    executor = shared_pipeline(model, DecodeConfig(stages=2), timeout=TIMEOUT)
     yield executor
     executor.close()
 
@@ -145,7 +148,7 @@ def test_a_run_pins_this_process_to_stage_1s_cores_and_gives_them_back(model, po
 
 
 def test_workers_are_reused_while_the_settings_match(model, pool):
-    assert make_executor(model, DecodeConfig(method="ar", stages=2), timeout=TIMEOUT) is pool
+    assert shared_pipeline(model, DecodeConfig(method="ar", stages=2), timeout=TIMEOUT) is pool
     assert pool.alive and all(_running(pid) for pid in pool.pids)
 
 
@@ -198,11 +201,11 @@ def test_workers_exit_when_the_coordinator_is_killed(checkpoint):
     """No orphans even when the caller dies without cleaning up (SIGKILL skips atexit)."""
     script = (
         "import sys, time, ppsd\n"
-        "from ppsd.distributed import make_executor\n"
+        "from ppsd.executors.pool import shared_pipeline\n"
         "from conftest import tiny_llama\n"
         "if __name__ == '__main__':\n"
         f"    model = ppsd.StagedModel(tiny_llama(), name={checkpoint!r})\n"
-        "    pool = make_executor(model, ppsd.DecodeConfig(stages=3, max_new_tokens=4))\n"
+        "    pool = shared_pipeline(model, ppsd.DecodeConfig(stages=3, max_new_tokens=4))\n"
         "    ppsd.generate(model, [1, 2, 3], ppsd.DecodeConfig(stages=3, max_new_tokens=4), executor=pool)\n"
         "    print('PIDS', *pool.pids, flush=True)\n"
         "    time.sleep(300)\n"
@@ -247,7 +250,7 @@ def _running(pid: int) -> bool:
 def test_usable_cores_is_the_affinity_capped_by_a_cgroup_quota(tmp_path, files, expected):
     import os
 
-    from ppsd.pipeline_wire import usable_cores
+    from ppsd.executors.placement import usable_cores
 
     for name, text in files.items():
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)

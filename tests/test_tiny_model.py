@@ -8,14 +8,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from ppsd.corpus import build_corpus
-from ppsd.train_tiny import Shape, TrainConfig, exit_layers, layer_logits, train
+from ppsd.heads.corpus import build_corpus
+from tools.train_tiny import Shape, TrainConfig, exit_layers, layer_logits, train
 
 MODEL_DIR = Path(__file__).resolve().parent.parent / "assets" / "models" / "ppsd-tiny"
 PROMPTS = Path(__file__).resolve().parent.parent / "assets" / "prompts" / "prompts.json"
 shipped = pytest.mark.skipif(not (MODEL_DIR / "model.safetensors").exists(),
                              reason="assets/models/ppsd-tiny/model.safetensors is absent: "
-                                    "train it with python -m ppsd.train_tiny")
+                                    "train it with python tools/train_tiny.py")
 ROUND_TRIP = [
     "def f(x):\n    return x + 1\n",
     "class A:\n\tpass\n\n\n",
@@ -109,7 +109,7 @@ def test_exit_logits_come_from_the_shared_head(tmp_path):
 
 
 def test_evaluation_formulas():
-    from ppsd.evaluate_tiny import distinct_bigram_ratio, ideal_speedup
+    from tools.evaluate_tiny import distinct_bigram_ratio, ideal_speedup
 
     # docs/ppsd-algorithm.md: E/L = 1/4 gives 2.0x at a = 0.67 and K = 4x at a = 1.
     assert ideal_speedup(2 / 3, 2, 8) == pytest.approx(2.0)

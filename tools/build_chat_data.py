@@ -8,7 +8,7 @@ which is checked. Each prompt goes through the model's chat template and is answ
 Hugging Face `generate()` in batches (the same answers the page shows by default). One JSON line
 per answer: {"category", "prompt", "temperature", "prompt_ids", "answer_ids"}. Appends, and skips
 prompts already answered at that temperature, so a run can be resumed or extended; with
-`--temperature 0.8` it adds a sampled answer per prompt. Not part of the library: `ppsd.train_head` reads
+`--temperature 0.8` it adds a sampled answer per prompt. Not part of the library: `ppsd.heads.train` reads
 what it writes.
 """
 

@@ -2,8 +2,9 @@
 final norm and LM head) with its own KV cache, pinned to its own cores or GPU, and serves the
 coordinator's control messages until it is told to stop, its peers go away, or its parent dies.
 
-Boundary: started by `ppsd.distributed` (locally, from a fork server) or by torchrun; speaks the
-messages of `ppsd.pipeline_wire`; knows nothing of drafts or acceptance.
+Boundary: started by `processes` (locally, from a fork server) or by torchrun; speaks the
+messages of `wire`; replays its part of the `schedule` as each WORK header gives it; knows
+nothing of drafts or acceptance.
 """
 
 from __future__ import annotations
@@ -20,10 +21,12 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from .executor import logit_width
-from .model import KVCache, StagedModel
-from .pipeline_wire import (GROUPS, KINDS, PING, ROLLBACK, SHUTDOWN, Control, Header, PipelineSpec, Sent,
-                            cores_of, init_group, load_stage_weights, sync_device, weights_fingerprint)
+from ..model import KVCache
+from .base import final_logits
+from .placement import keep_stage, load_stage_weights, place, sync_device, weights_fingerprint
+from .schedule import ITEM_KINDS
+from .wire import (GROUPS, PING, ROLLBACK, SHUTDOWN, Control, Header, PipelineSpec, Sent, init_group,
+                   wire_tensor)
 
 
 def spawned_worker(rank: int, spec: PipelineSpec, port: int, pipe) -> None:
@@ -72,10 +75,10 @@ class _Worker:
         logging.disable_progress_bar()  # K workers drawing bars over each other helps nobody
         self.k, self.last = rank, rank == stages - 1
         self.layers = spec.stages[rank]
-        self.device = _place(spec, rank if local_rank is None else local_rank)
+        self.device = place(spec, rank if local_rank is None else local_rank)
         model = load_stage_weights(spec, self.device)
         self.weights = weights_fingerprint(model, self.layers)
-        _keep_stage(model, self.layers, last=self.last)
+        keep_stage(model, self.layers, last=self.last)
         self.model = model
         self.cache = KVCache()
         self.queue: deque[tuple[int, str, torch.Tensor]] = deque()  # (position, kind, (1, T, hidden))
@@ -111,29 +114,16 @@ class _Worker:
             hidden = self._receive(h.att_width)
         else:
             return
-        self.queue.append((h.att_position, KINDS[h.att_kind], hidden))
+        self.queue.append((h.att_position, ITEM_KINDS[h.att_kind], hidden))
 
     def _work(self, h: Header) -> None:
-        """One call: take the previous stage's output (before our work in a flow, after it in a
-        slot), run our layers on our queue's head (or all of it, merged), report to rank 0."""
-        incoming = h.in_position, KINDS[h.in_kind]
-        if h.incoming == 2:
+        """One call's part: the previous worker's output joins our queue (before our run in a
+        flow, after it in a slot), we run the first `width` queued positions, and report to rank 0."""
+        incoming = h.in_position, ITEM_KINDS[h.in_kind]
+        if h.receive == 2:
             self.queue.append((*incoming, self._receive(h.in_width)))
-        pending = self._post_receive(h.in_width) if h.incoming == 1 else None
-        sent = None
-        if h.run:
-            start = time.perf_counter()
-            hidden, kind = self._compute(h.merge)
-            if self.last:
-                logits = self.model.final_logits(hidden[:, hidden.shape[1] - logit_width(kind, hidden.shape[1]):])
-            sync_device(self.device)
-            end = time.perf_counter()
-            if not self.last:  # after the stamp: the next stage may start on it at once
-                sent = self._send_hidden(hidden)
-            report = torch.tensor([start, end], dtype=torch.float64).view(torch.float32)
-            if self.last:
-                report = torch.cat([report, logits.reshape(-1).float().cpu()])
-            dist.send(report, dst=0, group=GROUPS["calls"])
+        pending = self._post_receive(h.in_width) if h.receive == 1 else None
+        sent = self._run(h.width) if h.width else None
         if pending is not None:
             work, buffer = pending
             work.wait()
@@ -141,18 +131,28 @@ class _Worker:
         if sent is not None:
             sent.wait()
 
-    def _compute(self, merge: bool) -> tuple[torch.Tensor, str]:
-        if merge:
-            items = list(self.queue)
-            self.queue.clear()
-            position, kind = items[0][0], items[0][1]
-            hidden = torch.cat([item[2] for item in items], dim=1)
-        else:
-            position, kind, hidden = self.queue.popleft()
-        return self.model.run_layers(hidden, self.layers, position=position, cache=self.cache), kind
+    def _run(self, width: int) -> Sent | None:
+        """Our layers over the queue's first `width` positions, merged; the timestamps (and, last,
+        the final logits) go to rank 0, the output to the next worker (returned: it must be waited)."""
+        start = time.perf_counter()
+        items = [self.queue.popleft()]
+        while sum(item[2].shape[1] for item in items) < width:
+            items.append(self.queue.popleft())
+        position, kind = items[0][0], items[0][1]
+        hidden = items[0][2] if len(items) == 1 else torch.cat([item[2] for item in items], dim=1)
+        hidden = self.model.run_layers(hidden, self.layers, position=position, cache=self.cache)
+        logits = final_logits(self.model, hidden, kind) if self.last else None
+        sync_device(self.device)
+        end = time.perf_counter()
+        sent = None if self.last else self._send_hidden(hidden)  # after the stamp: the next stage may start at once
+        report = torch.tensor([start, end], dtype=torch.float64).view(torch.float32)
+        if logits is not None:
+            report = torch.cat([report, logits.reshape(-1).cpu()])
+        dist.send(report, dst=0, group=GROUPS["calls"])
+        return sent
 
-    def _send_hidden(self, hidden: torch.Tensor) -> "Sent":
-        tensor = hidden.contiguous().cpu() if GROUPS["staged"] else hidden.contiguous()
+    def _send_hidden(self, hidden: torch.Tensor) -> Sent:
+        tensor = wire_tensor(hidden)
         return Sent(dist.isend(tensor, dst=self.k + 1, group=GROUPS["hidden"]), tensor)
 
     def _post_receive(self, width: int) -> tuple[object, torch.Tensor]:
@@ -165,32 +165,6 @@ class _Worker:
         work, buffer = self._post_receive(width)
         work.wait()
         return buffer.to(self.device)
-
-
-def _keep_stage(model: StagedModel, layers: range, *, last: bool) -> None:
-    """Free every decoder layer outside `layers`, the embeddings and the exit head (stage 1's, on
-    rank 0), and the LM head unless this is the last stage."""
-    decoder = model.hf_model.model
-    for index in range(len(decoder.layers)):
-        if index not in layers:
-            decoder.layers[index] = torch.nn.Identity()
-    decoder.embed_tokens = None
-    model.exit_head = None
-    if not last:
-        model.hf_model.lm_head = torch.nn.Identity()
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
-
-
-def _place(spec: PipelineSpec, rank: int) -> str:
-    """Pin this worker (`rank` on this host): its own cores (CPU) or GPU (cuda:rank mod count)."""
-    torch.set_num_threads(spec.threads_per_worker)
-    if spec.device == "cuda":
-        device = f"cuda:{rank % torch.cuda.device_count()}"
-        torch.cuda.set_device(device)
-        return device
-    os.sched_setaffinity(0, cores_of(rank, spec.threads_per_worker, sorted(os.sched_getaffinity(0))))
-    return "cpu"
 
 
 def _die_with_parent(parent: int) -> None:

@@ -29,16 +29,17 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from .chat import encode_prompt, has_chat_template
-from .heads import (TRAINED_HEAD_TYPES, HeadConfig, build_head, fingerprint, pipeline_stages, save_exit_head,
+from ..assets import ASSETS
+from ..chat import encode_prompt, has_chat_template
+from .exits import (TRAINED_HEAD_TYPES, HeadConfig, build_head, fingerprint, pipeline_stages, save_exit_head,
                     shared_head)
-from .model import DEFAULT_MODEL, StagedModel, load_model
-from .model_source import is_default
+from ..model import DEFAULT_MODEL, StagedModel, load_model
+from ..model_source import is_default
 
 CHECKPOINT_FILE = "checkpoint.pt"
 LOSS = "KL(p_full || q_head) per token, temperature 1, teacher = full model at the same position"
 TEXT_SUFFIXES = (".txt", ".md", ".rst", ".py", ".json", ".csv", ".html", ".tex")
-PROMPTS_DIR = Path(__file__).resolve().parent.parent / "assets" / "prompts"
+PROMPTS_DIR = ASSETS / "prompts"
 CHAT_PROMPTS, RAW_PROMPTS = PROMPTS_DIR / "chat.json", PROMPTS_DIR / "prompts.json"
 LR_SCHEDULES = ("constant", "cosine")
 SAVE_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -413,8 +414,8 @@ def decode_acceptance(model: StagedModel, head, prompts: list[list[int]], exit_l
                       max_new_tokens: int = 64, stages: int | None = None) -> dict:
     """Greedy PPSD acceptance rate (accepted / verified drafts, pooled over prompts) with the
     shared head and with `head`, on K = `stages` (default: the K whose balanced exit is E)."""
-    from .config import DecodeConfig
-    from .generate import generate
+    from ..config import DecodeConfig
+    from ..generate import generate
 
     stages = stages or pipeline_stages(model.num_layers, exit_layer)
     config = DecodeConfig(method="ppsd", exit_layer=exit_layer, stages=stages, max_new_tokens=max_new_tokens)

@@ -1,22 +1,22 @@
-"""What the processes of a pipeline share: its spec and error, the control message, the
-process groups, placement on cores, and how a stage's weights are loaded and checked.
+"""What the processes of a pipeline say to each other: the spec every rank builds, the error,
+the process groups, the control message and its header, and the coordinator's outbox.
 
-Boundary: no decoding and no process management here; `ppsd.distributed` (the coordinator,
-rank 0) and `ppsd.pipeline_worker` (ranks 1..K-1) both build on it.
+Boundary: messages only, no decoding, no placement, no process management; the coordinator
+(`pipeline`, rank 0) and the workers (`worker`, ranks 1..K-1) both build on it.
 
 Control message (bytes, one fixed size): a `Header` of int64 fields, then room for one hidden
-state. Stage 1's output rides to rank 1 *attached* to rank 1's next control message
-(inline when it is one position wide, else in a message right after it), not sent on its own
-the moment stage 1 finishes: measured on 2 cores, a message that crosses stage K's report on the
-wire made gloo's I/O threads spin, and that cost a PPSD slot 1.2 ms on top of its 1.3 (docs/distributed.md).
+state. A WORK header carries one worker's part of the schedule (`schedule.WorkerPart`). Stage
+1's output rides to rank 1 *attached* to rank 1's next control message (inline when it is one
+position wide, else in a message right after it), not sent on its own the moment stage 1
+finishes: a message that crosses stage K's report on the wire makes gloo's I/O threads spin,
+which cost a PPSD slot almost as much again (docs/distributed.md).
 A report (float32) is [start, end (two float64 as four float32), final logits...].
 """
 
 from __future__ import annotations
 
-import math
-import os
 import struct
+from collections import deque
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import NamedTuple
@@ -24,10 +24,9 @@ from typing import NamedTuple
 import torch
 import torch.distributed as dist
 
-from .model import StagedModel, default_dtype, load_weights
+from .schedule import ITEM_KINDS, Item, WorkerPart
 
 WORK, ROLLBACK, PING, SHUTDOWN = 1, 2, 3, 4
-KINDS = ("prefill", "draft", "verify")
 FOREVER = timedelta(days=365)  # an idle worker waits for its next request as long as it takes
 GROUPS: dict = {}  # this process's groups ("calls", "hidden") and whether GPU tensors go via host ("staged")
 
@@ -67,20 +66,33 @@ def init_group(spec: PipelineSpec, *, rank: int, world: int, store=None) -> None
     GROUPS["staged"] = hidden is None and spec.device == "cuda"  # through host memory
 
 
+def wire_tensor(tensor: torch.Tensor) -> torch.Tensor:
+    """`tensor` as it goes on the wire: via host memory when the GPUs cannot talk directly."""
+    return tensor.contiguous().cpu() if GROUPS["staged"] else tensor.contiguous()
+
+
 class Header(NamedTuple):
     """The int64 fields that open every control message (`_replace` to fill them in)."""
 
     op: int  # WORK, ROLLBACK, PING or SHUTDOWN
-    run: int = 0  # WORK: compute the head of the queue (or all of it, `merge`d)
-    merge: int = 0
-    incoming: int = 0  # the previous worker's output arrives: 0 not, 1 after the run (a slot), 2 before (a flow)
+    width: int = 0  # WORK: run the queue's first `width` positions, merged (0: do not run)
+    receive: int = 0  # the previous worker's output arrives: 0 not, 1 after the run, 2 before it
     in_position: int = 0
     in_width: int = 0
-    in_kind: int = 0  # index into KINDS
+    in_kind: int = 0  # index into ITEM_KINDS
     length: int = 0  # ROLLBACK: positions to keep
     att_position: int = 0  # stage 1's output attached to this message (rank 1): where, how wide, what
     att_width: int = 0
     att_kind: int = 0
+
+    @classmethod
+    def work(cls, part: WorkerPart) -> "Header":
+        incoming = part.incoming or Item(0, 0, ITEM_KINDS[0], 0)
+        return cls(WORK, width=part.width, receive=0 if part.incoming is None else 2 if part.before else 1,
+                   in_position=incoming.position, in_width=incoming.width, in_kind=ITEM_KINDS.index(incoming.kind))
+
+    def attach(self, item: Item) -> "Header":
+        return self._replace(att_position=item.position, att_width=item.width, att_kind=ITEM_KINDS.index(item.kind))
 
 
 HEADER = len(Header._fields)  # int64 fields
@@ -124,56 +136,23 @@ class Sent:
         self.work.wait()
 
 
-def sync_device(device: str) -> None:
-    """Wait for queued GPU work, so a timestamp says when the work ended, not when it was queued."""
-    if device.startswith("cuda"):
-        torch.cuda.synchronize(device)
+class Outbox:
+    """The coordinator's sends to each worker, never waited on when posted (a gloo send
+    completes only once the receiver takes it, so a hung worker would block us; its silence
+    shows as a late report instead), and released once a report proves them delivered."""
 
+    def __init__(self, workers: range) -> None:
+        self._sent: dict[int, deque[Sent]] = {k: deque() for k in workers}
+        self.posted = {k: 0 for k in workers}  # messages ever sent to rank k
+        self._released = {k: 0 for k in workers}  # of which known delivered
 
-def load_stage_weights(spec: PipelineSpec, device: str) -> StagedModel:
-    """The model's weights alone (workers need no tokenizer), as `load_model` loads them."""
-    dtype = getattr(torch, spec.dtype) if spec.dtype else default_dtype(spec.device)
-    return load_weights(spec.model, device=device, dtype=dtype)
+    def post(self, tensor: torch.Tensor, k: int, group=None) -> None:
+        self._sent[k].append(Sent(dist.isend(tensor, dst=k, group=group), tensor))
+        self.posted[k] += 1
 
-
-def weights_fingerprint(model: StagedModel, layers: range) -> float:
-    """Sum of |w| over the decoder layers `layers` (and the LM head's, seen by the last stage
-    and by the caller alike): equal weights give equal sums, up to summation order."""
-    total = sum(p.detach().double().abs().sum().item() for i in layers for p in model.layers[i].parameters())
-    if layers.stop == model.num_layers:
-        total += model.hf_model.lm_head.weight.detach().double().abs().sum().item()
-    return total
-
-
-def usable_cores(cgroup: str = "/sys/fs/cgroup") -> int:
-    """CPU cores this process may really use: its affinity, capped by a cgroup CPU quota (a
-    container on a big host sees every core but may be given two)."""
-    cores = len(os.sched_getaffinity(0))
-    for quota_file, period_file in (("cpu.max", None), ("cpu/cpu.cfs_quota_us", "cpu/cpu.cfs_period_us")):
-        try:
-            with open(os.path.join(cgroup, quota_file)) as f:
-                fields = f.read().split()
-            if period_file is not None:
-                with open(os.path.join(cgroup, period_file)) as f:
-                    fields.append(f.read().strip())
-            quota, period = fields[0], float(fields[1])
-        except (OSError, IndexError, ValueError):
-            continue
-        if quota not in ("max", "-1") and period > 0:
-            return max(1, min(cores, math.ceil(float(quota) / period)))
-        return cores
-    return cores
-
-
-def cores_of(rank: int, threads: int, cores: list[int]) -> set[int]:
-    """Rank `rank`'s cores: [rank t, (rank+1) t) of `cores`, wrapping round when there are too few."""
-    return {cores[(rank * threads + i) % len(cores)] for i in range(threads)}
-
-
-def pin_threads(cores: set[int]) -> None:
-    """Set the affinity of every thread of this process (sched_setaffinity(0) moves only the caller's)."""
-    for tid in os.listdir("/proc/self/task"):
-        try:
-            os.sched_setaffinity(int(tid), cores)
-        except OSError:  # the thread ended meanwhile
-            pass
+    def delivered(self, k: int, count: int) -> None:
+        """Worker k reported, so it took the first `count` messages we ever sent it: release them.
+        (Not those sent since: waiting for their transfer would put it on the critical path.)"""
+        while self._released[k] < count:
+            self._sent[k].popleft().wait()
+            self._released[k] += 1

@@ -1,6 +1,6 @@
 """Measure the embedded model on held-out Python: the numbers its model card reports.
 
-Run ``python -m ppsd.evaluate_tiny --model assets/models/ppsd-tiny [--json]``. For the final
+Run ``python tools/evaluate_tiny.py --model assets/models/ppsd-tiny [--json]``. For the final
 layer and every early exit E (shared head: final norm + LM head at hidden_states[E]) it reports
 teacher-forced loss, perplexity, top-1 accuracy and acceptance (exit argmax == full argmax);
 then greedy continuations of code prompts with their distinct-bigram ratio, the acceptance greedy
@@ -17,16 +17,20 @@ import argparse
 import json
 import math
 import os
+import sys
 import time
+from pathlib import Path
 from dataclasses import asdict, dataclass
 
 import torch
 import torch.nn.functional as F
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
-from .corpus import build_corpus
-from .metrics import ideal_ppsd_speedup
-from .train_tiny import exit_layers, heldout_windows, layer_logits
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script from anywhere
+
+from ppsd.heads.corpus import build_corpus  # noqa: E402
+from ppsd.metrics import ideal_ppsd_speedup  # noqa: E402
+from tools.train_tiny import exit_layers, heldout_windows, layer_logits  # noqa: E402
 
 # Prompts end without their last newline: byte-level BPE merges a newline with the next line's
 # indent, so a bare trailing "\n" token is rare in training and derails the continuation.

@@ -1,4 +1,4 @@
-"""`python -m ppsd.bench_pipeline`: real pipeline parallelism, measured (issue 5, "Measure").
+"""`python -m ppsd bench-pipeline`: real pipeline parallelism, measured (issue 5, "Measure").
 
 Tokens/s of greedy decoding, same model, prompts and length, every number measured wall time:
 single-process AR (1 and 2 threads), AR on the K-worker pipeline (the fair baseline: each
@@ -27,15 +27,15 @@ from pathlib import Path
 
 import torch
 
-from .bench import CHAT_PROMPTS_FILE, hf_generate, load_prompts, spread
-from .chat import encode_prompt, has_chat_template
-from .cli import thread_count
-from .model_source import resolve
-from .config import DecodeConfig, balanced_exit_layer
-from .generate import Result, generate
-from .metrics import ideal_ppsd_speedup
-from .heads import AUTO_HEAD, choose_exit_head, exit_layer_for
-from .model import DEFAULT_MODEL, StagedModel, load_model
+from .sweep import CHAT_PROMPTS_FILE, hf_generate, load_prompts, spread
+from ..chat import encode_prompt, has_chat_template
+from ..cli import thread_count
+from ..model_source import resolve
+from ..config import DecodeConfig, balanced_exit_layer
+from ..generate import Result, generate
+from ..metrics import ideal_ppsd_speedup
+from ..heads import AUTO_HEAD, choose_exit_head, exit_layer_for
+from ..model import DEFAULT_MODEL, StagedModel, load_model
 
 
 
@@ -50,8 +50,7 @@ class Method:
     clock: str = "measured"
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m ppsd.bench_pipeline", description=__doc__.splitlines()[0])
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=DEFAULT_MODEL, help="the default model (default), a checkpoint directory or a .gguf file")
     parser.add_argument("--prompts", default=None,
                         help="prompts JSON [{name, category, prompt}] (default: assets/prompts/prompts.json)")
@@ -74,7 +73,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="with --random-hidden: layers from E on add nothing, so every draft is "
                              "accepted (a = 1): the upper-bound control, same compute per stage")
     parser.add_argument("--json", default=None, help="also write the results here")
-    args = parser.parse_args(argv)
+
+
+def run(args: argparse.Namespace) -> int:
 
     model, prompts, source = _model_and_prompts(args)
     exit_layer = exit_layer_for(args.model, model.num_layers, args.stages, args.exit_layer)
@@ -91,11 +92,11 @@ def main(argv: list[str] | None = None) -> int:
         Method("PPSD, 1 process, projected", "ppsd", "in-process", 1, clock="projected"),
         Method(f"EESD g={config.draft_len}, 1 process, 1 thread", "eesd", "in-process", 1),
     ]
-    from .distributed import make_executor
+    from ..executors.pool import shared_pipeline
 
     load_before = os.getloadavg()
     started = time.perf_counter()
-    pool = make_executor(model, config, threads_per_worker=args.threads_per_worker, timeout=60.0)
+    pool = shared_pipeline(model, config, threads_per_worker=args.threads_per_worker, timeout=60.0)
     startup = time.perf_counter() - started
     print(f"model: {source}; {len(prompts)} prompts x {args.new_tokens} tokens; K={args.stages}, "
           f"E={config.exit_layer}, exit head {head.label}; pool started in {startup:.1f} s (pids {pool.pids})",
@@ -210,7 +211,7 @@ def _report(args, config, methods, prompts, walls, runs, source, load_before, st
     break_even = (1 - 1 / threads_gain) / (1 - exit_fraction) if threads_gain > 1 else 0.0
     utilization = [statistics.mean(u) for u in zip(*(m.stage_utilization for m in ppsd_metrics))]
     return {
-        "command": "python -m ppsd.bench_pipeline " + " ".join(sys.argv[1:]),
+        "command": "python -m ppsd bench-pipeline " + " ".join(sys.argv[1:]),
         "model": source, "device": args.device, "prompts": len(prompts), "new_tokens": args.new_tokens,
         "stages": config.stages, "exit_layer": config.exit_layer,
         "stage_layers": [[r.start, r.stop] for r in runs[ar_label][0].trace.stages],
@@ -253,6 +254,3 @@ def _table(report: dict) -> str:
     ]
     return "\n".join(lines)
 
-
-if __name__ == "__main__":
-    sys.exit(main())

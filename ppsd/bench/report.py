@@ -9,8 +9,8 @@ import json
 import math
 from pathlib import Path
 
-from .bench import ideal_ppsd, slot_fraction
-from .metrics import ideal_eesd_speedup
+from .sweep import ideal_ppsd, slot_fraction
+from ..metrics import ideal_eesd_speedup
 
 CSV_COLUMNS = (
     "method", "exit_layer", "stages", "draft_len", "temperature", "prompts", "tokens", "repeats",

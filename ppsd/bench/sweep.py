@@ -27,16 +27,17 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Iterable, Sequence, TypeVar
 
-from .cli import thread_count
-from .config import DecodeConfig, balanced_exit_layer, stage_layers
-from .metrics import ideal_eesd_speedup, ideal_ppsd_speedup
-from .metrics import slot_fraction as stage_slot_fraction
-from .chat import encode_prompt, use_chat
-from .heads import default_exit_layer
-from .model import DEFAULT_MODEL, StagedModel
+from ..assets import ASSETS
+from ..cli import thread_count
+from ..config import DecodeConfig, balanced_exit_layer, stage_layers
+from ..metrics import ideal_eesd_speedup, ideal_ppsd_speedup
+from ..metrics import slot_fraction as stage_slot_fraction
+from ..chat import encode_prompt, use_chat
+from ..heads import default_exit_layer
+from ..model import DEFAULT_MODEL, StagedModel
 
 T = TypeVar("T")
-PROMPTS_FILE = Path(__file__).resolve().parent.parent / "assets" / "prompts" / "prompts.json"
+PROMPTS_FILE = ASSETS / "prompts" / "prompts.json"
 CHAT_PROMPTS_FILE = PROMPTS_FILE.with_name("chat.json")  # questions for instruct models
 # Used only when assets/prompts/prompts.json is missing; the report says so. Stdlib-style code,
 # reference prose and arithmetic, like the embedded model's held-out prompts.
@@ -371,7 +372,7 @@ class Run:
     warmup: int
     repeats: int
     tick: Callable[[], None]
-    pipeline: Callable | None = None  # ppsd.distributed.make_executor when K-worker runs are wanted
+    pipeline: Callable | None = None  # ppsd.executors.pool.shared_pipeline when K-worker runs are wanted
     exit_head: str = "auto"  # per E: the shipped head when one fits ("auto"), "shared", or a directory
     cells: dict = field(default_factory=dict)  # Setting -> list[Cell], settings done on every prompt
     pipeline_cells: dict = field(default_factory=dict)  # Setting -> list[Cell], AR and PPSD on K workers
@@ -381,7 +382,7 @@ class Run:
     def staged(self, exit_layer: int) -> StagedModel:
         """The model with the exit head this run uses at `exit_layer` (chosen once per E)."""
         if exit_layer not in self.heads:
-            from .heads import choose_exit_head
+            from ..heads import choose_exit_head
 
             choice = choose_exit_head(self.model, exit_layer, self.exit_head)
             self.heads[exit_layer] = (fixed_length(self.model.with_exit_head(choice.head)), choice.label)
@@ -394,7 +395,7 @@ class Run:
     def baselines(self) -> dict:
         """Our AR against HF greedy `generate()`, interleaved run by run so that load on the machine
         hits both alike."""
-        from .generate import generate
+        from ..generate import generate
 
         eos = _hf_eos(self.model)  # the bench's own model ignores EOS; HF's generation config knows it
         config = Setting("ar", balanced_exit_layer(self.model.num_layers, 2), 2, 0.0).config(self.max_new_tokens)
@@ -422,7 +423,7 @@ class Run:
         """Run a group (its AR baseline first) on every prompt, interleaved: each round runs every
         setting once, so load on the machine hits the baseline and the methods alike. A group is
         recorded only when every prompt has finished."""
-        from .generate import generate
+        from ..generate import generate
 
         eos = _hf_eos(self.model)
         model = self.staged(group[0].exit_layer)
@@ -601,7 +602,7 @@ def machine_info(model: StagedModel) -> dict:
         "device": device, "dtype": model.info.dtype,
         "torch": torch.__version__, "transformers": transformers.__version__,
         "python": platform.python_version(), "platform": platform.platform(),
-        "distributed_executor": "available" if importlib.util.find_spec("ppsd.distributed") else "absent",
+        "distributed_executor": "available" if importlib.util.find_spec("ppsd.executors.pool") else "absent",
         "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
 
@@ -668,8 +669,8 @@ def run(args: argparse.Namespace) -> int:
     import transformers
     from tqdm import tqdm
 
-    from . import bench_report
-    from .model import load_model
+    from . import report as bench_report
+    from ..model import load_model
 
     if args.threads < 1:
         raise ValueError(f"threads={args.threads} must be >= 1")
@@ -717,7 +718,7 @@ def run(args: argparse.Namespace) -> int:
         interrupted = True
     finally:
         if bench.pipeline is not None:
-            importlib.import_module("ppsd.distributed").close_all()
+            importlib.import_module("ppsd.executors.processes").close_all()
     bar.close()
     report = bench.report(baselines, machine=machine, interrupted=interrupted, prompts_source=source, args=args)
     bench_report.write_all(report, Path(args.out), plotly_js=args.plotly_js)
@@ -735,21 +736,21 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _pipeline(args: argparse.Namespace) -> Callable | None:
-    """`ppsd.distributed.make_executor` when K-worker runs are asked for (or auto and available)."""
-    available = importlib.util.find_spec("ppsd.distributed") is not None
+    """`ppsd.executors.pool.shared_pipeline` when K-worker runs are asked for (or auto and available)."""
+    available = importlib.util.find_spec("ppsd.executors.pool") is not None
     mode = args.distributed or ("off" if args.quick else "auto")
     if mode == "on" and not available:
-        raise ValueError("--distributed on, but ppsd.distributed is not part of this installation")
+        raise ValueError("--distributed on, but ppsd.executors.pool is not part of this installation")
     if mode == "off" or not available:
         return None
-    module = importlib.import_module("ppsd.distributed")
+    module = importlib.import_module("ppsd.executors.pool")
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
     def make(model: StagedModel, config: DecodeConfig):
         # K processes sharing fewer cores run in turn again: not a K-worker measurement.
         if mode == "auto" and model.info.device == "cpu" and config.stages * args.threads > cores:
             return None
-        return module.make_executor(model, config, threads_per_worker=args.threads)
+        return module.shared_pipeline(model, config, threads_per_worker=args.threads)
     return make
 
 

@@ -5,7 +5,7 @@ A head maps the hidden state after layers [0, E) to next-token logits (the `Exit
 of `ppsd.model`). `shared` is the model's own final norm + LM head (no weights of its own);
 `lowrank` is an RMSNorm and a low-rank residual adapter feeding that same frozen norm + LM head;
 `layer` is one decoder layer (attention + MLP) whose attention reads the keys and values stage 1's
-last layer already cached, feeding the same norm + LM head. Both are trained by `ppsd.train_head`,
+last layer already cached, feeding the same norm + LM head. Both are trained by `ppsd.heads.train`,
 and either may draft from a slice of the vocabulary only (`draft_vocab`). A saved head is a
 directory:
 
@@ -31,7 +31,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .model import KVCache, SharedExitHead, StagedModel
+from ..assets import ASSETS
+from ..model import KVCache, SharedExitHead, StagedModel
 
 HEAD_TYPES = ("shared", "lowrank", "layer")
 TRAINED_HEAD_TYPES = ("lowrank", "layer")
@@ -460,7 +461,7 @@ def render_card(config: HeadConfig) -> str:
 
 # --- the heads this repository ships ---------------------------------------------------------------
 
-SHIPPED_HEADS = Path(__file__).resolve().parent.parent / "assets" / "heads"
+SHIPPED_HEADS = ASSETS / "heads"
 AUTO_HEAD, SHARED_HEAD = "auto", "shared"
 
 
@@ -490,7 +491,7 @@ def shipped_exit_layers(model_name: str, root: Path = SHIPPED_HEADS) -> dict[int
 def default_exit_layer(model_name: str, num_layers: int, stages: int) -> int:
     """The E a run of `model_name` with K stages uses when none is given: the shipped head's for
     that K (its E was chosen by measured speed), else the balanced L/K."""
-    from .config import balanced_exit_layer
+    from ..config import balanced_exit_layer
 
     return shipped_exit_layers(model_name).get(stages) or balanced_exit_layer(num_layers, stages)
 

@@ -1,6 +1,6 @@
 """Train the embedded default model: a small Llama with LayerSkip-style early-exit loss.
 
-Run ``python -m ppsd.train_tiny --out assets/models/ppsd-tiny``. It trains a byte-level BPE
+Run ``python tools/train_tiny.py --out assets/models/ppsd-tiny``. It trains a byte-level BPE
 tokenizer on the corpus (``ppsd.corpus``), then a ``LlamaForCausalLM`` whose shared head (final
 norm + LM head) is trained at layers L/4, L/2 and 3L/4 as well as at the top, so the model's own
 head works as the early-exit draft head PPSD needs. Checkpoints (model, optimizer, step, RNG)
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import sys
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -23,7 +24,9 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from tqdm import tqdm
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-from .corpus import Corpus, build_corpus
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script from anywhere
+
+from ppsd.heads.corpus import Corpus, build_corpus  # noqa: E402
 
 EOS = "<|endoftext|>"
 # Exit layer (as a fraction of L) -> weight of its cross-entropy; the final layer weighs 1.

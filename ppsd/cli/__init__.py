@@ -15,9 +15,11 @@ from pathlib import Path
 from typing import Callable
 
 SUBCOMMANDS = {
-    "generate": ("ppsd.cli_generate", "generate text with AR, EESD or PPSD"),
-    "bench": ("ppsd.bench", "benchmark PPSD against EESD and AR"),
-    "train-head": ("ppsd.train_head", "train an early-exit head by self-distillation"),
+    "generate": ("ppsd.cli.generate", "generate text with AR, EESD or PPSD"),
+    "pipeline": ("ppsd.cli.pipeline", "generate on a K-process pipeline (also one rank of a torchrun launch)"),
+    "bench": ("ppsd.bench.sweep", "benchmark PPSD against EESD and AR over a sweep of settings"),
+    "bench-pipeline": ("ppsd.bench.pipeline", "benchmark AR, HF, EESD and PPSD on a K-worker pipeline"),
+    "train-head": ("ppsd.heads.train", "train an early-exit head by self-distillation"),
 }
 
 
@@ -73,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def guarded(run: Callable[..., int], *args) -> int:
     """`run(*args)`, with bad input (ValueError) as one `error: ...` line and status 2, and Ctrl-C
-    as status 130: the one error path of every entry point (`ppsd.distributed` too)."""
+    as status 130: the one error path of every entry point (`ppsd.executors.pipeline` too)."""
     try:
         return run(*args)
     except ValueError as error:

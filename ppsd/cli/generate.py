@@ -9,34 +9,20 @@ import sys
 import torch
 import transformers
 
-from .cli import check_output_file, thread_count
-from .chat import check_text, encode_prompt, use_chat
-from .config import DecodeConfig, METHODS
-from .generate import Result, generate
-from .heads import AUTO_HEAD, choose_exit_head, exit_layer_for
-from .model import DEFAULT_MODEL, load_model, model_config
+from . import check_output_file, options, thread_count
+from ..chat import check_text, encode_prompt, use_chat
+from ..generate import Result, generate
+from ..heads import choose_exit_head
+from ..model import load_model, model_config
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prompt", required=True, help="the question (chat) or the text to continue (raw)")
-    parser.add_argument("--chat", action=argparse.BooleanOptionalAction, default=None,
-                        help="wrap the prompt in the model's chat template (default: on when the model has one)")
-    parser.add_argument("--method", default="ppsd", help=f"one of {', '.join(METHODS)} (default ppsd)")
-    parser.add_argument("--model", default=DEFAULT_MODEL, help=f"{DEFAULT_MODEL} (default), a local directory, a .gguf file or a hub id")
-    parser.add_argument("--exit-layer", type=int, default=None,
-                        help="E (default: the shipped head's E for this model and K, else balanced, L/K)")
-    parser.add_argument("--stages", type=int, default=2, help="K pipeline stages (default 2)")
-    parser.add_argument("--draft-len", type=int, default=4, help="EESD draft length g (default 4)")
-    parser.add_argument("--max-new-tokens", type=int, default=64)
-    parser.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (default)")
-    parser.add_argument("--top-p", type=float, default=1.0)
-    parser.add_argument("--seed", type=int, default=0)
+    options.add_model(parser)
+    options.add_decoding(parser)
     parser.add_argument("--device", default="cpu", help="cpu, cuda or auto (default cpu)")
     parser.add_argument("--threads", type=thread_count, default=None,
                         help="CPU threads for torch (default: torch's choice; 1 is faster on a busy shared CPU)")
-    parser.add_argument("--exit-head", default=AUTO_HEAD,
-                        help="auto: the shipped head for this model and E, if any, else shared (default); "
-                             "shared: the model's own norm + LM head; or a train-head output directory")
     parser.add_argument("--executor", default="in-process", choices=("in-process", "distributed"),
                         help="in-process: stages in turn, PPSD's overlap projected (default); "
                              "distributed: one process per stage over torch.distributed, measured")
@@ -49,10 +35,7 @@ def run(args: argparse.Namespace) -> int:
     check_output_file(args.chrome_trace, "--chrome-trace")
     # Settings are checked against the checkpoint's config before any weights load.
     layers = model_config(args.model, progress=_tell).num_hidden_layers
-    config = DecodeConfig(
-        method=args.method, exit_layer=exit_layer_for(args.model, layers, args.stages, args.exit_layer), stages=args.stages, draft_len=args.draft_len,
-        max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p, seed=args.seed,
-    ).resolved(layers)
+    config = options.decode_config(args, layers)
     transformers.utils.logging.disable_progress_bar()  # keeps stderr to one line on error
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -62,10 +45,11 @@ def run(args: argparse.Namespace) -> int:
     chat = use_chat(tokenizer, args.chat)
     prompt_ids = encode_prompt(tokenizer, args.prompt, chat=chat)
     if args.executor == "distributed":
-        from .distributed import PipelineError, make_executor
+        from ..executors.wire import PipelineError
+        from ..executors.pool import shared_pipeline
 
         try:
-            with make_executor(model, config) as executor:
+            with shared_pipeline(model, config) as executor:
                 result = generate(model, prompt_ids, config, executor=executor)
         except PipelineError as error:  # a worker died or hung: not bad input, so status 1
             print(f"error: the pipeline failed: {error}", file=sys.stderr)

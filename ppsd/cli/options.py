@@ -1,0 +1,49 @@
+"""The flags every decoding command shares, and the one mapping from them to a `DecodeConfig`.
+
+Boundary: argparse in, a resolved `DecodeConfig` out; loads no weights (the checkpoint's
+config alone gives L, so bad settings fail before any download or load).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from ..config import METHODS, DecodeConfig
+from ..heads import AUTO_HEAD, exit_layer_for
+from ..model import DEFAULT_MODEL
+
+
+def add_model(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", default=DEFAULT_MODEL,
+                        help=f"{DEFAULT_MODEL} (default), a local directory, a .gguf file or a hub id")
+    parser.add_argument("--exit-head", default=AUTO_HEAD,
+                        help="auto: the shipped head for this model and E, if any, else shared (default); "
+                             "shared: the model's own norm + LM head; or a train-head output directory")
+    parser.add_argument("--chat", action=argparse.BooleanOptionalAction, default=None,
+                        help="wrap the prompt in the model's chat template (default: on when the model has one)")
+
+
+def add_decoding(parser: argparse.ArgumentParser, *, sampling: bool = True) -> None:
+    """--method, --stages, --exit-layer, --draft-len, --max-new-tokens (and, with `sampling`,
+    --temperature, --top-p, --seed): the fields of `DecodeConfig`."""
+    parser.add_argument("--method", default="ppsd", help=f"one of {', '.join(METHODS)} (default ppsd)")
+    parser.add_argument("--stages", type=int, default=2, help="K pipeline stages (default 2)")
+    parser.add_argument("--exit-layer", type=int, default=None,
+                        help="E (default: the shipped head's E for this model and K, else balanced, L/K)")
+    parser.add_argument("--draft-len", type=int, default=4, help="EESD draft length g (default 4)")
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    if sampling:
+        parser.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (default)")
+        parser.add_argument("--top-p", type=float, default=1.0)
+        parser.add_argument("--seed", type=int, default=0)
+
+
+def decode_config(args: argparse.Namespace, num_layers: int, *, stages: int | None = None) -> DecodeConfig:
+    """The run `args` ask for on a model of `num_layers` layers, resolved (ValueError if invalid).
+    `stages` overrides --stages (under torchrun the world size decides)."""
+    stages = args.stages if stages is None else stages
+    sampled = {name: getattr(args, name) for name in ("temperature", "top_p", "seed") if hasattr(args, name)}
+    return DecodeConfig(
+        method=args.method, stages=stages, draft_len=args.draft_len, max_new_tokens=args.max_new_tokens,
+        exit_layer=exit_layer_for(args.model, num_layers, stages, args.exit_layer), **sampled,
+    ).resolved(num_layers)

@@ -1,0 +1,63 @@
+"""`python -m ppsd pipeline --prompt TEXT`: one generation on a K-stage pipeline of processes.
+
+Plain: K - 1 local workers are started. Under torchrun (RANK set) the world is the K stages:
+rank 0 loads the model and tokenizer, decodes and prints; ranks >= 1 serve their stage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from . import options, thread_count
+from ..chat import check_text, encode_prompt, use_chat
+from ..executors.pipeline import DistributedExecutor
+from ..executors.pool import shared_pipeline
+from ..executors.wire import PipelineSpec
+from ..executors.worker import run_worker
+from ..generate import Result, generate
+from ..heads import choose_exit_head
+from ..model import load_model, model_config
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--prompt", required=True)
+    options.add_model(parser)
+    options.add_decoding(parser, sampling=False)
+    parser.add_argument("--device", default="cpu", help="cpu or cuda")
+    parser.add_argument("--threads-per-worker", type=thread_count, default=1)
+    parser.add_argument("--timeout", type=float, default=30.0)
+
+
+def run(args: argparse.Namespace) -> int:
+    check_text(args.prompt)  # every rank checks every value before any group forms: all exit 2 alike
+    rank = int(os.environ.get("RANK", "0"))
+    torchrun = "RANK" in os.environ
+    layers = model_config(args.model).num_hidden_layers
+    config = options.decode_config(args, layers, stages=int(os.environ["WORLD_SIZE"]) if torchrun else None)
+    # Every torchrun rank builds the same spec (dtype: the device's default, as load_model's).
+    spec = PipelineSpec(model=args.model, stages=config.partition(layers), device=args.device,
+                        threads_per_worker=args.threads_per_worker, timeout=args.timeout)
+    if rank > 0:
+        run_worker(spec, rank, local_rank=int(os.environ.get("LOCAL_RANK", "0")))
+        return 0
+    model, tokenizer = load_model(args.model, device=args.device)
+    model = model.with_exit_head(choose_exit_head(model, config.exit_layer, args.exit_head).head)
+    if torchrun:
+        executor = DistributedExecutor(spec, model).join()
+    else:
+        executor = shared_pipeline(model, config, threads_per_worker=args.threads_per_worker, timeout=args.timeout)
+    with executor:
+        ids = encode_prompt(tokenizer, args.prompt, chat=use_chat(tokenizer, args.chat))
+        result = generate(model, ids, config, executor=executor)
+    print(tokenizer.decode(result.token_ids, skip_special_tokens=True))
+    print(summary(result, args.device))
+    return 0
+
+
+def summary(result: Result, device: str) -> str:
+    m = result.metrics()
+    rate = "n/a" if m.acceptance_rate is None else f"{m.acceptance_rate:.2f}"
+    return (f"[{result.config.method}, {result.config.stages}-stage pipeline, {device}] {m.tokens} tokens, "
+            f"{m.tokens_per_second:.1f} tok/s ({m.clock} clock), acceptance {rate}, "
+            f"stage utilization {', '.join(f'{u:.2f}' for u in m.stage_utilization)}")

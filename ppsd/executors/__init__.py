@@ -1,0 +1,13 @@
+"""Executors run stage work for the decoders; the decoders decide what runs.
+
+A pipeline of K stages: stage 1 is layers [0, E) plus the exit head, stage K ends with the final
+head. `base` holds the protocol and the compute at both ends, `schedule` which stage computes
+what in each call (as data), `local` the in-process executor. The K-process pipeline is
+`pipeline` (the coordinator), `worker`, `wire`, `placement`, `processes` and `pool`; import
+those only when wanted (they bring torch.distributed).
+"""
+
+from .base import Executor, Feed, Output
+from .local import InProcessExecutor
+
+__all__ = ["Executor", "Feed", "InProcessExecutor", "Output"]

@@ -1,0 +1,84 @@
+"""What every executor shares: the call's input (`Feed`) and result (`Output`), the `Executor`
+protocol the decoders drive, and the compute at the pipeline's two ends.
+
+Boundary: no schedule (that is `schedule`) and no processes; both executors, and the worker
+holding the final stage, compute stage 1 and the final logits with these functions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from ..model import KVCache, StagedModel
+from ..steps import Event, Kind
+from ..trace import Stopwatch
+
+
+@dataclass(frozen=True)
+class Feed:
+    """Tokens entering stage 1 at `position`. Kind `draft` asks for exit-head logits;
+    `from_final` says the first token was committed by the final stage (a restart)."""
+
+    position: int
+    tokens: tuple[int, ...]
+    kind: Kind
+    from_final: bool = False
+
+
+@dataclass(frozen=True)
+class Output:
+    """What one executor call produced, and the stage work it did (in recording order:
+    later stages first within a slot, so each event's input was recorded before it)."""
+
+    events: tuple[Event, ...]
+    exit_logits: torch.Tensor | None = None  # (V,) draft logits for the last fed position
+    final_position: int | None = None  # first position whose final logits are given
+    final_logits: torch.Tensor | None = None  # (T, V) next-token logits for those positions
+
+
+class Executor(Protocol):
+    """`slot` advances every stage by one token (PPSD's verify-while-draft tick, AR on the
+    pipeline), `push` runs stage 1 alone (EESD drafting), `flow` runs stages 2..K once over
+    everything queued (prefill, EESD verification), `rollback` drops queued work and truncates
+    the caches: the only rollback there is. `begin` and `end` bracket one run."""
+
+    stages: tuple[range, ...]
+    device: str
+    concurrent: bool  # do the stages run at the same time (so the measured clock shows overlap)?
+
+    def begin(self, stopwatch: Stopwatch) -> None: ...  # a run starts: empty caches, stamp on this clock
+    def slot(self, feed: Feed | None, *, slot: int) -> Output: ...
+    def push(self, feed: Feed) -> Output: ...
+    def flow(self) -> Output: ...
+    def rollback(self, length: int) -> None: ...
+    def end(self) -> None: ...  # the run is over (finished, stopped or failed)
+
+
+def logit_width(kind: Kind, width: int) -> int:
+    """How many of a final-stage piece's last positions get logits: a prefill needs only the
+    next token's (the LM head is skipped on the rest), anything else every position's."""
+    return 1 if kind == "prefill" else width
+
+
+def final_position(item) -> int:
+    """The first position whose final logits a final-stage piece `item` (a `schedule.Item`) gives."""
+    return item.position + item.width - logit_width(item.kind, item.width)
+
+
+def first_stage(model: StagedModel, layers: range, feed: Feed, cache: KVCache) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Stage 1 on `feed`: embeddings and `layers`, then (for a draft) the exit head.
+    Returns (hidden (1, T, hidden), exit logits (V,) or None)."""
+    hidden = model.embed(list(feed.tokens))
+    hidden = model.run_layers(hidden, layers, position=feed.position, cache=cache)
+    if feed.kind != "draft":
+        return hidden, None
+    return hidden, model.exit_logits(hidden, position=feed.position, cache=cache)
+
+
+def final_logits(model: StagedModel, hidden: torch.Tensor, kind: Kind) -> torch.Tensor:
+    """The final stage's next-token logits (T', V) for the last `logit_width` positions of `hidden`."""
+    width = hidden.shape[1]
+    return model.final_logits(hidden[:, width - logit_width(kind, width):])

@@ -1,0 +1,80 @@
+"""`InProcessExecutor`: every stage in this process, on one device, one after the other.
+
+Boundary: it computes the `schedule`'s actions in their recording order and times each where it
+ran, so its trace is measured but not concurrent; the projected clock (`Trace.project`)
+replays it on K workers.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+import torch
+
+from ..config import DecodeConfig
+from ..model import KVCache, StagedModel
+from ..trace import Stopwatch
+from . import schedule
+from .base import Feed, Output, final_logits, final_position, first_stage
+
+
+class InProcessExecutor:
+    """All stages here, in turn, each timed where it ran."""
+
+    concurrent = False
+
+    def __init__(self, model: StagedModel, stages: tuple[range, ...], stopwatch: Stopwatch) -> None:
+        self.model = model
+        self.stages = stages
+        self.device = model.info.device
+        self.cache = KVCache()
+        self._clock = stopwatch
+        self._queues = schedule.empty(len(stages))
+        self._hidden: list[deque[torch.Tensor]] = [deque() for _ in stages]  # beside each queue's items
+
+    @classmethod
+    def for_config(cls, model: StagedModel, config: DecodeConfig, stopwatch: Stopwatch) -> "InProcessExecutor":
+        """The in-process executor for `config`'s stage partition of `model`."""
+        return cls(model, config.partition(model.num_layers), stopwatch)
+
+    def begin(self, stopwatch: Stopwatch) -> None:
+        self._clock = stopwatch
+        self.rollback(0)
+
+    def end(self) -> None:
+        pass
+
+    def slot(self, feed: Feed | None, *, slot: int) -> Output:
+        return self._execute(schedule.slot(self._queues, feed), feed, slot)
+
+    def push(self, feed: Feed) -> Output:
+        return self._execute(schedule.enter(self._queues, feed), feed, None)
+
+    def flow(self) -> Output:
+        return self._execute(schedule.flow(self._queues), None, None)
+
+    def rollback(self, length: int) -> None:
+        self._queues = schedule.empty(len(self.stages))
+        self._hidden = [deque() for _ in self.stages]
+        self.cache.truncate(length)
+
+    def _execute(self, plan: schedule.Plan, feed: Feed | None, slot: int | None) -> Output:
+        events, results = [], {}
+        for action in plan.actions:
+            start = self._clock.now()
+            k = action.stage
+            if k == 0:
+                hidden, results["exit_logits"] = first_stage(self.model, self.stages[0], feed, self.cache)
+            else:
+                taken = [self._hidden[k].popleft() for _ in range(action.take)]
+                merged = taken[0] if len(taken) == 1 else torch.cat(taken, dim=1)
+                hidden = self.model.run_layers(merged, self.stages[k],
+                                               position=action.item.position, cache=self.cache)
+            if k + 1 < len(self.stages):
+                self._hidden[k + 1].append(hidden)
+            else:
+                results["final_logits"] = final_logits(self.model, hidden, action.item.kind)
+                results["final_position"] = final_position(action.item)
+            events.append(action.event(start, self._clock.now(), slot))
+        self._queues = plan.queues
+        return Output(tuple(events), **results)

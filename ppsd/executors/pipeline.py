@@ -1,0 +1,352 @@
+"""Real pipeline-parallel execution: one process per stage, over torch.distributed.
+
+Boundary: `DistributedExecutor` is the coordinator (rank 0). It implements the `Executor`
+protocol with K processes, executing the same `schedule` as the in-process executor; it knows
+nothing of drafts or acceptance (the decoders decide). The processes' lives are `processes`,
+their messages `wire`, their cores and weights `placement`, the worker's side `worker`.
+
+- Rank 0 is the calling process: it runs the decoder's state machine and computes stage 1
+  itself (embeddings, layers [0, E), exit head) with the caller's `StagedModel`. In a PPSD slot
+  the coordinator must see stage 1's exit logits before it can feed the next draft, so stage 1
+  *is* the critical path; computed in place it costs no message and no process wake-up, and
+  stage K's work (started by a message sent before stage 1 computes) hides behind it. Exactly K
+  processes compute, a trained exit head needs no shipping, and under torchrun the world is just
+  the K stages.
+- Worker k (rank k, stage k+1) loads the weights from the same path and dtype, keeps only its
+  layers (plus the final norm and LM head on stage K) and its own `KVCache`, and is pinned to its
+  own cores (or GPU). Hidden states flow rank k -> k+1 by point-to-point send/recv; stage K's
+  final logits come back to rank 0 with each worker's timestamps.
+- The coordinator keeps the schedule's queues (positions, tokens, kinds, widths: the hidden
+  states are on the workers), so it builds the same events as the in-process executor; only
+  their times differ (measured where each stage ran, on one clock: the trace is `concurrent`).
+- Run-ahead: once stage 1 has computed in a slot, the next slot's worker work (`schedule.advance`,
+  which depends on the queues alone) is launched before this slot's reports are read; a
+  rollback drops it.
+- Lifecycle: workers start once and serve many runs; `close()` (also at exit, and on any error)
+  stops them. A worker that dies breaks its sockets, so the waiting rank fails at once; one that
+  hangs trips the per-call timeout. Either way the pool is torn down, no process is left, and a
+  `PipelineError` names the stage.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from ..model import KVCache, StagedModel
+from ..trace import Stopwatch
+from . import schedule
+from .base import Feed, Output, final_position, first_stage, logit_width
+from .placement import cores_of, pin_threads, sync_device, weights_fingerprint
+from .processes import OPEN, WorkerProcesses
+from .wire import (GROUPS, PING, ROLLBACK, SHUTDOWN, Control, Header, Outbox, PipelineError, PipelineSpec,
+                   init_group, wire_tensor)
+
+
+@dataclass
+class _Call:
+    """The workers' part of one executor call: the plan, and the reports it awaits."""
+
+    plan: schedule.Plan
+    reports: dict[int, tuple[object, torch.Tensor]] = field(default_factory=dict)  # rank -> (irecv, buffer)
+    taken: dict[int, int] = field(default_factory=dict)  # rank -> messages sent it before this call's report
+    launched: bool = False  # control messages sent and reports awaited
+
+
+class DistributedExecutor:
+    """Stage 1 here, stages 2..K in worker processes; the stages of one `slot` compute at once.
+
+    `model` (the caller's, on `spec.device`) computes stage 1; it may be swapped between runs
+    for one with another exit head over the same weights.
+    """
+
+    concurrent = True
+
+    def __init__(self, spec: PipelineSpec, model: StagedModel) -> None:
+        self.spec, self.model = spec, model
+        self.stages, self.device = spec.stages, spec.device
+        self.lock = threading.Lock()  # one run at a time: callers hold it around a whole generate
+        self.cache = KVCache()  # stage 1's layers and a stateful exit head's entries
+        self.runs = 0  # runs begun on this pool
+        self._workers = WorkerProcesses()
+        self._control = Control(model.hf_model.config.hidden_size, next(model.hf_model.parameters()).dtype)
+        self._outbox = Outbox(range(1, len(spec.stages)))
+        self._offsets = [0.0] * len(spec.stages)  # rank k's clock minus ours
+        self._queues = schedule.empty(len(spec.stages))
+        self._attached: list[tuple[schedule.Item, torch.Tensor]] = []  # stage 1's output rank 1 has not got yet
+        self._ahead: _Call | None = None  # the next slot's worker work, launched early (`slot`)
+        self._discarded: list[tuple[object, torch.Tensor]] = []  # reports of run-ahead work a rollback dropped
+        self._clock = Stopwatch()
+        self._caller: tuple[int, set[int]] | None = None  # torch threads and cores outside runs
+        self._state = "new"  # new, open, closed; broken: a failed group (kill the workers, send nothing)
+
+    # Lifecycle -----------------------------------------------------------------------------
+
+    def start(self) -> "DistributedExecutor":
+        """Start the K - 1 workers, wait until each has loaded its stage, join them in one group."""
+        if self._state != "new":
+            return self
+        if dist.is_initialized():
+            raise PipelineError("torch.distributed is already initialised in this process: "
+                                "close the other pipeline first (one pool per process)")
+        self._open()
+        store = dist.TCPStore("127.0.0.1", 0, len(self.stages), is_master=True,
+                              timeout=timedelta(seconds=self.spec.startup_timeout), wait_for_workers=False)
+        try:
+            self._workers.start(self.spec, store.port)
+            init_group(self.spec, rank=0, world=len(self.stages), store=store)
+            self._hello()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def join(self) -> "DistributedExecutor":
+        """Become rank 0 of a group that torchrun started (env:// rendezvous); ranks >= 1 call
+        `worker.run_worker`. The workers are not our children: `close()` shuts them down by message."""
+        self._open()
+        init_group(self.spec, rank=0, world=len(self.stages))
+        self._hello()
+        return self
+
+    def close(self) -> None:
+        """Stop every worker (politely, then by force) and leave torch.distributed as it was."""
+        if self._state == "closed":
+            return
+        broken, self._state = self._state == "broken", "closed"
+        OPEN.discard(self)
+        if dist.is_initialized() and not broken and self._workers.all_alive():
+            try:
+                self._broadcast(Header(SHUTDOWN))
+            except Exception:  # noqa: BLE001 - a broken pool is killed below anyway
+                pass
+        self._workers.stop(grace=0.0 if broken else 5.0)
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        GROUPS.clear()
+        self.end()
+
+    @property
+    def alive(self) -> bool:
+        return self._state == "open"
+
+    @property
+    def pids(self) -> list[int]:
+        """Process ids of the workers for stages 2..K."""
+        return self._workers.pids
+
+    def begin(self, stopwatch: Stopwatch) -> None:
+        """A run starts: empty every cache and queue, stamp on `stopwatch`, and while it lasts
+        give stage 1 (this process) the workers' thread count and, on CPU, pin every thread of
+        this process (torch's, gloo's, the caller's own) to stage 1's cores, as each worker keeps
+        to its own. Left free to roam, the scheduler parks them on a worker's core, and a slot
+        then waits for a context switch there (a PPSD run took 1.9x as long; docs/distributed.md).
+        `end()` gives the process its threads and cores back (between runs it is the caller's)."""
+        self._check_alive()
+        self._clock = stopwatch
+        self.rollback(0)
+        self.runs += 1
+        if self._caller is None:
+            self._caller = torch.get_num_threads(), os.sched_getaffinity(0)
+            torch.set_num_threads(self.spec.threads_per_worker)
+            if self.device == "cpu":
+                pin_threads(cores_of(0, self.spec.threads_per_worker, sorted(self._caller[1])))
+
+    def end(self) -> None:
+        if self._caller is not None:
+            threads, cores = self._caller
+            self._caller = None
+            torch.set_num_threads(threads)
+            if self.device == "cpu":
+                pin_threads(cores)
+
+    def __enter__(self) -> "DistributedExecutor":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # The Executor protocol ---------------------------------------------------------------
+
+    def slot(self, feed: Feed | None, *, slot: int) -> Output:
+        call, self._ahead = self._ahead or self._plan(schedule.advance), None
+        return self._run(call, feed, slot)
+
+    def push(self, feed: Feed) -> Output:
+        self._expect_no_run_ahead()
+        return self._run(_Call(schedule.Plan((), self._queues)), feed, None)
+
+    def flow(self) -> Output:
+        self._expect_no_run_ahead()
+        return self._run(self._plan(schedule.flow), None, None)
+
+    def rollback(self, length: int) -> None:
+        if self._ahead is not None:  # run-ahead work behind a correction: flushed, its reports dropped
+            self._discarded.extend(self._ahead.reports.values())
+            self._ahead = None
+        self._queues = schedule.empty(len(self.stages))
+        self._attached = []
+        self.cache.truncate(length)
+        self._guarded(lambda: self._broadcast(Header(ROLLBACK, length=length)))
+
+    def _plan(self, step) -> _Call:
+        """The workers' call `step(queues)` plans; the queues then hold what it leaves."""
+        plan = step(self._queues)
+        self._queues = plan.queues
+        return _Call(plan)
+
+    def _expect_no_run_ahead(self) -> None:
+        if self._ahead is not None:
+            raise RuntimeError("push/flow after slot without a rollback: no decoder does this")
+
+    # Running a call --------------------------------------------------------------------------
+
+    def _check_alive(self) -> None:
+        if not self.alive:
+            raise PipelineError("the pipeline is not running: start() it (or make a new one)")
+
+    def _run(self, call: _Call, feed: Feed | None, slot: int | None) -> Output:
+        self._check_alive()
+        return self._guarded(lambda: self._exchange(call, feed, slot))
+
+    def _exchange(self, call: _Call, feed: Feed | None, slot: int | None) -> Output:
+        if not call.launched:  # the workers start first...
+            self._launch(call)
+        actions, times, results = list(call.plan.actions), {}, {}
+        if feed is not None:  # ...then stage 1 computes here, while they do (recorded last)
+            entry = self._plan(lambda queues: schedule.enter(queues, feed)).plan.actions[0]
+            actions.append(entry)
+            times[0] = self._stage1(feed, entry.item, results)
+        if slot is not None and any(self._queues[1:]):
+            # Run ahead: the next slot's worker work depends on nothing the decoder has yet to
+            # decide (a correction flushes it, as it flushes all work in flight), so it starts now,
+            # and each worker goes from one slot's work to the next without waiting for a message.
+            self._ahead = self._launch(self._plan(schedule.advance))
+        self._collect(call, times, results)
+        events = tuple(a.event(self._clock.at(times[a.stage][0]), self._clock.at(times[a.stage][1]), slot)
+                       for a in actions)
+        return Output(events=events, **results)
+
+    def _launch(self, call: _Call) -> _Call:
+        """Send the workers of `call` their parts of its plan and await their reports."""
+        for k in range(1, len(self.stages)):
+            part = schedule.worker_part(call.plan, k)
+            if part is not None:
+                self._post_control(Header.work(part), k)
+        for action in call.plan.actions:
+            k = action.stage
+            call.taken[k] = self._outbox.posted[k]  # what its report proves delivered
+            report = torch.empty(4 + self._payload(action), dtype=torch.float32)
+            call.reports[k] = (dist.irecv(report, src=k, group=GROUPS["calls"]), report)
+        call.launched = True
+        return call
+
+    def _collect(self, call: _Call, times: dict, results: dict) -> None:
+        """Wait for `call`'s reports: each worker's (start, end) on our clock into `times`, the
+        final logits into `results`."""
+        for work, _ in self._discarded:
+            work.wait()
+        self._discarded = []
+        last = len(self.stages) - 1
+        for action in call.plan.actions:
+            k = action.stage
+            work, report = call.reports[k]
+            work.wait()
+            self._outbox.delivered(k, call.taken[k])
+            start, end = report[:4].view(torch.float64).tolist()
+            times[k] = (start - self._offsets[k], end - self._offsets[k])
+            if k == last:
+                results["final_position"] = final_position(action.item)
+                results["final_logits"] = report[4:].view(-1, self.model.info.vocab_size)
+
+    def _stage1(self, feed: Feed, item: schedule.Item, results: dict) -> tuple[float, float]:
+        """Stage 1 here; its hidden state goes on to rank 1 with rank 1's next control message.
+        Returns (start, end) in `time.perf_counter()` time."""
+        start = time.perf_counter()
+        hidden, results["exit_logits"] = first_stage(self.model, self.stages[0], feed, self.cache)
+        sync_device(self.device)
+        end = time.perf_counter()
+        self._attached.append((item, hidden))
+        return start, end
+
+    def _post_control(self, header: Header, k: int) -> None:
+        """Send rank k its control message; rank 1's carries what stage 1 produced since its last
+        one (in a slot at most one position; prefill and EESD drafts, contiguous, in a flow)."""
+        attached: list[tuple[schedule.Item, torch.Tensor]] = []
+        if k == 1:
+            attached, self._attached = self._attached, []
+        if not attached:
+            self._outbox.post(self._control.pack(header), k)
+            return
+        hidden = attached[0][1] if len(attached) == 1 else torch.cat([tensor for _, tensor in attached], dim=1)
+        first = attached[0][0]
+        header = header.attach(schedule.Item(first.position, first.token_id, first.kind, hidden.shape[1]))
+        if hidden.shape[1] == 1:
+            self._outbox.post(self._control.pack(header, hidden), k)
+            return
+        self._outbox.post(self._control.pack(header), k)
+        self._outbox.post(wire_tensor(hidden), k, group=GROUPS["hidden"])
+
+    def _payload(self, action: schedule.Action) -> int:
+        """Number of logits in a worker's report: T x V at the last stage, else none."""
+        if action.stage < len(self.stages) - 1:
+            return 0
+        return self.model.info.vocab_size * logit_width(action.item.kind, action.item.width)
+
+    def _broadcast(self, header: Header) -> None:
+        for k in range(1, len(self.stages)):
+            self._outbox.post(self._control.pack(header), k)
+
+    def _guarded(self, action):
+        """Run `action`; any failure of the group tears the pool down and names the culprit."""
+        try:
+            return action()
+        except Exception as error:  # noqa: BLE001 - gloo raises RuntimeError subclasses
+            culprit = self._workers.culprit()
+            first = (str(error).strip().splitlines() or [type(error).__name__])[0][:200]
+            reason = culprit or (f"a pipeline worker did not answer within {self.spec.timeout:g} s "
+                                 f"or failed ({first})")
+            self._state = "broken"
+            self.close()
+            raise PipelineError(f"{reason}; the pipeline was shut down") from error
+
+    # Startup ---------------------------------------------------------------------------------
+
+    def _open(self) -> None:
+        self._state = "open"
+        OPEN.add(self)
+
+    def _hello(self) -> None:
+        """Check every worker holds the caller's weights; measure remote hosts' clock offsets."""
+        hellos: list = [None] * len(self.stages)
+        dist.all_gather_object(hellos, {"host": socket.gethostname()})
+        for k in range(1, len(self.stages)):
+            mine = weights_fingerprint(self.model, self.stages[k])
+            if not math.isclose(hellos[k]["weights"], mine, rel_tol=1e-6):
+                raise PipelineError(
+                    f"stage {k + 1} loaded other weights from {self.spec.model!r} than the caller's model "
+                    f"(fingerprint {hellos[k]['weights']:.6g} vs {mine:.6g}): was the checkpoint rewritten, "
+                    f"or the model changed in memory?")
+            if hellos[k]["host"] != socket.gethostname():
+                self._offsets[k] = _clock_offset(self._control, k)
+
+
+def _clock_offset(control: Control, k: int, rounds: int = 8) -> float:
+    """Worker k's clock minus ours, from the ping with the shortest round trip (NTP-style)."""
+    best = (float("inf"), 0.0)
+    answer = torch.empty(1, dtype=torch.float64)
+    for _ in range(rounds):
+        sent = time.perf_counter()
+        dist.send(control.pack(Header(PING)), dst=k)  # blocks until k takes it: startup only
+        dist.recv(answer, src=k, group=GROUPS["calls"])
+        back = time.perf_counter()
+        best = min(best, (back - sent, float(answer) - (sent + back) / 2))
+    return best[1]

@@ -1,0 +1,97 @@
+"""Where each stage of a pipeline runs and what it holds: cores or GPU per rank, thread
+pinning, the weights a stage keeps, and the check that every stage holds the caller's weights.
+
+Boundary: no messages and no scheduling; used by the coordinator (`pipeline`) and the
+workers (`worker`) alike.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import torch
+
+from ..model import StagedModel, default_dtype, load_weights
+from .wire import PipelineSpec
+
+
+def sync_device(device: str) -> None:
+    """Wait for queued GPU work, so a timestamp says when the work ended, not when it was queued."""
+    if device.startswith("cuda"):
+        torch.cuda.synchronize(device)
+
+
+def load_stage_weights(spec: PipelineSpec, device: str) -> StagedModel:
+    """The model's weights alone (workers need no tokenizer), as `load_model` loads them."""
+    dtype = getattr(torch, spec.dtype) if spec.dtype else default_dtype(spec.device)
+    return load_weights(spec.model, device=device, dtype=dtype)
+
+
+def weights_fingerprint(model: StagedModel, layers: range) -> float:
+    """Sum of |w| over the decoder layers `layers` (and the LM head's, seen by the last stage
+    and by the caller alike): equal weights give equal sums, up to summation order."""
+    total = sum(p.detach().double().abs().sum().item() for i in layers for p in model.layers[i].parameters())
+    if layers.stop == model.num_layers:
+        total += model.hf_model.lm_head.weight.detach().double().abs().sum().item()
+    return total
+
+
+def usable_cores(cgroup: str = "/sys/fs/cgroup") -> int:
+    """CPU cores this process may really use: its affinity, capped by a cgroup CPU quota (a
+    container on a big host sees every core but may be given two)."""
+    cores = len(os.sched_getaffinity(0))
+    for quota_file, period_file in (("cpu.max", None), ("cpu/cpu.cfs_quota_us", "cpu/cpu.cfs_period_us")):
+        try:
+            with open(os.path.join(cgroup, quota_file)) as f:
+                fields = f.read().split()
+            if period_file is not None:
+                with open(os.path.join(cgroup, period_file)) as f:
+                    fields.append(f.read().strip())
+            quota, period = fields[0], float(fields[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        if quota not in ("max", "-1") and period > 0:
+            return max(1, min(cores, math.ceil(float(quota) / period)))
+        return cores
+    return cores
+
+
+def cores_of(rank: int, threads: int, cores: list[int]) -> set[int]:
+    """Rank `rank`'s cores: [rank t, (rank+1) t) of `cores`, wrapping round when there are too few."""
+    return {cores[(rank * threads + i) % len(cores)] for i in range(threads)}
+
+
+def pin_threads(cores: set[int]) -> None:
+    """Set the affinity of every thread of this process (sched_setaffinity(0) moves only the caller's)."""
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            os.sched_setaffinity(int(tid), cores)
+        except OSError:  # the thread ended meanwhile
+            pass
+
+
+def place(spec: PipelineSpec, rank: int) -> str:
+    """Pin this worker (`rank` on this host): its own cores (CPU) or GPU (cuda:rank mod count)."""
+    torch.set_num_threads(spec.threads_per_worker)
+    if spec.device == "cuda":
+        device = f"cuda:{rank % torch.cuda.device_count()}"
+        torch.cuda.set_device(device)
+        return device
+    os.sched_setaffinity(0, cores_of(rank, spec.threads_per_worker, sorted(os.sched_getaffinity(0))))
+    return "cpu"
+
+
+def keep_stage(model: StagedModel, layers: range, *, last: bool) -> None:
+    """Free every decoder layer outside `layers`, the embeddings and the exit head (stage 1's, on
+    rank 0), and the LM head unless this is the last stage."""
+    decoder = model.hf_model.model
+    for index in range(len(decoder.layers)):
+        if index not in layers:
+            decoder.layers[index] = torch.nn.Identity()
+    decoder.embed_tokens = None
+    model.exit_head = None
+    if not last:
+        model.hf_model.lm_head = torch.nn.Identity()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
