@@ -1,7 +1,9 @@
 """PPSD: pipeline-parallel self-speculative decoding (Li et al., arXiv 2509.19368).
 
-The library: a staged early-exit model (`model`), three decoders over an executor (`decoders`,
-`executor`), the trace and its metrics (`trace`, `metrics`). `generate` is the entry point.
+The core: a staged early-exit model (`model`), three decoders (`decoders`) over an executor
+(`executors`: the schedule, in process or on K processes), the trace and its metrics (`trace`,
+`metrics`). `generate` is the entry point. Exit heads are `heads`, benchmarks `bench`, the
+command line `cli`.
 """
 
 from .config import DecodeConfig, MAX_NEW_TOKENS_CAP, balanced_exit_layer, stage_layers

@@ -2,8 +2,8 @@
 PPSD token-identical to in-process AR; a measured, concurrent trace that validates; a killed or
 hung worker gives a clear error and leaves no process behind.
 
-Stage 1 runs in this process; workers (stages 2..K) start once per pool (seconds on a shared
-2-core machine), so one K=2 pool serves every test that does not break it; the hang test breaks
+Stage 1 runs in this process; workers (stages 2..K) start once per pool (seconds each), so
+one K=2 pool serves every test that does not break it; the hang test breaks
 it last; a K=3 pool covers a middle stage and the kill test. Nothing here asserts speed.
 """
 

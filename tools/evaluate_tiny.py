@@ -5,7 +5,7 @@ layer and every early exit E (shared head: final norm + LM head at hidden_states
 teacher-forced loss, perplexity, top-1 accuracy and acceptance (exit argmax == full argmax);
 then greedy continuations of code prompts with their distinct-bigram ratio, the acceptance greedy
 PPSD would see on them, the ideal PPSD speedup that implies, and Hugging Face ``generate``'s
-greedy tokens/s on this machine.
+greedy tokens/s on the machine it runs on.
 
 This module knows nothing of the decoders: acceptance is computed teacher-forced, which for
 greedy decoding equals PPSD's acceptance rate (every verification commits the full model's token).

@@ -8,7 +8,7 @@ on its weights) drafts in greedy PPSD, K = 2, in process; AR runs on the same st
 the median per-token time of stage 1 (layers [0, E) + head) and stage 2 (layers [E, L) + LM head),
 AR's per-token time, and slot / AR = max(stage) / AR, the share of an AR step one accepted token
 costs on a 2-worker pipeline, so that speedup ~ 1 / (slot/AR * (2 - a)) at acceptance a.
-Measured on this machine's CPU; noisy when it is busy (the ratios less so).
+Measured on the CPU it runs on; noisy when that is busy (the ratios less so).
 """
 
 from __future__ import annotations

@@ -31,7 +31,6 @@ their messages `wire`, their cores and weights `placement`, the worker's side `w
 from __future__ import annotations
 
 import math
-import os
 import socket
 import threading
 import time
@@ -45,7 +44,7 @@ from ..model import KVCache, StagedModel
 from ..trace import Stopwatch
 from . import schedule
 from .base import Feed, Output, final_position, first_stage, logit_width
-from .placement import cores_of, pin_threads, sync_device, weights_fingerprint
+from .placement import StageOnePinning, sync_device, weights_fingerprint
 from .processes import OPEN, WorkerProcesses
 from .wire import (GROUPS, PING, ROLLBACK, SHUTDOWN, Control, Header, Outbox, PipelineError, PipelineSpec,
                    init_group, wire_tensor)
@@ -81,11 +80,11 @@ class DistributedExecutor:
         self._outbox = Outbox(range(1, len(spec.stages)))
         self._offsets = [0.0] * len(spec.stages)  # rank k's clock minus ours
         self._queues = schedule.empty(len(spec.stages))
-        self._attached: list[tuple[schedule.Item, torch.Tensor]] = []  # stage 1's output rank 1 has not got yet
+        self._attached: list[torch.Tensor] = []  # stage 1's output rank 1 has not got yet
         self._ahead: _Call | None = None  # the next slot's worker work, launched early (`slot`)
         self._discarded: list[tuple[object, torch.Tensor]] = []  # reports of run-ahead work a rollback dropped
         self._clock = Stopwatch()
-        self._caller: tuple[int, set[int]] | None = None  # torch threads and cores outside runs
+        self._pinning = StageOnePinning(spec)
         self._state = "new"  # new, open, closed; broken: a failed group (kill the workers, send nothing)
 
     # Lifecycle -----------------------------------------------------------------------------
@@ -154,19 +153,10 @@ class DistributedExecutor:
         self._clock = stopwatch
         self.rollback(0)
         self.runs += 1
-        if self._caller is None:
-            self._caller = torch.get_num_threads(), os.sched_getaffinity(0)
-            torch.set_num_threads(self.spec.threads_per_worker)
-            if self.device == "cpu":
-                pin_threads(cores_of(0, self.spec.threads_per_worker, sorted(self._caller[1])))
+        self._pinning.hold()
 
     def end(self) -> None:
-        if self._caller is not None:
-            threads, cores = self._caller
-            self._caller = None
-            torch.set_num_threads(threads)
-            if self.device == "cpu":
-                pin_threads(cores)
+        self._pinning.release()
 
     def __enter__(self) -> "DistributedExecutor":
         return self.start()
@@ -222,9 +212,8 @@ class DistributedExecutor:
             self._launch(call)
         actions, times, results = list(call.plan.actions), {}, {}
         if feed is not None:  # ...then stage 1 computes here, while they do (recorded last)
-            entry = self._plan(lambda queues: schedule.enter(queues, feed)).plan.actions[0]
-            actions.append(entry)
-            times[0] = self._stage1(feed, entry.item, results)
+            actions += self._plan(lambda queues: schedule.enter(queues, feed)).plan.actions
+            times[0] = self._stage1(feed, results)
         if slot is not None and any(self._queues[1:]):
             # Run ahead: the next slot's worker work depends on nothing the decoder has yet to
             # decide (a correction flushes it, as it flushes all work in flight), so it starts now,
@@ -267,28 +256,27 @@ class DistributedExecutor:
                 results["final_position"] = final_position(action.item)
                 results["final_logits"] = report[4:].view(-1, self.model.info.vocab_size)
 
-    def _stage1(self, feed: Feed, item: schedule.Item, results: dict) -> tuple[float, float]:
+    def _stage1(self, feed: Feed, results: dict) -> tuple[float, float]:
         """Stage 1 here; its hidden state goes on to rank 1 with rank 1's next control message.
         Returns (start, end) in `time.perf_counter()` time."""
         start = time.perf_counter()
         hidden, results["exit_logits"] = first_stage(self.model, self.stages[0], feed, self.cache)
         sync_device(self.device)
         end = time.perf_counter()
-        self._attached.append((item, hidden))
+        self._attached.append(hidden)
         return start, end
 
     def _post_control(self, header: Header, k: int) -> None:
         """Send rank k its control message; rank 1's carries what stage 1 produced since its last
         one (in a slot at most one position; prefill and EESD drafts, contiguous, in a flow)."""
-        attached: list[tuple[schedule.Item, torch.Tensor]] = []
+        attached: list[torch.Tensor] = []
         if k == 1:
             attached, self._attached = self._attached, []
         if not attached:
             self._outbox.post(self._control.pack(header), k)
             return
-        hidden = attached[0][1] if len(attached) == 1 else torch.cat([tensor for _, tensor in attached], dim=1)
-        first = attached[0][0]
-        header = header.attach(schedule.Item(first.position, first.token_id, first.kind, hidden.shape[1]))
+        hidden = attached[0] if len(attached) == 1 else torch.cat(attached, dim=1)
+        header = header._replace(attached=hidden.shape[1])
         if hidden.shape[1] == 1:
             self._outbox.post(self._control.pack(header, hidden), k)
             return

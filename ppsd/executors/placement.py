@@ -95,3 +95,30 @@ def keep_stage(model: StagedModel, layers: range, *, last: bool) -> None:
         model.hf_model.lm_head = torch.nn.Identity()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
+
+
+class StageOnePinning:
+    """While a run lasts, the coordinator's process computes stage 1: it gets the workers'
+    thread count and (CPU) every one of its threads is pinned to stage 1's cores; `release`
+    gives back what the caller had."""
+
+    def __init__(self, spec: PipelineSpec) -> None:
+        self.spec = spec
+        self._caller: tuple[int, set[int]] | None = None  # torch threads and cores outside runs
+
+    def hold(self) -> None:
+        if self._caller is not None:
+            return
+        self._caller = torch.get_num_threads(), os.sched_getaffinity(0)
+        torch.set_num_threads(self.spec.threads_per_worker)
+        if self.spec.device == "cpu":
+            pin_threads(cores_of(0, self.spec.threads_per_worker, sorted(self._caller[1])))
+
+    def release(self) -> None:
+        if self._caller is None:
+            return
+        threads, cores = self._caller
+        self._caller = None
+        torch.set_num_threads(threads)
+        if self.spec.device == "cpu":
+            pin_threads(cores)

@@ -114,12 +114,13 @@ def flow(queues: Queues) -> Plan:
 
 @dataclass(frozen=True)
 class WorkerPart:
-    """Stage `stage`'s share of a plan, as its worker sees it: how many queued positions to run
-    (0: none; counted in positions, as the worker may hold stage 1's pieces merged) and what the
-    previous worker sends it, received before or after its own run."""
+    """Stage `stage`'s share of a plan, as its worker sees it: what it runs (None: nothing), over
+    the first `run.width` positions it holds, and how many positions the previous worker sends
+    it (0: none), received before or after its own run. The worker keeps hidden states only;
+    what they are comes with each part."""
 
-    width: int = 0
-    incoming: Item | None = None
+    run: Item | None = None
+    incoming: int = 0
     before: bool = False
 
 
@@ -131,7 +132,7 @@ def worker_part(plan: Plan, stage: int) -> WorkerPart | None:
     producer = plan.actions[order[stage - 1]] if stage > 1 and stage - 1 in order else None
     if mine is None and producer is None:
         return None
-    return WorkerPart(width=mine.item.width if mine else 0, incoming=producer.item if producer else None,
+    return WorkerPart(run=mine.item if mine else None, incoming=producer.item.width if producer else 0,
                       before=producer is not None and mine is not None and order[stage - 1] < order[stage])
 
 

@@ -75,24 +75,19 @@ class Header(NamedTuple):
     """The int64 fields that open every control message (`_replace` to fill them in)."""
 
     op: int  # WORK, ROLLBACK, PING or SHUTDOWN
-    width: int = 0  # WORK: run the queue's first `width` positions, merged (0: do not run)
+    position: int = 0  # WORK: run the first `width` positions held (0: do not run), which start here
+    width: int = 0
+    kind: int = 0  # and are of this kind (index into ITEM_KINDS)
     receive: int = 0  # the previous worker's output arrives: 0 not, 1 after the run, 2 before it
-    in_position: int = 0
-    in_width: int = 0
-    in_kind: int = 0  # index into ITEM_KINDS
+    in_width: int = 0  # its positions
     length: int = 0  # ROLLBACK: positions to keep
-    att_position: int = 0  # stage 1's output attached to this message (rank 1): where, how wide, what
-    att_width: int = 0
-    att_kind: int = 0
+    attached: int = 0  # positions of stage 1's output attached to this message (rank 1)
 
     @classmethod
     def work(cls, part: WorkerPart) -> "Header":
-        incoming = part.incoming or Item(0, 0, ITEM_KINDS[0], 0)
-        return cls(WORK, width=part.width, receive=0 if part.incoming is None else 2 if part.before else 1,
-                   in_position=incoming.position, in_width=incoming.width, in_kind=ITEM_KINDS.index(incoming.kind))
-
-    def attach(self, item: Item) -> "Header":
-        return self._replace(att_position=item.position, att_width=item.width, att_kind=ITEM_KINDS.index(item.kind))
+        run = part.run or Item(0, 0, ITEM_KINDS[0], 0)
+        return cls(WORK, position=run.position, width=run.width, kind=ITEM_KINDS.index(run.kind),
+                   receive=0 if not part.incoming else 2 if part.before else 1, in_width=part.incoming)
 
 
 HEADER = len(Header._fields)  # int64 fields

@@ -67,7 +67,7 @@ def run_worker(spec: PipelineSpec, rank: int, *, local_rank: int) -> None:
 
 
 class _Worker:
-    """Stage k+1 (rank k >= 1): its layers, its KV cache, its queue of incoming hidden states."""
+    """Stage k+1 (rank k >= 1): its layers, its KV cache, the hidden states waiting for it."""
 
     def __init__(self, spec: PipelineSpec, rank: int, stages: int, *, local_rank: int | None = None) -> None:
         from transformers.utils import logging
@@ -81,7 +81,7 @@ class _Worker:
         keep_stage(model, self.layers, last=self.last)
         self.model = model
         self.cache = KVCache()
-        self.queue: deque[tuple[int, str, torch.Tensor]] = deque()  # (position, kind, (1, T, hidden))
+        self.queue: deque[torch.Tensor] = deque()  # (1, T, hidden) pieces, oldest first
         self.hidden_size = model.hf_model.config.hidden_size
         self.dtype = next(model.hf_model.parameters()).dtype
         self.control = Control(self.hidden_size, self.dtype)
@@ -108,40 +108,32 @@ class _Worker:
 
     def _attach(self, h: Header, message: torch.Tensor) -> None:
         """Queue stage 1's output that came with this control message (rank 1 only)."""
-        if h.att_width == 1:
-            hidden = self.control.hidden(message).to(self.device)
-        elif h.att_width > 1:
-            hidden = self._receive(h.att_width)
-        else:
-            return
-        self.queue.append((h.att_position, ITEM_KINDS[h.att_kind], hidden))
+        if h.attached == 1:
+            self.queue.append(self.control.hidden(message).to(self.device))
+        elif h.attached > 1:
+            self.queue.append(self._receive(h.attached))
 
     def _work(self, h: Header) -> None:
         """One call's part: the previous worker's output joins our queue (before our run in a
-        flow, after it in a slot), we run the first `width` queued positions, and report to rank 0."""
-        incoming = h.in_position, ITEM_KINDS[h.in_kind]
+        flow, after it in a slot), we run what the header says, and report to rank 0."""
         if h.receive == 2:
-            self.queue.append((*incoming, self._receive(h.in_width)))
+            self.queue.append(self._receive(h.in_width))
         pending = self._post_receive(h.in_width) if h.receive == 1 else None
-        sent = self._run(h.width) if h.width else None
+        sent = self._run(h) if h.width else None
         if pending is not None:
             work, buffer = pending
             work.wait()
-            self.queue.append((*incoming, buffer.to(self.device)))
+            self.queue.append(buffer.to(self.device))
         if sent is not None:
             sent.wait()
 
-    def _run(self, width: int) -> Sent | None:
-        """Our layers over the queue's first `width` positions, merged; the timestamps (and, last,
-        the final logits) go to rank 0, the output to the next worker (returned: it must be waited)."""
+    def _run(self, h: Header) -> Sent | None:
+        """Our layers over the first `h.width` positions we hold; the timestamps (and, last, the
+        final logits) go to rank 0, the output to the next worker (returned: it must be waited)."""
         start = time.perf_counter()
-        items = [self.queue.popleft()]
-        while sum(item[2].shape[1] for item in items) < width:
-            items.append(self.queue.popleft())
-        position, kind = items[0][0], items[0][1]
-        hidden = items[0][2] if len(items) == 1 else torch.cat([item[2] for item in items], dim=1)
-        hidden = self.model.run_layers(hidden, self.layers, position=position, cache=self.cache)
-        logits = final_logits(self.model, hidden, kind) if self.last else None
+        hidden = self._take(h.width)
+        hidden = self.model.run_layers(hidden, self.layers, position=h.position, cache=self.cache)
+        logits = final_logits(self.model, hidden, ITEM_KINDS[h.kind]) if self.last else None
         sync_device(self.device)
         end = time.perf_counter()
         sent = None if self.last else self._send_hidden(hidden)  # after the stamp: the next stage may start at once
@@ -150,6 +142,19 @@ class _Worker:
             report = torch.cat([report, logits.reshape(-1).cpu()])
         dist.send(report, dst=0, group=GROUPS["calls"])
         return sent
+
+    def _take(self, width: int) -> torch.Tensor:
+        """The first `width` positions held, as one (1, width, hidden) tensor (stage 1's pieces
+        may arrive merged: a longer piece is split, its rest stays first in the queue)."""
+        pieces, held = [], 0
+        while held < width:
+            piece = self.queue.popleft()
+            if held + piece.shape[1] > width:
+                piece, rest = piece[:, : width - held], piece[:, width - held:]
+                self.queue.appendleft(rest)
+            pieces.append(piece)
+            held += piece.shape[1]
+        return pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim=1)
 
     def _send_hidden(self, hidden: torch.Tensor) -> Sent:
         tensor = wire_tensor(hidden)
