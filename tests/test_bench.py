@@ -12,8 +12,14 @@ from dataclasses import replace
 import pytest
 
 from ppsd import DecodeConfig, Draft, Event, Result, Token, Trace
+from ppsd.bench import prompts as bench_prompts
 from ppsd.bench import report as bench_report
-from ppsd.bench import sweep as bench
+from ppsd.bench.baselines import same_output
+from ppsd.bench.prompts import load_prompts, quick_subset
+from ppsd.bench.rows import central_point, make_row
+from ppsd.bench.run import Run, repeat
+from ppsd.bench.stats import Cell, cell_from_results, ideal_ppsd, partition_slot_fraction, speed
+from ppsd.bench.settings import Setting, sweep
 from ppsd.cli import main
 
 STAGES = (range(0, 1), range(1, 2))  # a 2-layer model, E = 1, K = 2: every stage takes 1 s below
@@ -51,11 +57,11 @@ def ppsd_run(scale: float = 1.0) -> Result:
 
 def test_hand_made_runs_give_the_expected_speedups():
     # Three paired rounds; the middle round ran slower for both, the last faster.
-    ar = bench.cell_from_results("p", "code", [ar_run(s) for s in (1.0, 2.0, 0.5)])
-    pp = bench.cell_from_results("p", "code", [ppsd_run(s) for s in (1.0, 1.5, 0.5)])
+    ar = cell_from_results("p", "code", [ar_run(s) for s in (1.0, 2.0, 0.5)])
+    pp = cell_from_results("p", "code", [ppsd_run(s) for s in (1.0, 1.5, 0.5)])
     assert ar.walls == (6.0, 12.0, 3.0) and ar.projected_walls == pytest.approx((6.0, 12.0, 3.0))
     assert pp.projected_walls == pytest.approx((5.0, 7.5, 2.5))
-    row = bench.make_row(bench.Setting("ppsd", 1, 2, 0.0), [pp], [ar], num_layers=2)
+    row = make_row(Setting("ppsd", 1, 2, 0.0), [pp], [ar], num_layers=2)
     assert row["tokens"] == 3 and row["acceptance_rate"] == 1.0 and row["accepted"] == 2
     assert row["tokens_per_second"] == pytest.approx(3 / 6)  # median of 6, 9, 3 s
     assert row["speedup_measured"] == pytest.approx(6 / 6)
@@ -69,34 +75,34 @@ def test_hand_made_runs_give_the_expected_speedups():
     assert row["stage_utilization"] == pytest.approx([3 / 5, 3 / 5])
     assert row["bubble_fraction"] == pytest.approx(0.4)
     assert row["by_category"]["code"]["speedup_projected"] == pytest.approx(1.2)
-    ar_row = bench.make_row(bench.Setting("ar", 1, 2, 0.0), [ar], [ar], num_layers=2)
+    ar_row = make_row(Setting("ar", 1, 2, 0.0), [ar], [ar], num_layers=2)
     assert ar_row["speedup_measured"] == 1.0 and ar_row["bubble_fraction"] == pytest.approx(0.5)
 
 
 def test_speeds_sum_prompts_and_keep_the_spread():
-    cells = [bench.Cell("a", "code", 10, 0, 0, 0, 0, (1.0, 2.0, 4.0), (1.0, 1.0, 1.0), (1.0,), ()),
-             bench.Cell("b", "prose", 30, 0, 0, 0, 0, (3.0, 1.0, 2.0), (1.0, 1.0, 1.0), (1.0,), ())]
-    s = bench.speed(cells)
+    cells = [Cell("a", "code", 10, 0, 0, 0, 0, (1.0, 2.0, 4.0), (1.0, 1.0, 1.0), (1.0,), ()),
+             Cell("b", "prose", 30, 0, 0, 0, 0, (3.0, 1.0, 2.0), (1.0, 1.0, 1.0), (1.0,), ())]
+    s = speed(cells)
     assert (s.tokens, s.median, s.low, s.high) == (40, 40 / 4.0, 40 / 7.0, 40 / 2.0)
 
 
 @pytest.mark.parametrize("a,fraction,expected", [(0.0, 0.25, 1.0), (1.0, 0.25, 4.0), (0.8, 0.25, 2.5),
                                                  (0.5, 0.5, 1 / 0.75)])
 def test_ideal_ppsd_matches_the_spec(a, fraction, expected):
-    assert bench.ideal_ppsd(a, fraction) == pytest.approx(expected)
+    assert ideal_ppsd(a, fraction) == pytest.approx(expected)
 
 
 # (L, E, K) -> layers of the slowest stage / L: it sets the slot, whichever stage it is.
 @pytest.mark.parametrize("layers,exit_layer,stages,expected", [(8, 4, 2, 4 / 8), (8, 2, 4, 2 / 8), (8, 6, 2, 6 / 8),
                                                                (8, 2, 2, 6 / 8), (8, 3, 3, 3 / 8), (8, 1, 8, 1 / 8)])
 def test_slot_is_the_slowest_stage(layers, exit_layer, stages, expected):
-    assert bench.slot_fraction(layers, exit_layer, stages) == pytest.approx(expected)
+    assert partition_slot_fraction(layers, exit_layer, stages) == pytest.approx(expected)
 
 
 def test_repeat_drops_warmup_runs():
     calls, ticks = [], []
-    kept = bench.repeat(lambda: calls.append(len(calls)) or len(calls), warmup=2, repeats=3,
-                        tick=lambda: ticks.append(1))
+    kept = repeat(lambda: calls.append(len(calls)) or len(calls), warmup=2, repeats=3,
+                  tick=lambda: ticks.append(1))
     assert kept == [3, 4, 5] and len(ticks) == 5
 
 
@@ -114,28 +120,28 @@ SWEEPS = [
 
 @pytest.mark.parametrize("stages,exits,draft_lens,expected", SWEEPS)
 def test_sweep_groups_settings_under_their_baseline(stages, exits, draft_lens, expected):
-    groups = bench.sweep(8, stages=stages, draft_lens=draft_lens, temperatures=[0.0], exit_layers=exits)
+    groups = sweep(8, stages=stages, draft_lens=draft_lens, temperatures=[0.0], exit_layers=exits)
     assert [[s.label.removesuffix(" T=0") for s in g] for g in groups] == expected
     assert all(s.baseline() == g[0] for g in groups for s in g)
 
 
 def test_same_output_compares_before_our_first_eos():
-    assert bench.same_output([1, 2, 9, 4], [1, 2, 3, 3], eos=(9,))
-    assert not bench.same_output([1, 2, 9, 4], [1, 3, 3, 3], eos=(9,))
-    assert bench.same_output([1, 2], [1, 2], eos=())
+    assert same_output([1, 2, 9, 4], [1, 2, 3, 3], eos=(9,))
+    assert not same_output([1, 2, 9, 4], [1, 3, 3, 3], eos=(9,))
+    assert same_output([1, 2], [1, 2], eos=())
 
 
 def test_prompts_fall_back_and_reject_bad_files(tmp_path, monkeypatch):
-    monkeypatch.setattr(bench, "PROMPTS_FILE", tmp_path / "missing.json")
-    prompts, source = bench.load_prompts(None)
+    monkeypatch.setattr(bench_prompts, "PROMPTS_FILE", tmp_path / "missing.json")
+    prompts, source = load_prompts(None)
     assert "fallback" in source and {p["category"] for p in prompts} == {"code", "prose", "math"}
-    assert [p["category"] for p in bench.quick_subset(prompts)] == ["code", "prose", "math"]
+    assert [p["category"] for p in quick_subset(prompts)] == ["code", "prose", "math"]
     bad = tmp_path / "bad.json"
     bad.write_text('[{"name": "x"}]')
     with pytest.raises(ValueError, match="name.*category.*prompt"):
-        bench.load_prompts(str(bad))
+        load_prompts(str(bad))
     with pytest.raises(ValueError, match="does not exist"):
-        bench.load_prompts(str(tmp_path / "nope.json"))
+        load_prompts(str(tmp_path / "nope.json"))
 
 
 def _row(method, e, t, measured, projected, g=None):
@@ -146,21 +152,21 @@ def _row(method, e, t, measured, projected, g=None):
 def test_central_point_states_what_the_data_say():
     rows = [_row("eesd", 4, 0.0, 0.8, 0.9, 4), _row("eesd", 4, 0.0, 1.1, 1.1, 2), _row("ppsd", 4, 0.0, 0.7, 1.3),
             _row("eesd", 2, 0.0, 1.2, 1.2, 4), _row("ppsd", 2, 0.0, 0.6, 0.95)]
-    found = {c["exit_layer"]: c for c in bench.central_point(rows)}
+    found = {c["exit_layer"]: c for c in central_point(rows)}
     assert found[4]["supports_paper"] and found[4]["eesd_speedup_measured"] == 0.8
     assert not found[2]["supports_paper"] and not found[2]["eesd_below_1"] and not found[2]["ppsd_at_least_1"]
     assert "disagrees" in found[2]["verdict"] and "shows the paper's point" in found[4]["verdict"]
 
 
 def test_ctrl_c_keeps_finished_groups(saved_model, tmp_path, monkeypatch, capsys):
-    measure = bench.Run.measure
+    measure = Run.measure
 
     def interrupted_after_one(self, group):
         if self.cells:
             raise KeyboardInterrupt
         measure(self, group)
 
-    monkeypatch.setattr(bench.Run, "measure", interrupted_after_one)
+    monkeypatch.setattr(Run, "measure", interrupted_after_one)
     status = main(["bench", "--model", saved_model, "--quick", "--json", "--out", str(tmp_path),
                    "--repeats", "1", "--warmup", "0", "--max-new-tokens", "4", "--stages", "2", "--temperatures", "0",
                    "0.8"])
@@ -218,8 +224,8 @@ def test_bad_settings_fail_before_timing(saved_model, tmp_path, capsys):
 
 
 def test_csv_flattens_rows():
-    row = bench.make_row(bench.Setting("ppsd", 1, 2, 0.0), [bench.cell_from_results("p", "c", [ppsd_run()])],
-                         [bench.cell_from_results("p", "c", [ar_run()])], num_layers=2)
+    row = make_row(Setting("ppsd", 1, 2, 0.0), [cell_from_results("p", "c", [ppsd_run()])],
+                   [cell_from_results("p", "c", [ar_run()])], num_layers=2)
     text = bench_report.to_csv({"results": [row]})
     parsed = next(csv.DictReader(io.StringIO(text)))
     assert parsed["stage_utilization"] == "0.600 0.600" and float(parsed["speedup_projected"]) == pytest.approx(1.2)

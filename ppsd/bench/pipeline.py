@@ -1,4 +1,4 @@
-"""`python -m ppsd bench-pipeline`: real pipeline parallelism, measured (issue 5, "Measure").
+"""`python -m ppsd bench-pipeline`: real pipeline parallelism, measured.
 
 Tokens/s of greedy decoding, same model, prompts and length, every number measured wall time:
 single-process AR (1 and 2 threads), AR on the K-worker pipeline (the fair baseline: each
@@ -27,7 +27,6 @@ from pathlib import Path
 
 import torch
 
-from .sweep import CHAT_PROMPTS_FILE, hf_generate, load_prompts, spread
 from ..chat import encode_prompt, has_chat_template
 from ..cli import thread_count
 from ..model_source import resolve
@@ -36,7 +35,9 @@ from ..generate import Result, generate
 from ..metrics import ideal_ppsd_speedup
 from ..heads import AUTO_HEAD, choose_exit_head, exit_layer_for
 from ..model import DEFAULT_MODEL, StagedModel, load_model
-
+from .baselines import hf_generate
+from .prompts import CHAT_PROMPTS_FILE, load_prompts, spread
+from .run import fixed_length
 
 
 @dataclass(frozen=True)
@@ -75,8 +76,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", default=None, help="also write the results here")
 
 
-def run(args: argparse.Namespace) -> int:
+@dataclass
+class Measured:
+    """The kept (after warm-up) wall times of every method per prompt, and its kept runs."""
 
+    walls: dict[tuple[str, int], list[float]]  # (method label, prompt index) -> seconds per repeat
+    runs: dict[str, list[Result]]  # method label -> library results (HF has none)
+
+
+def run(args: argparse.Namespace) -> int:
     model, prompts, source = _model_and_prompts(args)
     exit_layer = exit_layer_for(args.model, model.num_layers, args.stages, args.exit_layer)
     config = DecodeConfig(stages=args.stages, exit_layer=exit_layer, max_new_tokens=args.new_tokens,
@@ -101,9 +109,22 @@ def run(args: argparse.Namespace) -> int:
     print(f"model: {source}; {len(prompts)} prompts x {args.new_tokens} tokens; K={args.stages}, "
           f"E={config.exit_layer}, exit head {head.label}; pool started in {startup:.1f} s (pids {pool.pids})",
           flush=True)
-    walls: dict[tuple[str, int], list[float]] = {}
+    measured = _measure(args, model, config, methods, prompts, pool)
+    pool.close()
+    report = _report(args, config, methods, prompts, measured, source, load_before, startup)
+    report["exit_head"] = head.label
+    print(_table(report))
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=2))
+    return 0
+
+
+def _measure(args, model: StagedModel, config: DecodeConfig, methods: list[Method], prompts: list[list[int]],
+             pool) -> Measured:
+    """Every method on every prompt, interleaved, warm-up repeats first; each output checked
+    against the first method's (AR)."""
+    measured = Measured({}, {})
     outputs: dict[tuple[str, int], list[int]] = {}
-    runs: dict[str, list[Result]] = {}
     for repeat in range(args.warmup + args.repeats):
         for i, prompt in enumerate(prompts):
             for m in methods:
@@ -118,18 +139,12 @@ def run(args: argparse.Namespace) -> int:
                     _check(m, i, result.token_ids, outputs[(methods[0].label, i)], None)
                     wall = result.metrics(m.clock).wall_seconds
                     if repeat >= args.warmup:
-                        runs.setdefault(m.label, []).append(result)
+                        measured.runs.setdefault(m.label, []).append(result)
                 if repeat >= args.warmup:
-                    walls.setdefault((m.label, i), []).append(wall)
+                    measured.walls.setdefault((m.label, i), []).append(wall)
         print(f"repeat {repeat + 1}/{args.warmup + args.repeats} done"
               f"{' (warm-up)' if repeat < args.warmup else ''}", flush=True)
-    pool.close()
-    report = _report(args, config, methods, prompts, walls, runs, source, load_before, startup)
-    report["exit_head"] = head.label
-    print(_table(report))
-    if args.json:
-        Path(args.json).write_text(json.dumps(report, indent=2))
-    return 0
+    return measured
 
 
 def _check(m: Method, i: int, token_ids: list[int], reference: list[int], hf_model) -> None:
@@ -164,9 +179,7 @@ def _model_and_prompts(args) -> tuple[StagedModel, list[list[int]], str]:
         prompts = [torch.randint(1, model.info.vocab_size, (24,), generator=generator).tolist()
                    for _ in range(args.max_prompts)]
     # EOS treated as an ordinary token: every method times exactly the same amount of work.
-    fixed = StagedModel(model.hf_model, name=model.info.name, exit_head=model.exit_head)
-    fixed.info = replace(fixed.info, eos_token_ids=())
-    return fixed, prompts, source
+    return fixed_length(model), prompts, source
 
 
 def _random_model(device: str, hidden: int, *, perfect_from: int | None) -> tuple[StagedModel, str]:
@@ -189,7 +202,8 @@ def _random_model(device: str, hidden: int, *, perfect_from: int | None) -> tupl
     return model, f"random Llama (hidden {hidden}, 8 layers, vocab 4096{perfect}) at {path}"
 
 
-def _report(args, config, methods, prompts, walls, runs, source, load_before, startup) -> dict:
+def _report(args, config, methods, prompts, measured: Measured, source, load_before, startup) -> dict:
+    walls, runs = measured.walls, measured.runs
     tokens = args.new_tokens * len(prompts)
     speed = {m.label: tokens / sum(statistics.median(walls[(m.label, i)]) for i in range(len(prompts)))
              for m in methods}
@@ -211,7 +225,7 @@ def _report(args, config, methods, prompts, walls, runs, source, load_before, st
     break_even = (1 - 1 / threads_gain) / (1 - exit_fraction) if threads_gain > 1 else 0.0
     utilization = [statistics.mean(u) for u in zip(*(m.stage_utilization for m in ppsd_metrics))]
     return {
-        "command": "python -m ppsd bench-pipeline " + " ".join(sys.argv[1:]),
+        "command": "python -m ppsd " + " ".join(sys.argv[1:]),  # argv[1] is the subcommand
         "model": source, "device": args.device, "prompts": len(prompts), "new_tokens": args.new_tokens,
         "stages": config.stages, "exit_layer": config.exit_layer,
         "stage_layers": [[r.start, r.stop] for r in runs[ar_label][0].trace.stages],

@@ -1,4 +1,4 @@
-"""Writers for a benchmark report (the dict `ppsd.bench` builds): terminal table, JSON, CSV,
+"""Writers for a benchmark report (the dict `run.Run.report` builds): terminal table, JSON, CSV,
 Markdown and Plotly HTML. Pure functions of the report; nothing here runs a model or times."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import json
 import math
 from pathlib import Path
 
-from .sweep import ideal_ppsd, slot_fraction
 from ..metrics import ideal_eesd_speedup
+from .stats import ideal_ppsd, partition_slot_fraction
 
 CSV_COLUMNS = (
     "method", "exit_layer", "stages", "draft_len", "temperature", "prompts", "tokens", "repeats",
@@ -157,7 +157,7 @@ def figures(report: dict) -> list:
     grid = [i / 100 for i in range(101)]
     fig = go.Figure()
     for e, k in sorted({(r["exit_layer"], r["stages"]) for r in rows if r["method"] == "ppsd"}):
-        s = slot_fraction(layers, e, k)
+        s = partition_slot_fraction(layers, e, k)
         fig.add_trace(go.Scatter(x=grid, y=[ideal_ppsd(a, s) for a in grid], mode="lines", line={"dash": "dash"},
                                  name=f"ideal S_PPSD, E={e} K={k} (slot {round(s * layers)}/{layers} layers)"))
     for e, g in sorted({(r["exit_layer"], r["draft_len"]) for r in rows if r["method"] == "eesd"}):
