@@ -11,17 +11,20 @@ from ppsd.executors.base import Feed
 from ppsd.executors.schedule import Item, advance, check, describe, empty, enter, flow, slot, worker_part
 
 
+def plan_of(queues, call):
+    """The plan of one call: "flow", a Feed (stage 1 alone, `enter`), or ("slot", Feed | None)."""
+    if call == "flow":
+        return flow(queues)
+    if isinstance(call, Feed):
+        return enter(queues, call)
+    return slot(queues, call[1])
+
+
 def run(stages: int, calls: list) -> list[list[str]]:
-    """Apply `calls` ("flow", a Feed for `enter`, or ("slot", Feed | None)) from empty queues,
-    checking every plan; the described actions of each call."""
+    """Apply `calls` from empty queues, checking every plan; the described actions of each call."""
     queues, seen = empty(stages), []
     for call in calls:
-        if call == "flow":
-            plan = flow(queues)
-        elif isinstance(call, Feed):
-            plan = enter(queues, call)
-        else:
-            plan = slot(queues, call[1])
+        plan = plan_of(queues, call)
         check(queues, plan)
         seen.append(describe(plan))
         queues = plan.queues
@@ -120,12 +123,7 @@ def test_every_plan_keeps_the_invariants_and_workers_replaying_their_parts_run_i
     rng = random.Random(seed)
     queues, workers, attached = empty(stages), [Worker() for _ in range(stages)], []
     for call in random_calls(rng, 60):
-        if call == "flow":
-            plan = flow(queues)
-        elif isinstance(call, Feed):
-            plan = enter(queues, call)
-        else:
-            plan = slot(queues, call[1])
+        plan = plan_of(queues, call)
         check(queues, plan)
         for k in range(1, stages):
             part = worker_part(plan, k)
