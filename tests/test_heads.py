@@ -12,7 +12,9 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 from ppsd import DecodeConfig, KVCache, StagedModel, generate
 from ppsd.cli import main
 from ppsd.heads import HeadConfig, build_head, fingerprint, load_exit_head, save_exit_head
-from ppsd.heads.train import TokenData, TrainConfig, train_head
+from ppsd.heads.data import TokenData
+from ppsd.heads.distill import TrainConfig
+from ppsd.heads.train import train_head
 
 from conftest import tiny_llama
 
@@ -201,7 +203,7 @@ def test_cli_trains_a_head_that_generate_loads(saved_model, tmp_path, capsys):
 
 def test_probe_reaches_the_last_entry_of_a_tensor_past_float32_precision():
     # 28,311,552 entries: SmolLM2-135M's embedding. float32 index arithmetic rounded past the end.
-    from ppsd.heads.exits import PROBE_VALUES, probe_values
+    from ppsd.heads.files import PROBE_VALUES, probe_values
 
     tensor = torch.zeros(49152 * 576)
     tensor[-1] = 7.0
