@@ -16,6 +16,7 @@ from typing import Any, Callable, Iterator
 import gradio as gr
 
 import ppsd
+from ppsd.config import fit_stages
 from ppsd.heads import default_exit_layer
 from ppsd.model import model_config
 from ppsd.model_source import needs_preparing
@@ -23,7 +24,7 @@ from ppsd.model_source import needs_preparing
 from . import render, view
 from .line import Background, DeviceLine
 from .models import ModelCache
-from .runner import DEFAULT_REPEATS, RunRequest, Snapshot, run_comparison
+from .runner import RunRequest, Snapshot, run_comparison
 
 DEFAULT_LAYERS = 30  # the default model's (SmolLM2-135M); replaced on page load / Load for others
 REPLAY_SECONDS = 4.0  # screen time of the slowest lane in the race replay
@@ -101,7 +102,7 @@ def stage_updates(num_layers: int, stages: int, exit_layer: int | None = None, m
     never shrink to one value, which a Gradio slider refuses."""
     stages = max(2, min(int(stages), num_layers))
     default = default_exit_layer(model, num_layers, stages)
-    exit_layer = max(1, min(int(default if exit_layer is None else exit_layer), num_layers - stages + 1))
+    exit_layer, stages = fit_stages(num_layers, int(default if exit_layer is None else exit_layer), stages)
     balanced = ppsd.balanced_exit_layer(num_layers, stages)
     why = f"balanced E = L/K = {balanced}" if default == balanced else \
         f"default E = {default}: the shipped head's (chosen by measured speed); balanced L/K = {balanced}"
@@ -144,17 +145,12 @@ def _session(request: gr.Request | None) -> str:
 
 
 @_gpu
-def on_run(prompt: str, model: str, exit_layer: float, stages: float, eesd: bool, draft_len: float,
-           max_new_tokens: float, temperature: float, top_p: float, seed: float,
-           exit_head: str = "", workers: bool = False, chat: bool = True, repeats: float = DEFAULT_REPEATS,
-           request: gr.Request | None = None) -> Iterator[tuple]:
-    """Run the comparison, yielding every output at the runner's throttled pace. The model loads
-    before the run joins the line for the device; Stop (this session's) is heard at every step."""
+def on_run(request: gr.Request, *form: Any) -> Iterator[tuple]:
+    """Run the comparison of the `form` (the page's inputs in `runner.FORM` order), yielding
+    every output at the runner's throttled pace. The model loads before the run joins the line
+    for the device; Stop (this session's) is heard at every step."""
     stop = _STOPS[_session(request)] = threading.Event()
-    run = RunRequest(prompt=prompt or "", model=(model or "").strip() or ppsd.DEFAULT_MODEL,
-                     exit_layer=exit_layer, stages=stages, eesd=bool(eesd), draft_len=draft_len,
-                     max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed,
-                     exit_head=exit_head or "", workers=bool(workers), chat=bool(chat), repeats=repeats)
+    run = RunRequest.from_form(form)
     try:
         if not run.prompt.strip():
             raise ValueError("The prompt is empty: type some text for the model to continue, or click an example.")

@@ -15,16 +15,16 @@ from __future__ import annotations
 import importlib.util
 import threading
 import time
-from dataclasses import dataclass, field
-from typing import Callable, Iterator
+from dataclasses import dataclass, field, fields
+from typing import Any, Callable, Iterator, Sequence
 
 import ppsd
-from ppsd import DecodeConfig, Recorder, Result, StagedModel, Trace
+from ppsd import DecodeConfig, Result, StagedModel, Trace
 from ppsd.config import real_number, whole_number
 from ppsd.executors.pipeline import DistributedExecutor
 from ppsd.executors.pool import current_pool, shared_pipeline
 from ppsd.executors.wire import PipelineError
-from ppsd.generate import check_prompt
+from ppsd.generate import Recording, check_prompt
 from ppsd.model_source import Progress
 from ppsd.executors.placement import usable_cores
 from ppsd.trace import Stopwatch
@@ -98,6 +98,17 @@ class RunRequest:
     chat: bool = True  # the prompt as a chat user turn (when the model has a template), else raw text
     repeats: int = DEFAULT_REPEATS  # timed runs of each method, interleaved; the first is shown live
 
+    @classmethod
+    def from_form(cls, values: Sequence[Any]) -> "RunRequest":
+        """A request from the page's inputs, in field order (`FORM`, the order the page wires
+        them), as a browser or an API client sends them: blanks become the defaults and boxes
+        booleans; numbers stay as sent, for `config` to check."""
+        given = dict(zip(FORM, values))
+        text = lambda name: str(given.get(name) or "")  # noqa: E731
+        flags = {name: bool(given[name]) for name in ("eesd", "workers", "chat") if name in given}
+        return cls(**{**given, **flags, "prompt": text("prompt"), "model": text("model").strip() or ppsd.DEFAULT_MODEL,
+                      "exit_head": text("exit_head")})
+
     def rounds(self) -> int:
         """`repeats`, checked: a whole number in [1, MAX_REPEATS]."""
         rounds = whole_number("repeats", self.repeats)
@@ -127,18 +138,15 @@ class RunRequest:
         ).resolved(num_layers)
 
 
+FORM = tuple(f.name for f in fields(RunRequest))  # the page's run inputs, in the order it sends them
+
+
 @dataclass
-class MethodRun:
+class MethodRun(Recording):
     """One method's run, live: the folded steps so far, and the Result once it has finished."""
 
-    method: str
-    config: DecodeConfig
-    stages: tuple[range, ...]
-    prompt_ids: tuple[int, ...]
-    device: str
-    concurrent: bool = False  # ran on K worker processes: the measured trace shows real overlap
-    recorder: Recorder = field(default_factory=Recorder)
-    result: Result | None = None
+    method: str = field(default="", kw_only=True)
+    result: Result | None = field(default=None, kw_only=True)
 
     @property
     def done(self) -> bool:
@@ -146,11 +154,7 @@ class MethodRun:
 
     def trace(self) -> Trace:
         """The measured trace so far (the final validated one once done)."""
-        if self.result is not None:
-            return self.result.trace
-        return Trace(events=tuple(self.recorder.events), stages=self.stages, prompt_len=len(self.prompt_ids),
-                     length=len(self.prompt_ids) + len(self.recorder.tokens), clock="measured",
-                     device=self.device, concurrent=self.concurrent)
+        return self.result.trace if self.result is not None else super().trace()
 
     def projected(self) -> Trace:
         return self.trace().project()
@@ -208,7 +212,7 @@ def run_comparison(request: RunRequest, cache: ModelCache, *, throttle: float = 
     model = model.with_exit_head(head.head)
     prompt_ids = loaded.encode(request.prompt, chat=request.chat and loaded.chat)
     check_prompt(model, prompt_ids, configs["ar"])
-    stages = ppsd.stage_layers(model.num_layers, configs["ar"].exit_layer, configs["ar"].stages)
+    stages = configs["ar"].partition(model.num_layers)
     runs: dict[str, MethodRun] = {}
     snapshot = Snapshot(request, loaded, runs, active=None, stages=configs["ar"].stages, head=head.label)
     stop = stop or threading.Event()
@@ -225,7 +229,8 @@ def run_comparison(request: RunRequest, cache: ModelCache, *, throttle: float = 
         pipeline = starting.value()
         snapshot.status = ""
     for method, config in configs.items():
-        run = MethodRun(method, config, stages, tuple(prompt_ids), model.info.device, concurrent=pipeline is not None)
+        run = MethodRun(tuple(prompt_ids), config, stages, model.info.device, concurrent=pipeline is not None,
+                        method=method)
         runs[method] = run
         snapshot.active = method
         yield snapshot
@@ -235,19 +240,7 @@ def run_comparison(request: RunRequest, cache: ModelCache, *, throttle: float = 
             yield snapshot
             return
         snapshot.walls[method] = [run.wall()]
-    for round_ in range(2, rounds + 1):  # interleaved, so a slow spell of the machine hits every method
-        for method, run in runs.items():
-            snapshot.active = "repeats"
-            snapshot.status = f"Timing again for the spread: run {round_} of {rounds}, {method.upper()}"
-            yield snapshot
-            again = MethodRun(method, run.config, stages, run.prompt_ids, run.device, concurrent=run.concurrent)
-            for _ in _decode(again, model, snapshot, float("inf"), pipeline, stop):
-                pass
-            if again.result is None:  # stopped: the runs timed so far stand
-                break
-            snapshot.walls[method].append(again.wall())
-        if stop.is_set():
-            break
+    yield from _time_again(snapshot, model, rounds, pipeline, stop)
     timed = len(snapshot.speedups())
     snapshot.active, snapshot.done = None, True
     snapshot.status = "" if timed == rounds else f"Stopped while timing again: the spread is over {timed} runs."
@@ -290,6 +283,24 @@ def start_pipeline(model: StagedModel, config: DecodeConfig, *,
     return pipeline
 
 
+def _time_again(snapshot: Snapshot, model: StagedModel, rounds: int, pipeline: DistributedExecutor | None,
+                stop: threading.Event) -> Iterator[Snapshot]:
+    """Rounds 2..`rounds` of every method, untimed on screen, their walls into the snapshot;
+    interleaved, so a slow spell of the machine hits every method alike."""
+    for round_ in range(2, rounds + 1):
+        for method, run in snapshot.runs.items():
+            snapshot.active = "repeats"
+            snapshot.status = f"Timing again for the spread: run {round_} of {rounds}, {method.upper()}"
+            yield snapshot
+            again = MethodRun(run.prompt_ids, run.config, run.stages, run.device, concurrent=run.concurrent,
+                              method=method)
+            for _ in _decode(again, model, snapshot, float("inf"), pipeline, stop):
+                pass
+            if again.result is None:  # stopped: the runs timed so far stand
+                return
+            snapshot.walls[method].append(again.wall())
+
+
 def _decode(run: MethodRun, model: StagedModel, snapshot: Snapshot, throttle: float,
             pipeline: DistributedExecutor | None, stop: threading.Event) -> Iterator[Snapshot]:
     sync = None
@@ -305,7 +316,7 @@ def _decode(run: MethodRun, model: StagedModel, snapshot: Snapshot, throttle: fl
     _count("open", +1)
     try:
         for step in steps:
-            run.recorder.add(step)
+            run.add(step)
             if stop.is_set():
                 return  # between steps: the workers hold no half-done call, so they are kept
             if time.perf_counter() - shown >= throttle:
@@ -322,6 +333,5 @@ def _decode(run: MethodRun, model: StagedModel, snapshot: Snapshot, throttle: fl
         if pipeline is not None:
             pipeline.lock.release()
         _count("open", -1)
-    run.result = Result(run.prompt_ids, tuple(run.recorder.tokens), tuple(run.recorder.drafts),
-                        run.trace().validate(), run.config, wall)
+    run.result = run.finish(wall)
     yield snapshot

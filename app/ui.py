@@ -22,7 +22,7 @@ from .handlers import (DEFAULT_LAYERS, RUN_HANDLERS, model_status, on_eesd, afte
                        max_tokens_update, on_diagram, on_exit, on_load, on_page_load, on_replay, on_run,
                        on_settings, on_stages, on_step, on_steps_ready, on_stop)
 from .page_text import INTRO, TIMELINE_CAPTION, load_examples
-from .runner import DEFAULT_REPEATS, MAX_REPEATS, workers_available
+from .runner import DEFAULT_REPEATS, FORM, MAX_REPEATS, workers_available
 
 ROOT = Path(__file__).resolve().parent.parent
 CSS = ROOT / "assets" / "styles" / "app.css"
@@ -139,8 +139,6 @@ def create_steps() -> dict[str, Any]:
 
 
 SHOW_DRAFTS_JS = "(on) => { document.querySelector('#columns').classList.toggle('show-drafts', on); }"
-RUN_INPUTS = ("prompt", "model", "exit_layer", "stages", "eesd", "draft_len", "max_new_tokens", "temperature",
-              "top_p", "seed", "exit_head", "workers", "chat", "repeats")  # on_run's parameters, in order
 
 
 def create_demo() -> gr.Blocks:
@@ -165,7 +163,7 @@ def create_demo() -> gr.Blocks:
         outputs = [r[name] for name in view.OUTPUTS]
         quiet = dict(api_visibility="private", show_progress="hidden")
         run_event = c["run"].click(
-            on_run, [c[name] for name in RUN_INPUTS], outputs, api_name="run", concurrency_limit=RUN_HANDLERS,
+            on_run, [c[name] for name in FORM], outputs, api_name="run", concurrency_limit=RUN_HANDLERS,
             concurrency_id="run", show_progress="hidden", trigger_mode="once",
         )
         run_event.then(after_run, [c["model"], c["exit_layer"], c["stages"], c["exit_head"]],

@@ -76,10 +76,10 @@ class DecodeConfig:
         exit_layer = balanced_exit_layer(num_layers, self.stages) if self.exit_layer is None else self.exit_layer
         if not 1 <= exit_layer < num_layers:
             raise ValueError(f"exit layer E={exit_layer} is out of range: 1 <= E < {num_layers} (layers)")
-        if self.stages - 1 > num_layers - exit_layer:
+        if self.stages > max_stages(num_layers, exit_layer):
             raise ValueError(
                 f"stages K={self.stages} do not fit: the {num_layers - exit_layer} layers after E={exit_layer} "
-                f"allow at most K={num_layers - exit_layer + 1}"
+                f"allow at most K={max_stages(num_layers, exit_layer)}"
             )
         if not 1 <= self.draft_len <= MAX_DRAFT_LEN:
             raise ValueError(f"draft length G={self.draft_len} is out of range: 1 <= G <= {MAX_DRAFT_LEN}")
@@ -103,6 +103,18 @@ class DecodeConfig:
             top_p=float(self.top_p),
             seed=self.seed,
         )
+
+
+def max_stages(num_layers: int, exit_layer: int) -> int:
+    """The most stages a split at E allows: stages 2..K need a layer each of the L - E after E."""
+    return num_layers - exit_layer + 1
+
+
+def fit_stages(num_layers: int, exit_layer: int, stages: int) -> tuple[int, int]:
+    """(E, K) moved into the valid region, K first: K into [2, L], then E into [1, L - K + 1]
+    (so that K <= max_stages(L, E)). What a form does with a pair that `resolved` would refuse."""
+    stages = max(2, min(stages, num_layers))
+    return max(1, min(exit_layer, num_layers - stages + 1)), stages
 
 
 def balanced_exit_layer(num_layers: int, stages: int) -> int:

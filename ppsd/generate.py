@@ -8,7 +8,7 @@ with the caller.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Iterator
 
 import torch
@@ -52,6 +52,34 @@ class Result:
             measured_wall_seconds=self.measured_wall_seconds, draft_len=self.config.draft_len,
             exit_fraction=self.config.exit_layer / trace.num_layers,
         )
+
+
+@dataclass
+class Recording:
+    """One run's steps, folded as they come (`add`), its measured trace so far (`trace`), and its
+    validated `Result` once it has ended (`finish`): the one way a run ends, for `generate` and
+    for live front ends alike."""
+
+    prompt_ids: tuple[int, ...]
+    config: DecodeConfig
+    stages: tuple[range, ...]
+    device: str
+    concurrent: bool = False  # the stages ran at once (K processes): the measured trace shows overlap
+    recorder: Recorder = field(default_factory=Recorder)
+
+    def add(self, step: Step) -> None:
+        self.recorder.add(step)
+
+    def trace(self) -> Trace:
+        r = self.recorder
+        return Trace(events=tuple(r.events), stages=self.stages, prompt_len=len(self.prompt_ids),
+                     length=len(self.prompt_ids) + len(r.tokens), clock="measured", device=self.device,
+                     concurrent=self.concurrent)
+
+    def finish(self, measured_wall_seconds: float) -> Result:
+        r = self.recorder
+        return Result(self.prompt_ids, tuple(r.tokens), tuple(r.drafts), self.trace().validate(), self.config,
+                      measured_wall_seconds)
 
 
 def check_prompt(model: StagedModel, prompt_ids: list[int], config: DecodeConfig) -> None:
@@ -105,18 +133,11 @@ def generate(model: StagedModel, prompt_ids: list[int], config: DecodeConfig, *,
     config = config.resolved(model.num_layers)
     stopwatch = stopwatch or _stopwatch(model)
     executor = executor or InProcessExecutor.for_config(model, config, stopwatch)
-    recorder = Recorder()
+    recording = Recording(tuple(prompt_ids), config, executor.stages, executor.device, executor.concurrent)
     started = time.perf_counter()
     for step in stream(model, prompt_ids, config, executor=executor, stopwatch=stopwatch):
-        recorder.add(step)
-    wall = time.perf_counter() - started
-    trace = Trace(
-        events=tuple(recorder.events), stages=executor.stages, prompt_len=len(prompt_ids),
-        length=len(prompt_ids) + len(recorder.tokens), clock="measured", device=executor.device,
-        concurrent=getattr(executor, "concurrent", False),
-    )
-    return Result(tuple(prompt_ids), tuple(recorder.tokens), tuple(recorder.drafts), trace.validate(),
-                  config, wall)
+        recording.add(step)
+    return recording.finish(time.perf_counter() - started)
 
 
 def _stopwatch(model: StagedModel) -> Stopwatch:

@@ -19,7 +19,7 @@ from ppsd.heads.train import train_head
 from conftest import tiny_llama
 
 EXIT = 2
-# Small enough for a shared 2-core CPU; 20 Adam steps at lr 1e-2 move either head well clear of
+# Small enough to train in seconds on a CPU; 20 Adam steps at lr 1e-2 move either head well clear of
 # the shared head on this model (measured 0.08 -> 0.20 lowrank, 0.28 layer, when written).
 TRAIN = TrainConfig(exit_layer=EXIT, rank=16, steps=20, lr=1e-2, batch_size=8, seq_len=32,
                     eval_every=1000, eval_tokens=512)
