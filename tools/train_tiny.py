@@ -363,7 +363,7 @@ def parse_args(argv: list[str] | None = None) -> TrainConfig:
     p.add_argument("--eval-every", type=int, default=TrainConfig.eval_every)
     p.add_argument("--minutes", type=float, default=None,
                    help="wall-time budget: the LR schedule ends and training stops at it")
-    p.add_argument("--max-chars", type=int, default=None, help="cap the training text (tests)")
+    p.add_argument("--max-chars", type=int, default=None, help="cap the training text (a quick run)")
     p.add_argument("--resume", action="store_true")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")

@@ -76,7 +76,7 @@ def is_heldout(name: str, *, seed: int = 0) -> bool:
 def build_corpus(*, max_chars: int | None = None, seed: int = 0) -> Corpus:
     """Split all documents into train and held-out; ``max_chars`` caps the training text.
 
-    The held-out split does not depend on ``max_chars``, so a capped corpus (for tests) evaluates
+    The held-out split does not depend on ``max_chars``, so a capped corpus (a quick run) evaluates
     on the same documents as the full one.
     """
     train: list[str] = []
