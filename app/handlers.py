@@ -16,7 +16,7 @@ from typing import Any, Callable, Iterator
 import gradio as gr
 
 import ppsd
-from ppsd.config import fit_stages
+from ppsd.config import fit_stages, stage_bounds
 from ppsd.heads import default_exit_layer
 from ppsd.model import model_config
 from ppsd.model_source import needs_preparing
@@ -79,11 +79,11 @@ def _loading(name: str, stop: threading.Event | None = None) -> Iterator[str]:
         loading.value()
 
 
-def layer_count(name: str, cache: ModelCache = CACHE) -> int | None:
+def layer_count(name: str) -> int | None:
     """Decoder layers of model `name` from its config alone (no weights), None if unreadable."""
     name = name.strip()
-    if name in cache:
-        return cache.get(name).model.num_layers
+    if name in CACHE:
+        return CACHE.get(name).model.num_layers
     if needs_preparing(name):  # a first download or conversion waits for Run or Load
         return None
     try:
@@ -96,19 +96,21 @@ def layer_count(name: str, cache: ModelCache = CACHE) -> int | None:
 
 
 def stage_updates(num_layers: int, stages: int, exit_layer: int | None = None, model: str = "") -> tuple[Any, Any]:
-    """E and K sliders for a model of `num_layers`: E in [1, L - 1], K in [2, L], and the pair
-    kept valid (K - 1 <= L - E: stages 2..K hold a layer each) by lowering the value that did not
-    move; E defaults to the shipped head's for `model` and K, else the balanced L/K. The ranges
-    never shrink to one value, which a Gradio slider refuses."""
-    stages = max(2, min(int(stages), num_layers))
+    """E and K sliders for a model of `num_layers`, in `ppsd.config.stage_bounds`, the pair kept
+    valid by lowering the value that did not move (`fit_stages`); E defaults to the shipped
+    head's for `model` and K, else the balanced L/K. The ranges never shrink to one value, which
+    a Gradio slider refuses."""
+    exits, counts = stage_bounds(num_layers)
+    stages = max(counts.start, min(int(stages), counts.stop - 1))  # first: the default E depends on K
     default = default_exit_layer(model, num_layers, stages)
     exit_layer, stages = fit_stages(num_layers, int(default if exit_layer is None else exit_layer), stages)
     balanced = ppsd.balanced_exit_layer(num_layers, stages)
     why = f"balanced E = L/K = {balanced}" if default == balanced else \
         f"default E = {default}: the shipped head's (chosen by measured speed); balanced L/K = {balanced}"
-    return (gr.update(minimum=1, maximum=max(num_layers - 1, 2), value=exit_layer,
+    return (gr.update(minimum=exits.start, maximum=max(exits.stop - 1, exits.start + 1), value=exit_layer,
                       info=f"drafts use layers 0…E−1; {why}"),
-            gr.update(minimum=2, maximum=max(num_layers, 3), value=stages, info=_stages_info(num_layers)))
+            gr.update(minimum=counts.start, maximum=max(counts.stop - 1, counts.start + 1), value=stages,
+                      info=_stages_info(num_layers)))
 
 
 def _stages_info(num_layers: int) -> str:
@@ -145,12 +147,12 @@ def _session(request: gr.Request | None) -> str:
 
 
 @_gpu
-def on_run(request: gr.Request, *form: Any) -> Iterator[tuple]:
-    """Run the comparison of the `form` (the page's inputs in `runner.FORM` order), yielding
-    every output at the runner's throttled pace. The model loads before the run joins the line
-    for the device; Stop (this session's) is heard at every step."""
+def on_run(request: gr.Request | None, *form: Any) -> Iterator[tuple]:
+    """Run the comparison `form` asks for (the page's run inputs, in the order of
+    `runner.FORM`), yielding every output at the runner's throttled pace. The model loads before
+    the run joins the line for the device; Stop (this session's) is heard at every step."""
     stop = _STOPS[_session(request)] = threading.Event()
-    run = RunRequest.from_form(form)
+    run = RunRequest.from_form(*form)
     try:
         if not run.prompt.strip():
             raise ValueError("The prompt is empty: type some text for the model to continue, or click an example.")
@@ -280,7 +282,7 @@ def on_stages(stages: float, layers: int, model: str = "") -> tuple:
 
 def on_exit(exit_layer: float, stages: float, layers: int) -> Any:
     """E moved: K is lowered when the layers after E cannot hold K - 1 stages."""
-    return gr.update(value=max(2, min(int(stages), layers - int(exit_layer) + 1)))
+    return gr.update(value=fit_stages(layers, int(exit_layer), int(stages), moved="exit_layer")[1])
 
 
 def on_settings(exit_layer: float, stages: float, draft_len: float, layers: int, eesd: bool = False):

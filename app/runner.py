@@ -16,7 +16,7 @@ import importlib.util
 import threading
 import time
 from dataclasses import dataclass, field, fields
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Generator, Iterator
 
 import ppsd
 from ppsd import DecodeConfig, Result, StagedModel, Trace
@@ -24,7 +24,7 @@ from ppsd.config import real_number, whole_number
 from ppsd.executors.pipeline import DistributedExecutor
 from ppsd.executors.pool import current_pool, shared_pipeline
 from ppsd.executors.wire import PipelineError
-from ppsd.generate import Recording, check_prompt
+from ppsd.generate import Recording, check_prompt, device_sync
 from ppsd.model_source import Progress
 from ppsd.executors.placement import usable_cores
 from ppsd.trace import Stopwatch
@@ -81,7 +81,8 @@ class PausableStopwatch(Stopwatch):
 
 @dataclass(frozen=True)
 class RunRequest:
-    """What the user asked for; `exit_layer` None means balanced (E = L/K)."""
+    """What the user asked for; `exit_layer` None means balanced (E = L/K). The order of the
+    fields is `FORM`: the page's run inputs and the arguments of the `run` API, by position."""
 
     prompt: str
     model: str = ppsd.DEFAULT_MODEL
@@ -99,15 +100,15 @@ class RunRequest:
     repeats: int = DEFAULT_REPEATS  # timed runs of each method, interleaved; the first is shown live
 
     @classmethod
-    def from_form(cls, values: Sequence[Any]) -> "RunRequest":
-        """A request from the page's inputs, in field order (`FORM`, the order the page wires
-        them), as a browser or an API client sends them: blanks become the defaults and boxes
-        booleans; numbers stay as sent, for `config` to check."""
-        given = dict(zip(FORM, values))
-        text = lambda name: str(given.get(name) or "")  # noqa: E731
-        flags = {name: bool(given[name]) for name in ("eesd", "workers", "chat") if name in given}
-        return cls(**{**given, **flags, "prompt": text("prompt"), "model": text("model").strip() or ppsd.DEFAULT_MODEL,
-                      "exit_head": text("exit_head")})
+    def from_form(cls, *values: Any) -> "RunRequest":
+        """The request of the page's run inputs, given in the order of `FORM` (those left out keep
+        their defaults): boxes become bools, empty text its default; numbers stay as sent, for
+        `config` and `rounds` to check."""
+        form = dict(zip(FORM, values))
+        form.update({name: bool(form[name]) for name in ("eesd", "workers", "chat") if name in form})
+        form.update({name: form[name] or "" for name in ("prompt", "exit_head") if name in form})
+        form["model"] = (form.get("model") or "").strip() or ppsd.DEFAULT_MODEL
+        return cls(**form)
 
     def rounds(self) -> int:
         """`repeats`, checked: a whole number in [1, MAX_REPEATS]."""
@@ -145,7 +146,7 @@ FORM = tuple(f.name for f in fields(RunRequest))  # the page's run inputs, in th
 class MethodRun(Recording):
     """One method's run, live: the folded steps so far, and the Result once it has finished."""
 
-    method: str = field(default="", kw_only=True)
+    method: str = field(kw_only=True)
     result: Result | None = field(default=None, kw_only=True)
 
     @property
@@ -218,16 +219,11 @@ def run_comparison(request: RunRequest, cache: ModelCache, *, throttle: float = 
     stop = stop or threading.Event()
     pipeline = None
     if request.workers:
-        snapshot.active = "workers"  # starting K processes takes seconds: say so as it goes
-        starting = Background(lambda tell: start_pipeline(model, configs["ar"], progress=tell), "workers-start")
-        for snapshot.status in starting.progress(stop, "Starting the worker processes"):
-            yield snapshot
-        if stop.is_set():  # they keep starting, for the next run
+        pipeline = yield from _start_workers(model, configs["ar"], snapshot, stop)
+        if pipeline is None:  # stopped: the workers keep starting, for the next run
             snapshot.stopped = True
             yield snapshot
             return
-        pipeline = starting.value()
-        snapshot.status = ""
     for method, config in configs.items():
         run = MethodRun(tuple(prompt_ids), config, stages, model.info.device, concurrent=pipeline is not None,
                         method=method)
@@ -283,6 +279,20 @@ def start_pipeline(model: StagedModel, config: DecodeConfig, *,
     return pipeline
 
 
+def _start_workers(model: StagedModel, config: DecodeConfig, snapshot: Snapshot,
+                   stop: threading.Event) -> Generator[Snapshot, None, DistributedExecutor | None]:
+    """The K workers for `config`, saying what they are doing as they start (it takes seconds);
+    None once `stop` is set."""
+    snapshot.active = "workers"
+    starting = Background(lambda tell: start_pipeline(model, config, progress=tell), "workers-start")
+    for snapshot.status in starting.progress(stop, "Starting the worker processes"):
+        yield snapshot
+    if stop.is_set():
+        return None
+    snapshot.status = ""
+    return starting.value()
+
+
 def _time_again(snapshot: Snapshot, model: StagedModel, rounds: int, pipeline: DistributedExecutor | None,
                 stop: threading.Event) -> Iterator[Snapshot]:
     """Rounds 2..`rounds` of every method, untimed on screen, their walls into the snapshot;
@@ -303,12 +313,7 @@ def _time_again(snapshot: Snapshot, model: StagedModel, rounds: int, pipeline: D
 
 def _decode(run: MethodRun, model: StagedModel, snapshot: Snapshot, throttle: float,
             pipeline: DistributedExecutor | None, stop: threading.Event) -> Iterator[Snapshot]:
-    sync = None
-    if model.info.device.startswith("cuda"):
-        import torch
-
-        sync = torch.cuda.synchronize
-    stopwatch = PausableStopwatch(sync)
+    stopwatch = PausableStopwatch(device_sync(model))
     if pipeline is not None and not pipeline.lock.acquire(timeout=pipeline.spec.timeout):
         raise ValueError("the worker processes are busy with another run: try again in a moment")
     steps = ppsd.stream(model, list(run.prompt_ids), run.config, stopwatch=stopwatch, executor=pipeline)

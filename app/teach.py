@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 from typing import Literal, Sequence
 
 from app.render import Piece, deciding_events, render_tokens
-from ppsd.config import DecodeConfig, stage_layers
+from ppsd.config import DecodeConfig
 from ppsd.steps import Event, Token
 from ppsd.trace import Trace
 
@@ -33,13 +33,12 @@ Decision = Literal["accepted", "corrected"]
 
 def pipeline_diagram(num_layers: int, exit_layer: int, stages: int) -> str:
     """K boxes left to right: stage 1 (layers [0, E) + exit head, drafts), the stages that
-    `stage_layers` gives, stage K verifying; arrows for the token flow and a one-line caption.
+    `DecodeConfig.partition` gives, stage K verifying; arrows for the token flow and a one-line
+    caption.
 
     Raises ValueError for an exit layer or stage count the model cannot hold.
     """
-    # DecodeConfig.resolved is the one home of the range rules; stage_layers itself checks none.
-    DecodeConfig(exit_layer=exit_layer, stages=stages).resolved(num_layers)
-    ranges = stage_layers(num_layers, exit_layer, stages)
+    ranges = DecodeConfig(exit_layer=exit_layer, stages=stages).partition(num_layers)
     boxes = []
     for k, layers in enumerate(ranges, start=1):
         if k == 1:

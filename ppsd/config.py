@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Literal
 
 METHODS = ("ar", "eesd", "ppsd")
 MAX_NEW_TOKENS_CAP = 1024  # documented in the README; keeps a demo request bounded
@@ -71,11 +72,12 @@ class DecodeConfig:
                 raise ValueError(f"{name}={value!r} is not a whole number")
         if self.method not in METHODS:
             raise ValueError(f"method {self.method!r} is unknown; choose one of: {', '.join(METHODS)}")
-        if not 2 <= self.stages <= num_layers:
-            raise ValueError(f"stages K={self.stages} is out of range: 2 <= K <= {num_layers} (layers)")
+        exits, counts = stage_bounds(num_layers)
+        if self.stages not in counts:
+            raise ValueError(f"stages K={self.stages} is out of range: {counts.start} <= K <= {num_layers} (layers)")
         exit_layer = balanced_exit_layer(num_layers, self.stages) if self.exit_layer is None else self.exit_layer
-        if not 1 <= exit_layer < num_layers:
-            raise ValueError(f"exit layer E={exit_layer} is out of range: 1 <= E < {num_layers} (layers)")
+        if exit_layer not in exits:
+            raise ValueError(f"exit layer E={exit_layer} is out of range: {exits.start} <= E < {num_layers} (layers)")
         if self.stages > max_stages(num_layers, exit_layer):
             raise ValueError(
                 f"stages K={self.stages} do not fit: the {num_layers - exit_layer} layers after E={exit_layer} "
@@ -105,21 +107,37 @@ class DecodeConfig:
         )
 
 
+def stage_bounds(num_layers: int) -> tuple[range, range]:
+    """The values E and K may take, each on its own, on a model of `num_layers` layers: E in
+    [1, L - 1] (stage 1 holds a layer and leaves one), K in [2, L]. Together they also need
+    K <= max_stages(L, E)."""
+    return range(1, num_layers), range(2, num_layers + 1)
+
+
 def max_stages(num_layers: int, exit_layer: int) -> int:
     """The most stages a split at E allows: stages 2..K need a layer each of the L - E after E."""
     return num_layers - exit_layer + 1
 
 
-def fit_stages(num_layers: int, exit_layer: int, stages: int) -> tuple[int, int]:
-    """(E, K) moved into the valid region, K first: K into [2, L], then E into [1, L - K + 1]
-    (so that K <= max_stages(L, E)). What a form does with a pair that `resolved` would refuse."""
-    stages = max(2, min(stages, num_layers))
-    return max(1, min(exit_layer, num_layers - stages + 1)), stages
+def fit_stages(num_layers: int, exit_layer: int, stages: int, *,
+               moved: Literal["stages", "exit_layer"] = "stages") -> tuple[int, int]:
+    """(E, K) brought inside the bounds, lowering the one that did not move: `moved="stages"`
+    puts K inside its bounds, then lowers E until K fits; `moved="exit_layer"` puts E inside its
+    bounds, then lowers K. What a form does with a pair that `DecodeConfig.resolved` refuses."""
+    exits, counts = stage_bounds(num_layers)
+    if moved == "stages":
+        stages = max(counts.start, min(stages, counts.stop - 1))
+        return max(exits.start, min(exit_layer, num_layers - stages + 1)), stages
+    if moved != "exit_layer":
+        raise ValueError(f"moved={moved!r}: give 'stages' or 'exit_layer'")
+    exit_layer = max(exits.start, min(exit_layer, exits.stop - 1))
+    return exit_layer, max(counts.start, min(stages, max_stages(num_layers, exit_layer)))
 
 
 def balanced_exit_layer(num_layers: int, stages: int) -> int:
     """E = L / K rounded, so stage 1 (layers plus exit head) costs about one slot."""
-    return min(max(1, round(num_layers / stages)), num_layers - 1)
+    exits = stage_bounds(num_layers)[0]
+    return min(max(exits.start, round(num_layers / stages)), exits.stop - 1)
 
 
 def stage_layers(num_layers: int, exit_layer: int, stages: int) -> tuple[range, ...]:

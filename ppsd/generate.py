@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Iterator
+from typing import Callable, Iterator
 
 import torch
 
@@ -71,12 +71,14 @@ class Recording:
         self.recorder.add(step)
 
     def trace(self) -> Trace:
+        """The measured trace of the steps so far (validated by `finish`, once the run is whole)."""
         r = self.recorder
         return Trace(events=tuple(r.events), stages=self.stages, prompt_len=len(self.prompt_ids),
                      length=len(self.prompt_ids) + len(r.tokens), clock="measured", device=self.device,
                      concurrent=self.concurrent)
 
     def finish(self, measured_wall_seconds: float) -> Result:
+        """The run's `Result`, its trace validated (ValueError names a broken trace invariant)."""
         r = self.recorder
         return Result(self.prompt_ids, tuple(r.tokens), tuple(r.drafts), self.trace().validate(), self.config,
                       measured_wall_seconds)
@@ -140,5 +142,11 @@ def generate(model: StagedModel, prompt_ids: list[int], config: DecodeConfig, *,
     return recording.finish(time.perf_counter() - started)
 
 
+def device_sync(model: StagedModel) -> Callable[[], None] | None:
+    """What a stopwatch on `model`'s device waits for before it reads the time: CUDA kernels run
+    asynchronously, so without it a stamp would time their launch, not their work."""
+    return torch.cuda.synchronize if model.info.device.startswith("cuda") else None
+
+
 def _stopwatch(model: StagedModel) -> Stopwatch:
-    return Stopwatch(torch.cuda.synchronize if model.info.device.startswith("cuda") else None)
+    return Stopwatch(device_sync(model))
