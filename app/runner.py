@@ -36,25 +36,6 @@ THROTTLE_SECONDS = 0.25  # live UI refresh period; the final snapshot always fol
 DEFAULT_REPEATS = 3  # timed runs of each method: the page shows their median speedup and its range
 MAX_REPEATS = 9
 
-_counts = {"open": 0, "finished": 0}  # decoders open now; comparisons run to the end
-_counts_lock = threading.Lock()
-
-
-def active_decodes() -> int:
-    """How many decoders are open right now: Stop must bring this back to 0."""
-    return _counts["open"]
-
-
-def finished_runs() -> int:
-    """How many comparisons ran to their end in this process (a stopped one does not count)."""
-    return _counts["finished"]
-
-
-def _count(key: str, delta: int) -> None:
-    with _counts_lock:
-        _counts[key] += delta
-
-
 class PausableStopwatch(Stopwatch):
     """A `ppsd.trace.Stopwatch` that does not count the time spent paused (handing snapshots to
     the UI). Stamps taken by pipeline workers during a pause (run-ahead work) read as the pause's
@@ -240,7 +221,6 @@ def run_comparison(request: RunRequest, cache: ModelCache, *, throttle: float = 
     timed = len(snapshot.speedups())
     snapshot.active, snapshot.done = None, True
     snapshot.status = "" if timed == rounds else f"Stopped while timing again: the spread is over {timed} runs."
-    _count("finished", +1)
     yield snapshot
 
 
@@ -318,7 +298,6 @@ def _decode(run: MethodRun, model: StagedModel, snapshot: Snapshot, throttle: fl
         raise ValueError("the worker processes are busy with another run: try again in a moment")
     steps = ppsd.stream(model, list(run.prompt_ids), run.config, stopwatch=stopwatch, executor=pipeline)
     shown = time.perf_counter()
-    _count("open", +1)
     try:
         for step in steps:
             run.add(step)
@@ -337,6 +316,5 @@ def _decode(run: MethodRun, model: StagedModel, snapshot: Snapshot, throttle: fl
         steps.close()  # Stop: close the decoder now, not when the garbage collector gets to it
         if pipeline is not None:
             pipeline.lock.release()
-        _count("open", -1)
     run.result = run.finish(wall)
     yield snapshot

@@ -36,7 +36,7 @@ def run_args(model: str, *, prompt: str = "def fibonacci(n):", eesd: bool = Fals
 
 @pytest.fixture(scope="module")
 def server(saved_model):
-    # Two shared cores: one intra-op thread avoids oversubscription stalls.
+    # One intra-op thread: the server and the test share the cores, and oversubscription stalls.
     torch.set_num_threads(1)
     handlers.CACHE.clear()
     demo = create_demo()
@@ -151,23 +151,54 @@ def test_unloadable_model_keeps_the_loaded_one(server, name, tmp_path):
     assert len(outputs[-1]["ar"]["token_ids"]) == 3
 
 
-def test_stop_ends_a_run_and_leaves_nothing_running(server):
+class Decodes:
+    """What the app has running in this process: decoders open now, comparisons run to their end
+    (counted by wrapping `ppsd.stream` and the handlers' `run_comparison`)."""
+
+    def __init__(self) -> None:
+        self.open = 0
+        self.finished = 0
+
+
+@pytest.fixture
+def decodes(monkeypatch) -> Decodes:
+    import ppsd
+
+    counts, stream, compare = Decodes(), ppsd.stream, handlers.run_comparison
+
+    def counted_stream(*args, **kwargs):
+        counts.open += 1
+        try:
+            yield from stream(*args, **kwargs)
+        finally:
+            counts.open -= 1
+
+    def counted_comparison(*args, **kwargs):
+        snapshot = None
+        for snapshot in compare(*args, **kwargs):
+            yield snapshot
+        counts.finished += snapshot is not None and snapshot.done
+
+    monkeypatch.setattr(ppsd, "stream", counted_stream)
+    monkeypatch.setattr(handlers, "run_comparison", counted_comparison)
+    return counts
+
+
+def test_stop_ends_a_run_and_leaves_nothing_running(server, decodes):
     import time
 
-    from app.runner import active_decodes, finished_runs
-
     client, model = server
-    finished = finished_runs()
+    finished = decodes.finished
     job = client.submit(*run_args(model, eesd=True, max_new_tokens=240), api_name="/run")
     deadline = time.monotonic() + 60
-    while active_decodes() == 0 and time.monotonic() < deadline:  # wait until a decoder is running
+    while decodes.open == 0 and time.monotonic() < deadline:  # wait until a decoder is running
         time.sleep(0.05)
-    assert active_decodes() == 1
+    assert decodes.open == 1
     job.cancel()
-    while active_decodes() and time.monotonic() < deadline:
+    while decodes.open and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert active_decodes() == 0
-    assert finished_runs() == finished  # it stopped, it did not just run to its end
+    assert decodes.open == 0
+    assert decodes.finished == finished  # it stopped, it did not just run to its end
     outputs = client.predict(*run_args(model, max_new_tokens=3), api_name="/run")  # and it still serves
     assert len(outputs[-1]["ppsd"]["token_ids"]) == 3
 
@@ -182,14 +213,12 @@ def _running(pid: int) -> bool:
     return True
 
 
-def test_a_run_on_k_worker_processes_is_measured_and_identical(server):
-    """K = 2 workers (this machine has 2 cores): same tokens as one process, measured concurrent
+def test_a_run_on_k_worker_processes_is_measured_and_identical(server, decodes):
+    """K = 2 workers (one core each where there are two): same tokens as one process, measured concurrent
     clock on the page, pool reused by the next run, also after Stop."""
     import time
 
     from ppsd.executors.pool import current_pool
-
-    from app.runner import active_decodes
 
     client, model = server
     local = client.predict(*run_args(model, eesd=True), api_name="/run")[-1]
@@ -209,11 +238,11 @@ def test_a_run_on_k_worker_processes_is_measured_and_identical(server):
 
     job = client.submit(*run_args(model, eesd=True, max_new_tokens=240, workers=True), api_name="/run")
     deadline = time.monotonic() + 60
-    while active_decodes() == 0 and time.monotonic() < deadline:
+    while decodes.open == 0 and time.monotonic() < deadline:
         time.sleep(0.02)
     client.predict(api_name="/stop")
     stopped = job.result(timeout=10)
-    assert "Stopped during AR" in stopped[0] and active_decodes() == 0
+    assert "Stopped during AR" in stopped[0] and decodes.open == 0
     assert current_pool() is pool and all(_running(pid) for pid in pids)  # Stop keeps the workers
     outputs = client.predict(*run_args(model, eesd=True, workers=True), api_name="/run")
     assert all(outputs[-1][m]["token_ids"] == local[m]["token_ids"] for m in ("ar", "ppsd", "eesd"))
