@@ -39,7 +39,7 @@ def page_url(request):
     from app import create_demo, launch_kwargs
     from app import handlers
 
-    torch.set_num_threads(1)  # two shared cores: avoid oversubscription stalls
+    torch.set_num_threads(1)  # the server and the browser share the cores: avoid oversubscription stalls
     real = default_available()
     model = ppsd.DEFAULT_MODEL if real else request.getfixturevalue("saved_model")
     demo = create_demo()
