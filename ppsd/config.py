@@ -128,16 +128,13 @@ def fit_stages(num_layers: int, exit_layer: int, stages: int, *,
     if moved == "stages":
         stages = max(counts.start, min(stages, counts.stop - 1))
         return max(exits.start, min(exit_layer, num_layers - stages + 1)), stages
-    if moved != "exit_layer":
-        raise ValueError(f"moved={moved!r}: give 'stages' or 'exit_layer'")
     exit_layer = max(exits.start, min(exit_layer, exits.stop - 1))
     return exit_layer, max(counts.start, min(stages, max_stages(num_layers, exit_layer)))
 
 
 def balanced_exit_layer(num_layers: int, stages: int) -> int:
     """E = L / K rounded, so stage 1 (layers plus exit head) costs about one slot."""
-    exits = stage_bounds(num_layers)[0]
-    return min(max(exits.start, round(num_layers / stages)), exits.stop - 1)
+    return min(max(1, round(num_layers / stages)), num_layers - 1)
 
 
 def stage_layers(num_layers: int, exit_layer: int, stages: int) -> tuple[range, ...]:
