@@ -133,7 +133,6 @@ SHARED_BAD_INPUTS = [  # values both entry points take: one validation, one mess
 def test_bad_values_give_the_same_line_from_generate_and_the_torchrun_entry_point(saved_model, capsys, args,
                                                                                    message):
     from ppsd.cli import main
-    from ppsd.cli import main
 
     base = ["--model", saved_model, "--prompt", "hello"]
     code, _, generate_err = cli(capsys, "generate", *base, *args)
