@@ -24,8 +24,10 @@ from ppsd.config import real_number, whole_number
 from ppsd.executors.pipeline import DistributedExecutor
 from ppsd.executors.pool import current_pool, shared_pipeline
 from ppsd.executors.wire import PipelineError
-from ppsd.generate import Recording, check_prompt, device_sync
+from ppsd.chat import check_text
+from ppsd.generate import Recording, device_sync
 from ppsd.model_source import Progress
+from ppsd.setup import set_up_text
 from ppsd.executors.placement import usable_cores
 from ppsd.trace import Stopwatch
 
@@ -108,16 +110,17 @@ class RunRequest:
         repeats = ("repeats",) if self.repeats != 1 else ()
         return ("model", *(("workers",) if self.workers else ()), *self.methods, *repeats)
 
-    def config(self, method: str, num_layers: int) -> DecodeConfig:
-        """The validated config of `method` (ValueError names the bad value: a form or an API
-        client may send 2.5 layers, NaN or a seed past 2^63, and none of it is rounded away)."""
+    def settings(self) -> DecodeConfig:
+        """The run's settings as typed, for `ppsd.setup` to resolve against the model (ValueError
+        names the bad value: a form or an API client may send 2.5 layers, NaN or a seed past
+        2^63, and none of it is rounded away)."""
         return DecodeConfig(
-            method=method, exit_layer=None if self.exit_layer is None else whole_number("exit_layer", self.exit_layer),
+            method="ppsd", exit_layer=None if self.exit_layer is None else whole_number("exit_layer", self.exit_layer),
             stages=whole_number("stages", self.stages), draft_len=whole_number("draft_len", self.draft_len),
             max_new_tokens=whole_number("max_new_tokens", self.max_new_tokens),
             temperature=real_number("temperature", self.temperature), top_p=real_number("top_p", self.top_p),
             seed=whole_number("seed", self.seed),
-        ).resolved(num_layers)
+        )
 
 
 FORM = tuple(f.name for f in fields(RunRequest))  # the page's run inputs, in the order it sends them
@@ -184,19 +187,15 @@ def run_comparison(request: RunRequest, cache: ModelCache, *, throttle: float = 
     """Validate everything first, then run AR, PPSD (and EESD) in turn, yielding snapshots at
     most every `throttle` seconds of wall time and once when each method finishes. Once `stop`
     is set the running method ends at its next step and a last snapshot says so (`stopped`)."""
-    if not request.prompt.strip():
-        raise ValueError("prompt is empty: type some text for the model to continue")
+    check_text(request.prompt)  # before a load: an empty prompt is refused at once
     loaded = cache.get(request.model)
-    model = loaded.model
-    configs = {m: request.config(m, model.num_layers) for m in request.methods}
+    setup = set_up_text(loaded.model, loaded.tokenizer, request.prompt, request.settings(),
+                        exit_head=request.exit_head, chat=request.chat and loaded.chat)
     rounds = request.rounds()
-    head = cache.exit_head(request.exit_head, loaded, configs["ar"].exit_layer)
-    model = model.with_exit_head(head.head)
-    prompt_ids = loaded.encode(request.prompt, chat=request.chat and loaded.chat)
-    check_prompt(model, prompt_ids, configs["ar"])
-    stages = configs["ar"].partition(model.num_layers)
+    model, prompt_ids, stages = setup.model, setup.prompt_ids, setup.partition
+    configs = {m: setup.with_method(m).config for m in request.methods}
     runs: dict[str, MethodRun] = {}
-    snapshot = Snapshot(request, loaded, runs, active=None, stages=configs["ar"].stages, head=head.label)
+    snapshot = Snapshot(request, loaded, runs, active=None, stages=setup.config.stages, head=setup.head)
     stop = stop or threading.Event()
     pipeline = None
     if request.workers:

@@ -41,7 +41,8 @@ def real_number(name: str, value: object) -> float:
 
 @dataclass(frozen=True)
 class DecodeConfig:
-    """Settings of one run. `exit_layer` and `stages` of None mean the balanced default."""
+    """Settings of one run. `exit_layer` None means the model's default: `ppsd.setup.resolve`
+    gives the shipped head's E when the model has one for K, `resolved` alone the balanced L/K."""
 
     method: str = "ppsd"
     exit_layer: int | None = None
@@ -57,9 +58,11 @@ class DecodeConfig:
         return self.temperature == 0.0
 
     def partition(self, num_layers: int) -> tuple[range, ...]:
-        """The layers of each stage for this run on a model of `num_layers` layers."""
-        config = self.resolved(num_layers)
-        return stage_layers(num_layers, config.exit_layer, config.stages)
+        """The layers of each stage of this run (E given, as in a resolved config) on a model of
+        `num_layers` layers."""
+        if self.exit_layer is None:
+            raise ValueError("the exit layer is not set: resolve the config first (ppsd.setup.resolve)")
+        return stage_layers(num_layers, self.exit_layer, self.stages)
 
     def resolved(self, num_layers: int) -> "DecodeConfig":
         """Check every field against a model with `num_layers` layers and fill the defaults.

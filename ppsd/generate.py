@@ -1,8 +1,9 @@
 """Entry point of the library: run a decoder on a prompt and keep its full record.
 
 `stream` yields the decoder's steps live (for UIs); `generate` runs to the end and returns a
-`Result` with tokens, drafts, trace and metrics. Token ids in, token ids out: tokenizers stay
-with the caller.
+`Result` with tokens, drafts, trace and metrics. Both set the run up first (`ppsd.setup`);
+`decode_steps` and `decode` take a `RunSetup` an entry point made once. Token ids in, token ids
+out: tokenizers stay with the caller.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from .decoders import DECODERS
 from .executors import Executor, InProcessExecutor
 from .metrics import Metrics, summarize
 from .model import StagedModel
+from .setup import RunSetup, set_up
 from .steps import Draft, Recorder, Step, Token
 from .trace import Stopwatch, Trace
 
@@ -84,29 +86,22 @@ class Recording:
                       measured_wall_seconds)
 
 
-def check_prompt(model: StagedModel, prompt_ids: list[int], config: DecodeConfig) -> None:
-    """Raise ValueError when the prompt is empty or prompt plus output exceeds the context."""
-    if not prompt_ids:
-        raise ValueError("prompt is empty: give at least one token of text")
-    room = model.info.max_context - config.max_new_tokens
-    if len(prompt_ids) > room:
-        raise ValueError(
-            f"prompt of {len(prompt_ids)} tokens is too long: with max_new_tokens={config.max_new_tokens} "
-            f"the model's context of {model.info.max_context} allows at most {max(room, 0)}"
-        )
-
-
-def stream(model: StagedModel, prompt_ids: list[int], config: DecodeConfig, *,
+def stream(model: StagedModel, prompt_ids: list[int], config: DecodeConfig | None = None, *,
            executor: Executor | None = None, stopwatch: Stopwatch | None = None) -> Iterator[Step]:
-    """Validate, then yield the steps of `config.method` on `prompt_ids`, live."""
-    config = config.resolved(model.num_layers)
-    check_prompt(model, prompt_ids, config)
-    stopwatch = stopwatch or _stopwatch(model)
-    executor = executor or InProcessExecutor.for_config(model, config, stopwatch)
+    """Set up the run (`ppsd.setup.set_up`: the model's default E and exit head when not given),
+    then yield its steps live."""
+    yield from decode_steps(set_up(model, config, prompt_ids=prompt_ids), executor=executor, stopwatch=stopwatch)
+
+
+def decode_steps(setup: RunSetup, *, executor: Executor | None = None,
+               stopwatch: Stopwatch | None = None) -> Iterator[Step]:
+    """Yield the steps of a run already set up, live (in process unless `executor` is given)."""
+    stopwatch = stopwatch or _stopwatch(setup.model)
+    executor = executor or InProcessExecutor(setup.model, setup.partition, stopwatch)
     executor.begin(stopwatch)
     try:
-        yield from _inference_mode(DECODERS[config.method](executor, list(prompt_ids), config,
-                                                           model.info.eos_token_ids))
+        yield from _inference_mode(DECODERS[setup.config.method](
+            executor, list(setup.prompt_ids), setup.config, setup.model.info.eos_token_ids))
     finally:
         executor.end()
 
@@ -129,15 +124,19 @@ def _inference_mode(steps: Iterator[Step]) -> Iterator[Step]:
             steps.close()
 
 
-def generate(model: StagedModel, prompt_ids: list[int], config: DecodeConfig, *,
+def generate(model: StagedModel, prompt_ids: list[int], config: DecodeConfig | None = None, *,
              executor: Executor | None = None, stopwatch: Stopwatch | None = None) -> Result:
-    """Run to the end; the returned trace is validated."""
-    config = config.resolved(model.num_layers)
-    stopwatch = stopwatch or _stopwatch(model)
-    executor = executor or InProcessExecutor.for_config(model, config, stopwatch)
-    recording = Recording(tuple(prompt_ids), config, executor.stages, executor.device, executor.concurrent)
+    """Set up the run (`ppsd.setup.set_up`) and run it to the end; the returned trace is validated."""
+    return decode(set_up(model, config, prompt_ids=prompt_ids), executor=executor, stopwatch=stopwatch)
+
+
+def decode(setup: RunSetup, *, executor: Executor | None = None, stopwatch: Stopwatch | None = None) -> Result:
+    """Run a run already set up to the end; the returned trace is validated."""
+    stopwatch = stopwatch or _stopwatch(setup.model)
+    executor = executor or InProcessExecutor(setup.model, setup.partition, stopwatch)
+    recording = Recording(setup.prompt_ids, setup.config, executor.stages, executor.device, executor.concurrent)
     started = time.perf_counter()
-    for step in stream(model, prompt_ids, config, executor=executor, stopwatch=stopwatch):
+    for step in decode_steps(setup, executor=executor, stopwatch=stopwatch):
         recording.add(step)
     return recording.finish(time.perf_counter() - started)
 

@@ -121,6 +121,8 @@ class StagedModel:
         self._decoder = hf_model.model
         self.layers = self._decoder.layers
         self.exit_head: ExitHead = exit_head or SharedExitHead(self._decoder.norm, hf_model.lm_head)
+        # A head given on purpose is kept by `ppsd.setup.set_up`; a bare model gets the default one.
+        self.exit_head_given = exit_head is not None
         self.info = ModelInfo(
             name=name,
             model_type=config.model_type,
@@ -140,7 +142,9 @@ class StagedModel:
 
     def with_exit_head(self, exit_head: ExitHead) -> "StagedModel":
         """The same weights with another exit head (the shared model object is left untouched)."""
-        return StagedModel(self.hf_model, name=self.info.name, exit_head=exit_head)
+        staged = StagedModel(self.hf_model, name=self.info.name, exit_head=exit_head)
+        staged.info = self.info  # what the caller knows of the model (its EOS, say) stays as it is
+        return staged
 
     def embed(self, token_ids: list[int]) -> torch.Tensor:
         """(1, T, hidden) input embeddings of `token_ids`."""

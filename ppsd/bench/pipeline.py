@@ -33,8 +33,9 @@ from ..model_source import resolve
 from ..config import DecodeConfig, balanced_exit_layer
 from ..generate import Result, generate
 from ..metrics import ideal_ppsd_speedup
-from ..heads import AUTO_HEAD, choose_exit_head, exit_layer_for
+from ..heads import AUTO_HEAD
 from ..model import DEFAULT_MODEL, StagedModel, load_model
+from ..setup import set_up
 from .baselines import hf_generate
 from .prompts import CHAT_PROMPTS_FILE, load_prompts, spread
 from .run import fixed_length
@@ -86,11 +87,9 @@ class Measured:
 
 def run(args: argparse.Namespace) -> int:
     model, prompts, source = _model_and_prompts(args)
-    exit_layer = exit_layer_for(args.model, model.num_layers, args.stages, args.exit_layer)
-    config = DecodeConfig(stages=args.stages, exit_layer=exit_layer, max_new_tokens=args.new_tokens,
-                          draft_len=args.draft_len).resolved(model.num_layers)
-    head = choose_exit_head(model, config.exit_layer, args.exit_head)
-    model = model.with_exit_head(head.head)
+    setup = set_up(model, DecodeConfig(stages=args.stages, exit_layer=args.exit_layer, max_new_tokens=args.new_tokens,
+                                       draft_len=args.draft_len), exit_head=args.exit_head)
+    model, config = setup.model, setup.config
     methods = [
         Method("AR, 1 process, 1 thread", "ar", "in-process", 1),
         Method("AR, 1 process, 2 threads", "ar", "in-process", 2),
@@ -107,12 +106,12 @@ def run(args: argparse.Namespace) -> int:
     pool = shared_pipeline(model, config, threads_per_worker=args.threads_per_worker, timeout=60.0)
     startup = time.perf_counter() - started
     print(f"model: {source}; {len(prompts)} prompts x {args.new_tokens} tokens; K={args.stages}, "
-          f"E={config.exit_layer}, exit head {head.label}; pool started in {startup:.1f} s (pids {pool.pids})",
+          f"E={config.exit_layer}, exit head {setup.head}; pool started in {startup:.1f} s (pids {pool.pids})",
           flush=True)
     measured = _measure(args, model, config, methods, prompts, pool)
     pool.close()
     report = _report(args, config, methods, prompts, measured, source, load_before, startup)
-    report["exit_head"] = head.label
+    report["exit_head"] = setup.head
     print(_table(report))
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=2))

@@ -10,10 +10,10 @@ import torch
 import transformers
 
 from . import check_output_file, options, thread_count
-from ..chat import check_text, encode_prompt, use_chat
-from ..generate import Result, generate
-from ..heads import choose_exit_head
+from ..chat import check_text
+from ..generate import Result, decode
 from ..model import load_model, model_config
+from ..setup import set_up_text
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -40,27 +40,24 @@ def run(args: argparse.Namespace) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     model, tokenizer = load_model(args.model, device=args.device, progress=_tell)
-    head = choose_exit_head(model, config.exit_layer, args.exit_head)
-    model = model.with_exit_head(head.head)
-    chat = use_chat(tokenizer, args.chat)
-    prompt_ids = encode_prompt(tokenizer, args.prompt, chat=chat)
+    setup = set_up_text(model, tokenizer, args.prompt, config, exit_head=args.exit_head, chat=args.chat)
     if args.executor == "distributed":
         from ..executors.wire import PipelineError
         from ..executors.pool import shared_pipeline
 
         try:
-            with shared_pipeline(model, config) as executor:
-                result = generate(model, prompt_ids, config, executor=executor)
+            with shared_pipeline(setup.model, setup.config) as executor:
+                result = decode(setup, executor=executor)
         except PipelineError as error:  # a worker died or hung: not bad input, so status 1
             print(f"error: the pipeline failed: {error}", file=sys.stderr)
             return 1
     else:
-        result = generate(model, prompt_ids, config)
+        result = decode(setup)
     if args.chrome_trace:
         with open(args.chrome_trace, "w") as f:
             json.dump(result.trace.to_chrome(), f)
     if args.json:
-        print(json.dumps(to_json(result, tokenizer, model.info, chat=chat, exit_head=head.label), ensure_ascii=False))
+        print(json.dumps(to_json(result, tokenizer, model.info, chat=setup.chat, exit_head=setup.head), ensure_ascii=False))
     else:
         print(tokenizer.decode(result.token_ids, skip_special_tokens=True))
         print(summary_line(result))

@@ -9,8 +9,9 @@ from __future__ import annotations
 import argparse
 
 from ..config import METHODS, DecodeConfig
-from ..heads import AUTO_HEAD, exit_layer_for
+from ..heads import AUTO_HEAD
 from ..model import DEFAULT_MODEL
+from ..setup import resolve
 
 
 def add_model(parser: argparse.ArgumentParser) -> None:
@@ -43,7 +44,7 @@ def decode_config(args: argparse.Namespace, num_layers: int, *, stages: int | No
     `stages` overrides --stages (under torchrun the world size decides)."""
     stages = args.stages if stages is None else stages
     sampled = {name: getattr(args, name) for name in ("temperature", "top_p", "seed") if hasattr(args, name)}
-    return DecodeConfig(
+    return resolve(args.model, num_layers, DecodeConfig(
         method=args.method, stages=stages, draft_len=args.draft_len, max_new_tokens=args.max_new_tokens,
-        exit_layer=exit_layer_for(args.model, num_layers, stages, args.exit_layer), **sampled,
-    ).resolved(num_layers)
+        exit_layer=args.exit_layer, **sampled,
+    ))

@@ -10,14 +10,14 @@ import argparse
 import os
 
 from . import options, thread_count
-from ..chat import check_text, encode_prompt, use_chat
+from ..chat import check_text
 from ..executors.pipeline import DistributedExecutor
 from ..executors.pool import shared_pipeline
 from ..executors.wire import PipelineSpec
 from ..executors.worker import run_worker
-from ..generate import Result, generate
-from ..heads import choose_exit_head
+from ..generate import Result, decode
 from ..model import load_model, model_config
+from ..setup import set_up_text
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -42,14 +42,14 @@ def run(args: argparse.Namespace) -> int:
         run_worker(spec, rank, local_rank=int(os.environ.get("LOCAL_RANK", "0")))
         return 0
     model, tokenizer = load_model(args.model, device=args.device)
-    model = model.with_exit_head(choose_exit_head(model, config.exit_layer, args.exit_head).head)
+    setup = set_up_text(model, tokenizer, args.prompt, config, exit_head=args.exit_head, chat=args.chat)
     if torchrun:
-        executor = DistributedExecutor(spec, model).join()
+        executor = DistributedExecutor(spec, setup.model).join()
     else:
-        executor = shared_pipeline(model, config, threads_per_worker=args.threads_per_worker, timeout=args.timeout)
+        executor = shared_pipeline(setup.model, setup.config, threads_per_worker=args.threads_per_worker,
+                                   timeout=args.timeout)
     with executor:
-        ids = encode_prompt(tokenizer, args.prompt, chat=use_chat(tokenizer, args.chat))
-        result = generate(model, ids, config, executor=executor)
+        result = decode(setup, executor=executor)
     print(tokenizer.decode(result.token_ids, skip_special_tokens=True))
     print(summary(result, args.device))
     return 0

@@ -11,7 +11,6 @@ from collections import deque
 
 import torch
 
-from ..config import DecodeConfig
 from ..model import KVCache, StagedModel
 from ..trace import Stopwatch
 from . import schedule
@@ -31,11 +30,6 @@ class InProcessExecutor:
         self._clock = stopwatch
         self._queues = schedule.empty(len(stages))
         self._hidden: list[deque[torch.Tensor]] = [deque() for _ in stages]  # beside each queue's items
-
-    @classmethod
-    def for_config(cls, model: StagedModel, config: DecodeConfig, stopwatch: Stopwatch) -> "InProcessExecutor":
-        """The in-process executor for `config`'s stage partition of `model`."""
-        return cls(model, config.partition(model.num_layers), stopwatch)
 
     def begin(self, stopwatch: Stopwatch) -> None:
         self._clock = stopwatch

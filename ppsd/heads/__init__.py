@@ -8,8 +8,8 @@ train-head`); `corpus` is the built-in training text.
 
 from .exits import HEAD_TYPES, TRAINED_HEAD_TYPES, build_head
 from .files import HeadConfig, fingerprint, load_exit_head, save_exit_head
-from .shipped import AUTO_HEAD, HeadChoice, choose_exit_head, default_exit_layer, exit_layer_for, pipeline_stages, shipped_head
+from .shipped import AUTO_HEAD, HeadChoice, choose_exit_head, default_exit_layer, pipeline_stages, shipped_head
 
 __all__ = ["AUTO_HEAD", "HEAD_TYPES", "TRAINED_HEAD_TYPES", "HeadChoice", "HeadConfig", "build_head",
-           "choose_exit_head", "default_exit_layer", "exit_layer_for", "fingerprint", "load_exit_head",
+           "choose_exit_head", "default_exit_layer", "fingerprint", "load_exit_head",
            "pipeline_stages", "save_exit_head", "shipped_head"]

@@ -10,7 +10,7 @@ from pathlib import Path
 from torch import nn
 
 from ..assets import ASSETS
-from ..config import balanced_exit_layer
+from ..config import balanced_exit_layer, max_stages
 from ..model import StagedModel
 from .exits import TRAINED_HEAD_TYPES, shared_head
 from .files import CONFIG_FILE, HeadConfig, fingerprint, fingerprint_matches, load_exit_head
@@ -45,15 +45,10 @@ def shipped_exit_layers(model_name: str, root: Path = SHIPPED_HEADS) -> dict[int
 def default_exit_layer(model_name: str, num_layers: int, stages: int) -> int:
     """The E a run of `model_name` with K stages uses when none is given: the shipped head's for
     that K (its E was chosen by measured speed), else the balanced L/K."""
-    return shipped_exit_layers(model_name).get(stages) or balanced_exit_layer(num_layers, stages)
-
-
-def exit_layer_for(model_name: str, num_layers: int, stages: int, exit_layer: int | None) -> int | None:
-    """The E an entry point asks for: the one given, else the default for K; None (DecodeConfig
-    then names the bad K) when K itself is out of range."""
-    if exit_layer is not None or not 2 <= stages <= num_layers:
-        return exit_layer
-    return default_exit_layer(model_name, num_layers, stages)
+    shipped = shipped_exit_layers(model_name).get(stages)
+    if shipped is None or not 1 <= shipped < num_layers or stages > max_stages(num_layers, shipped):
+        return balanced_exit_layer(num_layers, stages)  # none, or made for a model of other depth
+    return shipped
 
 
 def shipped_head(model: StagedModel, exit_layer: int, root: Path = SHIPPED_HEADS) -> Path | None:
