@@ -20,7 +20,7 @@ from typing import Any, Callable, Generator, Iterator
 
 import ppsd
 from ppsd import DecodeConfig, Result, StagedModel, Trace
-from ppsd.config import real_number, whole_number
+from ppsd.config import DEFAULTS, real_number, whole_number
 from ppsd.executors.pipeline import DistributedExecutor
 from ppsd.executors.pool import current_pool, shared_pipeline
 from ppsd.executors.wire import PipelineError
@@ -64,19 +64,20 @@ class PausableStopwatch(Stopwatch):
 
 @dataclass(frozen=True)
 class RunRequest:
-    """What the user asked for; `exit_layer` None means balanced (E = L/K). The order of the
-    fields is `FORM`: the page's run inputs and the arguments of the `run` API, by position."""
+    """What the user asked for; `exit_layer` None means the model's default (`ppsd.setup`). The
+    order of the fields is `FORM`: the page's run inputs and the arguments of the `run` API, by
+    position. Defaults are `ppsd.config.DEFAULTS`."""
 
     prompt: str
     model: str = ppsd.DEFAULT_MODEL
-    exit_layer: int | None = None
-    stages: int = 2
+    exit_layer: int | None = DEFAULTS.exit_layer
+    stages: int = DEFAULTS.stages
     eesd: bool = False
-    draft_len: int = 4
-    max_new_tokens: int = 64
-    temperature: float = 0.0
-    top_p: float = 1.0
-    seed: int = 0
+    draft_len: int = DEFAULTS.draft_len
+    max_new_tokens: int = DEFAULTS.max_new_tokens
+    temperature: float = DEFAULTS.temperature
+    top_p: float = DEFAULTS.top_p
+    seed: int = DEFAULTS.seed
     exit_head: str = ""  # "" or "auto": the shipped head if one fits; "shared"; or a train-head directory
     workers: bool = False  # K worker processes, one per stage (measured), instead of one process (projected)
     chat: bool = True  # the prompt as a chat user turn (when the model has a template), else raw text

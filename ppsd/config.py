@@ -110,6 +110,9 @@ class DecodeConfig:
         )
 
 
+DEFAULTS = DecodeConfig()  # every entry point's defaults (CLI flags, the page's form and sliders)
+
+
 def stage_bounds(num_layers: int) -> tuple[range, range]:
     """The values E and K may take, each on its own, on a model of `num_layers` layers: E in
     [1, L - 1] (stage 1 holds a layer and leaves one), K in [2, L]. Together they also need

@@ -27,13 +27,12 @@ from pathlib import Path
 
 import torch
 
-from ..chat import encode_prompt, has_chat_template
-from ..cli import thread_count
+from ..chat import encode_prompt, use_chat
+from ..cli import options, thread_count
 from ..model_source import resolve
-from ..config import DecodeConfig, balanced_exit_layer
+from ..config import DEFAULTS, DecodeConfig, balanced_exit_layer
 from ..generate import Result, generate
 from ..metrics import ideal_ppsd_speedup
-from ..heads import AUTO_HEAD
 from ..model import DEFAULT_MODEL, StagedModel, load_model
 from ..setup import set_up
 from .baselines import hf_generate
@@ -53,18 +52,12 @@ class Method:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", default=DEFAULT_MODEL, help="the default model (default), a checkpoint directory or a .gguf file")
+    options.add_model(parser)
     parser.add_argument("--prompts", default=None,
                         help="prompts JSON [{name, category, prompt}] (default: assets/prompts/prompts.json)")
     parser.add_argument("--max-prompts", type=int, default=6, help="first N prompts, spread over categories")
-    parser.add_argument("--new-tokens", type=int, default=64)
-    parser.add_argument("--stages", type=int, default=2, help="K workers (default 2)")
-    parser.add_argument("--exit-layer", type=int, default=None,
-                        help="E (default: the shipped head's E for this model and K, else L/K)")
-    parser.add_argument("--exit-head", default=AUTO_HEAD,
-                        help="auto: the shipped head for these weights and E, else shared (default); shared; or a "
-                             "train-head directory")
-    parser.add_argument("--draft-len", type=int, default=4, help="EESD's g (default 4)")
+    parser.add_argument("--new-tokens", type=int, default=DEFAULTS.max_new_tokens)
+    options.add_stages(parser)
     parser.add_argument("--threads-per-worker", type=thread_count, default=1)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=1)
@@ -166,7 +159,7 @@ def _model_and_prompts(args) -> tuple[StagedModel, list[list[int]], str]:
         # checkpoint being retrained would otherwise give them different weights.
         snapshot = shutil.copytree(directory, Path(tempfile.mkdtemp(prefix="ppsd-bench-")) / "model")
         model, tokenizer = load_model(str(snapshot), device=args.device)
-        chat = has_chat_template(tokenizer)
+        chat = use_chat(tokenizer, args.chat)
         chosen = spread(load_prompts(args.prompts or (CHAT_PROMPTS_FILE if chat else None))[0], args.max_prompts)
         prompts = [encode_prompt(tokenizer, p["prompt"], chat=chat) for p in chosen]
         source = f"{args.model} ({', '.join(p['name'] for p in chosen)})"

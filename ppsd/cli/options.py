@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..config import METHODS, DecodeConfig
+from ..config import DEFAULTS, METHODS, DecodeConfig
 from ..heads import AUTO_HEAD
 from ..model import DEFAULT_MODEL
 from ..setup import resolve
@@ -26,17 +26,25 @@ def add_model(parser: argparse.ArgumentParser) -> None:
 
 def add_decoding(parser: argparse.ArgumentParser, *, sampling: bool = True) -> None:
     """--method, --stages, --exit-layer, --draft-len, --max-new-tokens (and, with `sampling`,
-    --temperature, --top-p, --seed): the fields of `DecodeConfig`."""
-    parser.add_argument("--method", default="ppsd", help=f"one of {', '.join(METHODS)} (default ppsd)")
-    parser.add_argument("--stages", type=int, default=2, help="K pipeline stages (default 2)")
+    --temperature, --top-p, --seed): the fields of `DecodeConfig`, its defaults."""
+    parser.add_argument("--method", default=DEFAULTS.method,
+                        help=f"one of {', '.join(METHODS)} (default {DEFAULTS.method})")
+    add_stages(parser)
+    parser.add_argument("--max-new-tokens", type=int, default=DEFAULTS.max_new_tokens)
+    if sampling:
+        parser.add_argument("--temperature", type=float, default=DEFAULTS.temperature, help="0 is greedy (default)")
+        parser.add_argument("--top-p", type=float, default=DEFAULTS.top_p)
+        parser.add_argument("--seed", type=int, default=DEFAULTS.seed)
+
+
+def add_stages(parser: argparse.ArgumentParser) -> None:
+    """--stages, --exit-layer, --draft-len: how the layers split and how far EESD drafts."""
+    parser.add_argument("--stages", type=int, default=DEFAULTS.stages,
+                        help=f"K pipeline stages (default {DEFAULTS.stages})")
     parser.add_argument("--exit-layer", type=int, default=None,
                         help="E (default: the shipped head's E for this model and K, else balanced, L/K)")
-    parser.add_argument("--draft-len", type=int, default=4, help="EESD draft length g (default 4)")
-    parser.add_argument("--max-new-tokens", type=int, default=64)
-    if sampling:
-        parser.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (default)")
-        parser.add_argument("--top-p", type=float, default=1.0)
-        parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--draft-len", type=int, default=DEFAULTS.draft_len,
+                        help=f"EESD draft length g (default {DEFAULTS.draft_len})")
 
 
 def decode_config(args: argparse.Namespace, num_layers: int, *, stages: int | None = None) -> DecodeConfig:
