@@ -228,3 +228,19 @@ def test_cached_teacher_trains_like_the_per_step_teacher(model):
 def test_train_settings_out_of_range_are_refused_with_their_name(field, value):
     with pytest.raises(ValueError, match=f"{field}="):
         TrainConfig(**{**TRAIN.__dict__, field: value}).validated(8)
+
+
+def test_chat_answers_read_alike_from_jsonl_and_from_gzip_appended_in_parts(tmp_path):
+    from ppsd.heads.data import open_jsonl, read_chat_answers
+
+    rows = [{"category": "c", "prompt": f"question {i}", "temperature": 0.0, "prompt_ids": [1, i],
+             "answer_ids": [i, i + 1, 2]} for i in range(30)]
+    plain, packed = tmp_path / "answers.jsonl", tmp_path / "answers.jsonl.gz"
+    for part in (rows[:12], rows[12:]):  # appended in two runs, as build_chat_data extends a file
+        for path in (plain, packed):
+            with open_jsonl(path, "a") as sink:
+                sink.writelines(json.dumps(r) + "\n" for r in part)
+    a, b = read_chat_answers(str(plain)), read_chat_answers(str(packed))
+    assert torch.equal(a.train, b.train) and torch.equal(a.heldout, b.heldout)
+    assert len(a.train) + len(a.heldout) == sum(len(r["prompt_ids"]) + len(r["answer_ids"]) for r in rows)
+    assert packed.read_bytes()[:2] == b"\x1f\x8b"  # gzip

@@ -27,6 +27,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from ppsd.chat import encode_prompt  # noqa: E402
+from ppsd.heads.data import open_jsonl  # noqa: E402
 from ppsd.model import load_model  # noqa: E402
 from ppsd.model_source import DEFAULT_MODEL  # noqa: E402
 
@@ -228,7 +229,10 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"training prompts overlap the held-out ones: {sorted(overlap)[:3]}")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    rows = [json.loads(line) for line in out.open()] if out.is_file() else []
+    rows = []
+    if out.is_file():
+        with open_jsonl(out) as lines:
+            rows = [json.loads(line) for line in lines if line.strip()]
     done = {r["prompt"] for r in rows if r.get("temperature", 0.0) == args.temperature}
     todo = [(c, p) for c, p in prompts if p not in done]
     torch.manual_seed(args.seed)
@@ -250,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
                 if args.temperature > 0 else dict(do_sample=False)
             generated = hf.generate(input_ids=ids, attention_mask=mask, max_new_tokens=args.max_new_tokens,
                                     pad_token_id=pad, **sampling)
-        with out.open("a") as sink:
+        with open_jsonl(out, "a") as sink:
             for (category, prompt), prompt_ids, row in zip(batch, encoded, generated[:, width:].tolist()):
                 answer = row
                 for stop in model.info.eos_token_ids:  # keep the EOS itself: the model must learn to stop

@@ -6,10 +6,12 @@ Boundary: text and token ids only; no model, no training (that is `distill` and 
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 import torch
 
@@ -72,16 +74,24 @@ def _read_path(path: str, max_chars: int) -> tuple[list[str], str]:
     return texts, f"{path} ({len(texts)} documents, {chars:,} characters, sha256 {digest.hexdigest()[:12]})"
 
 
+def open_jsonl(path: str | Path, mode: str = "r") -> IO[str]:
+    """A JSON-lines file opened as text, gzip-compressed when its name ends in .gz (appending
+    adds a gzip member, which readers see as one stream): the kept training data is compressed."""
+    path = Path(path)
+    return gzip.open(path, mode + "t", encoding="utf-8") if path.suffix == ".gz" else path.open(mode, encoding="utf-8")
+
+
 def read_chat_answers(path: str) -> TokenData:
-    """Chat transcripts from a JSONL file of {"prompt", "prompt_ids", "answer_ids"} (what
-    tools/build_chat_data.py writes), concatenated. About a tenth of the prompts are held out, by
+    """Chat transcripts from a JSONL file (or .jsonl.gz) of {"prompt", "prompt_ids", "answer_ids"}
+    (what tools/build_chat_data.py writes), concatenated. About a tenth of the prompts are held out, by
     a hash of their text, with every answer to them (a greedy and a sampled answer never straddle
     the split)."""
     file = Path(path)
     if not file.is_file():
         raise ValueError(f"data {path!r} not found: give a JSONL file of chat answers")
     try:
-        rows = [json.loads(line) for line in file.read_text().splitlines() if line.strip()]
+        with open_jsonl(file) as lines:
+            rows = [json.loads(line) for line in lines if line.strip()]
         sequences = [list(r["prompt_ids"]) + list(r["answer_ids"]) for r in rows]
         held = {i for i, r in enumerate(rows) if hashlib.sha256(r["prompt"].encode()).digest()[0] % 10 == 9}
     except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as error:
