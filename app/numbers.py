@@ -1,6 +1,7 @@
 """Pure render functions for the numbers of a run: the headline (one typed `Comparison`), the
 phases of a run in flight, each method's stats card and the metrics table with every
-definition beside its values. Strings in, HTML out; every number says its clock.
+definition beside its values. Strings in, HTML out; every number says its clock. Speedups and
+ideals come from `ppsd.metrics`, so the headline, the table and the theory plot agree.
 """
 
 from __future__ import annotations
@@ -11,9 +12,31 @@ from dataclasses import dataclass
 from typing import Mapping, Sequence
 
 from ppsd import Metrics
-from ppsd.metrics import DEFINITIONS
+from ppsd.metrics import DEFINITIONS, speedup
 
 from .render import METHOD_NAMES, PROJECTED_MEANING, duration_text
+
+
+@dataclass(frozen=True)
+class Clocks:
+    """One finished run's metrics on both clocks, and the one the page leads with (`lead`):
+    measured when the stages ran on K worker processes at once (`workers`), else projected, as on
+    one device the measured clock runs the stages in turn and cannot show their overlap."""
+
+    measured: Metrics
+    projected: Metrics
+    workers: bool = False
+
+    @property
+    def lead(self) -> Metrics:
+        return self.measured if self.workers else self.projected
+
+    @property
+    def other(self) -> Metrics:
+        return self.projected if self.workers else self.measured
+
+    def on(self, clock: str) -> Metrics:
+        return self.projected if clock == "projected" else self.measured
 
 
 @dataclass(frozen=True)
@@ -37,23 +60,24 @@ class Comparison:
         """The median over the timed rounds (the one run's when there is no spread)."""
         if self.speedups:
             return statistics.median(self.speedups)
-        return self.ar.wall_seconds / self.ppsd.wall_seconds if self.ppsd.wall_seconds > 0 else 0.0
+        return speedup(self.ar.wall_seconds, self.ppsd.wall_seconds)
 
 
 def speedup_headline(c: Comparison) -> str:
     """The big line: PPSD against AR on the page's clock (median and range over the timed rounds),
     the ideal at the measured acceptance beside it."""
-    speedup = c.speedup
-    word = "faster" if speedup >= 1 else "slower"
-    factor = speedup if speedup >= 1 else (1 / speedup if speedup > 0 else 0.0)
+    median = c.speedup
+    word = "faster" if median >= 1 else "slower"
+    factor = median if median >= 1 else (1 / median if median > 0 else 0.0)
     spread = (f"median of {len(c.speedups)} runs, range {min(c.speedups):.2f}–{max(c.speedups):.2f}×; "
               if len(c.speedups) > 1 else "one run; ")
-    rate = c.ppsd.acceptance_rate
+    rate, slot = c.ppsd.acceptance_rate, c.ppsd.slot_fraction
     ideal = (f"ideal S<sub>PPSD</sub>(a={rate:.2f}, K={c.stages}) = {c.ppsd.ideal_speedup:.2f}×"
+             + ("" if slot is None else f", slowest stage {slot:.0%} of the layers")
              if rate is not None else "no draft was verified: acceptance undefined")
     return (f'<div class="headline"><span class="headline-main">PPSD {factor:.2f}× {word} than AR</span>'
             f'<span class="headline-clock">({spread}{c.ppsd.clock} clock, {html.escape(c.device)})</span>'
-            f'<span class="headline-ideal">{ideal}</span></div>')
+            f'<span class="headline-ideal" title="{html.escape(DEFINITIONS["ideal_speedup"])}">{ideal}</span></div>')
 
 
 def compared_sentence(c: Comparison) -> str:
@@ -90,10 +114,11 @@ def render_headline(c: Comparison | None, *, status: str = "", agreement: str = 
     lines = [speedup_headline(c), note(html.escape(compared_sentence(c)))]
     if c.ppsd.acceptance_rate is not None and c.speedup > c.ppsd.ideal_speedup:
         lines.append(note(
-            f"The median is above the ideal {c.ppsd.ideal_speedup:.2f}×: the ideal assumes K equal stages and "
-            "an AR that pays K full stage-times per token; here the stages' measured costs differ and "
-            "run-to-run noise remains (see the range). It is a measurement, not a better-than-ideal pipeline."))
-    other = c.ar_other.wall_seconds / c.ppsd_other.wall_seconds if c.ppsd_other.wall_seconds else 0.0
+            f"The median is above the ideal {c.ppsd.ideal_speedup:.2f}×: the ideal counts layers (each costs the "
+            "same, the slowest stage sets the slot, AR pays all L layers per token); here the stages' measured "
+            "costs differ from their layer counts and run-to-run noise remains (see the range). It is a "
+            "measurement, not a better-than-ideal pipeline."))
+    other = speedup(c.ar_other.wall_seconds, c.ppsd_other.wall_seconds)
     if c.workers:
         lines.append(note(
             f"Measured: each of the K={c.stages} stages ran in its own worker process (pinned to its own cores or "
@@ -109,7 +134,7 @@ def render_headline(c: Comparison | None, *, status: str = "", agreement: str = 
             "from K stages running at the same time on K workers."))
     if c.eesd is not None:
         ar_measured = c.ar if c.workers else c.ar_other
-        ratio = ar_measured.wall_seconds / c.eesd.wall_seconds if c.eesd.wall_seconds else 0.0
+        ratio = speedup(ar_measured.wall_seconds, c.eesd.wall_seconds)
         rate = "n/a" if c.eesd.acceptance_rate is None else f"{c.eesd.acceptance_rate:.2f}"
         lines.append(note(
             f"EESD (draft then verify, one device): {ratio:.2f}× AR on the measured clock; ideal "
@@ -141,7 +166,8 @@ def render_stats(method: str, projected: Metrics | None, measured: Metrics | Non
     if projected is None or measured is None:
         return f'<div class="stats"><span class="stats-live">{html.escape(live or "waiting")}</span></div>'
     rate = "—" if projected.acceptance_rate is None else f"{projected.acceptance_rate:.2f}"
-    lead, other = (measured, projected) if workers else (projected, measured)
+    clocks = Clocks(measured, projected, workers)
+    lead, other = clocks.lead, clocks.other
     lead_name, other_name = ("measured, K workers", "projected") if workers else ("projected", "measured")
     cells = [("tokens", f"{lead.tokens}"),
              (f"tok/s ({lead_name})", f"{lead.tokens_per_second:.1f}"),
@@ -178,16 +204,16 @@ _TABLE_ROWS = (
     ("bubble fraction, projected", "projected", "bubble_fraction", lambda m: f"{m.bubble_fraction:.0%}"),
     ("wasted stage slots", "measured", "wasted_stage_slots", lambda m: f"{m.wasted_stage_slots}"),
     ("ideal speedup at a", "measured", "ideal_speedup", lambda m: f"{m.ideal_speedup:.2f}×"),
+    ("slot s", "measured", "slot_fraction", lambda m: "—" if m.slot_fraction is None else f"{m.slot_fraction:.2f}"),
     ("stage utilization, measured", None, "stage_utilization", _UTILIZATION),
 )
 _WHERE = {False: {"where": "one device", "how": "stages run in turn on one device"},
           True: {"where": "K worker processes", "how": "each stage in its own worker process, all at once"}}
 
 
-def render_metrics_table(runs: Mapping[str, tuple[Metrics, Metrics]], *, workers: bool = False) -> str:
-    """Every metric of every run, each beside its definition. `runs`: method -> (measured,
-    projected); each row names the clock it reads when the clock matters; `workers`: the
-    measured runs ran on K worker processes."""
+def render_metrics_table(runs: Mapping[str, Clocks], *, workers: bool = False) -> str:
+    """Every metric of every run, each beside its definition; each row names the clock it reads
+    when the clock matters; `workers`: the measured runs ran on K worker processes."""
     if not runs:
         return '<div class="metrics-empty">Metrics and their definitions appear here after a run.</div>'
     methods = list(runs)
@@ -198,7 +224,7 @@ def render_metrics_table(runs: Mapping[str, tuple[Metrics, Metrics]], *, workers
             continue
         where = _WHERE[workers]
         name, definition = name.format(**where), DEFINITIONS.get(definition, definition).format(**where)
-        values = [fmt(runs[m][1 if clock == "projected" else 0]) for m in methods]
+        values = [fmt(runs[m].on(clock)) for m in methods]
         if name.startswith("ideal"):
             values = ["1.00× (reference)" if m == "ar" else v for m, v in zip(methods, values)]
         cells = "".join(f"<td>{html.escape(v)}</td>" for v in values)

@@ -16,7 +16,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from ppsd import Draft, Event, Token, Trace
-from ppsd.metrics import ideal_eesd_speedup, ideal_ppsd_speedup
+from ppsd.metrics import ideal_eesd_speedup, ideal_ppsd_speedup_slowest_stage
 
 Piece = Callable[[int], str]
 
@@ -248,20 +248,28 @@ def eesd_break_even(draft_len: int, exit_fraction: float, steps: int = 2000) -> 
 
 
 def render_theory(
-    *, stages: int, draft_len: int, exit_fraction: float, points: Sequence[TheoryPoint] = (),
-    eesd: bool = True,
+    *, stages: int, draft_len: int, exit_fraction: float, slot_fraction: float | None = None,
+    points: Sequence[TheoryPoint] = (), eesd: bool = True,
 ) -> go.Figure:
-    """Ideal speedup against acceptance rate: PPSD(K), the 1x line and the measured points of
-    this run; with `eesd` (only when EESD runs) also EESD(g, E/L) and where it loses to AR."""
-    grid = [i / 200 for i in range(201)]
+    """Ideal speedup against acceptance rate: PPSD at the run's slot (`slot_fraction`, the slowest
+    stage's share of the layers, the s its metrics used), the 1x line and the measured points of
+    this run; with `eesd` (only when EESD runs) also EESD(g, E/L) and where it loses to AR.
+    Without `slot_fraction` the stages are taken as equal (s = 1/K): only for a caller that has
+    no partition to pass, as the curve then misses a run on uneven stages."""
+    slot_fraction = 1 / stages if slot_fraction is None else slot_fraction
+    # The points' own acceptances are on the grid, so the curve passes exactly through the ideal
+    # the headline quotes for them, not through a neighbour's.
+    grid = sorted({i / 200 for i in range(201)} | {p.acceptance for p in points})
     fig = go.Figure()
     lose = eesd_break_even(draft_len, exit_fraction)
     if eesd and (lose is None or lose > 0):
         fig.add_vrect(x0=0, x1=1 if lose is None else lose, fillcolor=CORRECTION_COLOR, opacity=0.08,
                       line_width=0, annotation_text="EESD slower than AR", annotation_position="top left",
                       annotation_font=dict(color=CORRECTION_COLOR, size=11))
-    fig.add_trace(go.Scatter(x=grid, y=[ideal_ppsd_speedup(a, stages) for a in grid], mode="lines",
-                             name=f"ideal PPSD, K={stages}", line=dict(color=KIND_COLORS["verify"], width=3)))
+    equal = abs(slot_fraction * stages - 1) < 1e-9  # then K alone says what s is
+    name = f"ideal PPSD, K={stages}" + ("" if equal else f", slowest stage {slot_fraction:.0%} of the layers")
+    fig.add_trace(go.Scatter(x=grid, y=[ideal_ppsd_speedup_slowest_stage(a, slot_fraction) for a in grid],
+                             mode="lines", name=name, line=dict(color=KIND_COLORS["verify"], width=3)))
     if eesd:
         fig.add_trace(go.Scatter(x=grid, y=[ideal_eesd_speedup(a, draft_len, exit_fraction) for a in grid],
                                  mode="lines", name=f"ideal EESD, g={draft_len}, E/L={exit_fraction:.2f}",

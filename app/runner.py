@@ -26,6 +26,7 @@ from ppsd.executors.pool import current_pool, shared_pipeline
 from ppsd.executors.wire import PipelineError
 from ppsd.chat import check_text
 from ppsd.generate import Recording, device_sync
+from ppsd.metrics import speedup
 from ppsd.model_source import Progress
 from ppsd.setup import set_up_text
 from ppsd.executors.placement import usable_cores
@@ -171,7 +172,7 @@ class Snapshot:
 
     def speedups(self) -> list[float]:
         """AR's wall over PPSD's, one per timed round (round i of each: they ran back to back)."""
-        return [ar / p for ar, p in zip(self.walls.get("ar", []), self.walls.get("ppsd", [])) if p > 0]
+        return [speedup(ar, p) for ar, p in zip(self.walls.get("ar", []), self.walls.get("ppsd", [])) if p > 0]
 
     @property
     def device(self) -> str:

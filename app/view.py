@@ -11,7 +11,10 @@ import html
 import statistics
 from typing import Any
 
+from ppsd.metrics import slot_fraction, speedup
+
 from . import numbers, render, teach
+from .numbers import Clocks
 from .runner import RunRequest, Snapshot
 
 METHODS = ("ar", "ppsd", "eesd")
@@ -37,7 +40,8 @@ def idle() -> dict[str, Any]:
                                                         live="not enabled" if method == "eesd" else "waiting")
         values[f"stream_{method}"] = render.render_tokens((), str, placeholder="The output appears here.")
     values.update(timeline=render.empty_figure(TIMELINE_EMPTY),
-                  theory=render.render_theory(stages=2, draft_len=4, exit_fraction=0.5, eesd=False),
+                  theory=render.render_theory(stages=2, slot_fraction=0.5, draft_len=4, exit_fraction=0.5,
+                                              eesd=False),
                   metrics=numbers.render_metrics_table({}), message=message(), summary=None, race=None)
     return values
 
@@ -60,7 +64,7 @@ def snapshot(snap: Snapshot, *, figures: bool = True) -> dict[str, Any]:
     are left as they are."""
     if not snap.runs:  # the worker processes are starting: only the status line changes
         return {"headline": _headline(snap, {}), "message": message()}
-    finished = {m: (r.result.metrics("measured"), r.result.metrics("projected"))
+    finished = {m: Clocks(r.result.metrics("measured"), r.result.metrics("projected"), snap.concurrent)
                 for m, r in snap.runs.items() if r.done}
     values: dict[str, Any] = {"headline": _headline(snap, finished)}
     for method in METHODS:
@@ -73,7 +77,7 @@ def snapshot(snap: Snapshot, *, figures: bool = True) -> dict[str, Any]:
     return values
 
 
-def _column(snap: Snapshot, method: str, finished: dict) -> tuple[str, str]:
+def _column(snap: Snapshot, method: str, finished: dict[str, Clocks]) -> tuple[str, str]:
     piece, prompt = snap.loaded.piece, snap.request.prompt
     run = snap.runs.get(method)
     if run is None:
@@ -83,8 +87,8 @@ def _column(snap: Snapshot, method: str, finished: dict) -> tuple[str, str]:
     trace = run.trace()
     deciders = render.deciding_events(trace.events, trace.num_stages)
     if run.done:
-        measured, projected = finished[method]
-        stats = numbers.render_stats(method, projected, measured, workers=snap.concurrent)
+        clocks = finished[method]
+        stats = numbers.render_stats(method, clocks.projected, clocks.measured, workers=snap.concurrent)
         pending = ()
     else:
         doing = "stopped at" if snap.stopped else "decoding…"
@@ -111,18 +115,18 @@ def _status_line(snap: Snapshot) -> str:
     return ""
 
 
-def _headline(snap: Snapshot, finished: dict) -> str:
+def _headline(snap: Snapshot, finished: dict[str, Clocks]) -> str:
     status_text = _status_line(snap)
     progress = "" if snap.done or snap.stopped else numbers.render_progress(snap.request.phases(), snap.active)
     if "ar" not in finished or "ppsd" not in finished:
         return numbers.render_headline(None, status=status_text, progress=progress)
     done = {m: r.result.token_ids for m, r in snap.runs.items() if r.done}
     agreement = numbers.agreement_note(done, greedy=snap.request.temperature == 0) if snap.done else ""
-    lead = 0 if snap.concurrent else 1  # finished[m] is (measured, projected)
+    ar, ppsd_ = finished["ar"], finished["ppsd"]
     comparison = numbers.Comparison(
-        ar=finished["ar"][lead], ppsd=finished["ppsd"][lead], ar_other=finished["ar"][1 - lead],
-        ppsd_other=finished["ppsd"][1 - lead], stages=snap.stages, device=snap.device, workers=snap.concurrent,
-        speedups=tuple(snap.speedups()), eesd=finished["eesd"][0] if "eesd" in finished else None)
+        ar=ar.lead, ppsd=ppsd_.lead, ar_other=ar.other, ppsd_other=ppsd_.other, stages=snap.stages,
+        device=snap.device, workers=snap.concurrent, speedups=tuple(snap.speedups()),
+        eesd=finished["eesd"].measured if "eesd" in finished else None)
     return numbers.render_headline(comparison, status=status_text, agreement=agreement, progress=progress)
 
 
@@ -132,30 +136,34 @@ def _timeline(snap: Snapshot):
     if not panels:
         return render.empty_figure(TIMELINE_EMPTY)
     live = "" if snap.done else (" · stopped" if snap.stopped else " · live")
-    title = render.timeline_title(panels[0][1], snap.stages) + live
+    _, top = panels[0]
+    title = render.timeline_title(top, snap.stages) + live
     return render.render_timeline(panels, snap.loaded.piece, title=title)
 
 
-def _theory(snap: Snapshot, finished: dict):
-    config = next(iter(snap.runs.values())).config
+def _theory(snap: Snapshot, finished: dict[str, Clocks]):
+    first = next(iter(snap.runs.values()))
+    config = first.config
     points = []
-    lead = 0 if snap.concurrent else 1
-    if "ar" in finished and "ppsd" in finished and finished["ppsd"][lead].acceptance_rate is not None:
-        ar_x, ppsd_x = finished["ar"][lead], finished["ppsd"][lead]
+    if "ar" in finished and "ppsd" in finished and finished["ppsd"].lead.acceptance_rate is not None:
+        ar_x, ppsd_x = finished["ar"].lead, finished["ppsd"].lead
         clock = "measured clock, K workers" if snap.concurrent else "projected clock"
-        speedups = snap.speedups() or [ar_x.wall_seconds / ppsd_x.wall_seconds]
+        speedups = snap.speedups() or [speedup(ar_x.wall_seconds, ppsd_x.wall_seconds)]
         label = f"PPSD measured ({clock}{', median of %d runs' % len(speedups) if len(speedups) > 1 else ''})"
         points.append(render.TheoryPoint(label, ppsd_x.acceptance_rate, statistics.median(speedups)))
-    if "ar" in finished and "eesd" in finished and finished["eesd"][0].acceptance_rate is not None:
-        ar_m, eesd_m = finished["ar"][0], finished["eesd"][0]
+    if "ar" in finished and "eesd" in finished and finished["eesd"].measured.acceptance_rate is not None:
+        ar_m, eesd_m = finished["ar"].measured, finished["eesd"].measured
         points.append(render.TheoryPoint("EESD measured (measured clock)", eesd_m.acceptance_rate,
-                                         ar_m.wall_seconds / eesd_m.wall_seconds))
+                                         speedup(ar_m.wall_seconds, eesd_m.wall_seconds)))
     layers = snap.loaded.model.num_layers
-    return render.render_theory(stages=config.stages, draft_len=config.draft_len,
-                                exit_fraction=config.exit_layer / layers, points=points, eesd=snap.request.eesd)
+    # The slot of the run's own partition, from the trace its metrics came from: the curve then
+    # passes through the ideal the headline and the metrics table quote.
+    return render.render_theory(stages=config.stages, slot_fraction=slot_fraction(first.trace().stages),
+                                draft_len=config.draft_len, exit_fraction=config.exit_layer / layers, points=points,
+                                eesd=snap.request.eesd)
 
 
-def _summary(snap: Snapshot, finished: dict) -> dict:
+def _summary(snap: Snapshot, finished: dict[str, Clocks]) -> dict:
     """The machine-readable result of a run (also the API's last output)."""
     info = snap.loaded.model.info
     config = next(iter(snap.runs.values())).config
@@ -171,11 +179,12 @@ def _summary(snap: Snapshot, finished: dict) -> dict:
                     "stages in turn on one device") + "; projected = measured per-stage costs replayed on K workers"),
     }
     for method, run in snap.runs.items():
-        measured, projected = finished[method]
+        clocks = finished[method]
         out[method] = {"text": snap.loaded.decode(run.result.token_ids), "token_ids": run.result.token_ids,
-                       "measured": measured.to_dict(), "projected": projected.to_dict()}
-    out["speedup_projected"] = out["ar"]["projected"]["wall_seconds"] / out["ppsd"]["projected"]["wall_seconds"]
-    out["speedup_measured"] = out["ar"]["measured"]["wall_seconds"] / out["ppsd"]["measured"]["wall_seconds"]
+                       "measured": clocks.measured.to_dict(), "projected": clocks.projected.to_dict()}
+    for clock in ("projected", "measured"):
+        out[f"speedup_{clock}"] = speedup(finished["ar"].on(clock).wall_seconds,
+                                          finished["ppsd"].on(clock).wall_seconds)
     # Every timed round on the page's clock (the first is the live run above); the headline's median.
     out["timed_runs"] = {"clock": "measured" if snap.concurrent else "projected", "speedups": snap.speedups(),
                          **{f"{m}_wall_seconds": walls for m, walls in snap.walls.items()}}

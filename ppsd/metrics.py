@@ -16,25 +16,35 @@ DEFINITIONS = {
     "stage_utilization": "per stage: busy time / makespan",
     "bubble_fraction": "1 - mean stage utilization",
     "wasted_stage_slots": "stage-token slots spent on work later flushed",
-    "ideal_speedup": "speedup of the ideal model at the measured acceptance rate "
-                     "(PPSD: 1 / (1 - a (1 - s)), s = slowest stage's share of layers; 1/(a/K + 1 - a) when balanced)",
+    "ideal_speedup": "speedup of the ideal model at the measured acceptance a. PPSD: 1 / (1 - a (1 - s)), "
+                     "s = the slowest stage's share of the layers (every layer costs the same, the slowest "
+                     "stage sets the slot, AR pays all L layers per token; s = 1/K only when the stages are "
+                     "equal); EESD: tau / (g E/L + 1 - E/L)",
+    "slot_fraction": "s: layers of the slowest stage of this run's partition / all layers",
     "speedup": "AR wall time / method wall time, same model, prompt, length, device and clock",
 }
 
 
-def ideal_ppsd_speedup(acceptance: float, stages: int, *, slot_fraction: float | None = None) -> float:
-    """S_PPSD = 1 / (1 - a (1 - s)), s = the slowest stage's share of the layers.
+def speedup(baseline_seconds: float, method_seconds: float) -> float:
+    """How many times faster the method ran than its baseline: baseline wall / method wall, both
+    on one clock. 0.0 when the method has no time yet, so a page never divides by zero."""
+    return baseline_seconds / method_seconds if method_seconds > 0 else 0.0
 
-    An accepted token costs one slot (the slowest stage sets it), a corrected one the whole
-    pipeline (L layers). Balanced stages have s = 1/K: the spec's S_PPSD(a, K) = 1 / (a/K + 1 - a).
+
+def ideal_ppsd_speedup_slowest_stage(acceptance: float, slot_fraction: float) -> float:
+    """S_PPSD(a, s) = 1 / (1 - a (1 - s)), s = the slowest stage's share of the layers.
+
+    Assumes every layer costs the same, so the slowest stage sets the pipeline's slot: an
+    accepted token costs one slot (s of AR's token), a corrected one the whole pipeline (L
+    layers, as AR pays for every token). Equal stages have s = 1/K, the spec's 1 / (a/K + 1 - a);
+    any other partition must pass its own s (`slot_fraction`), or the ideal overstates it.
     """
-    s = 1.0 / stages if slot_fraction is None else slot_fraction
-    return 1.0 / (1.0 - acceptance * (1.0 - s))
+    return 1.0 / (1.0 - acceptance * (1.0 - slot_fraction))
 
 
-def slot_fraction(stages: tuple[range, ...] | list[range]) -> float:
+def slot_fraction(partition: tuple[range, ...] | list[range]) -> float:
     """Layers of the largest stage over all layers: the slot of the ideal model, as a share."""
-    return max(len(r) for r in stages) / sum(len(r) for r in stages)
+    return max(len(r) for r in partition) / sum(len(r) for r in partition)
 
 
 def ideal_eesd_speedup(acceptance: float, draft_len: int, exit_fraction: float) -> float:
@@ -60,6 +70,7 @@ class Metrics:
     bubble_fraction: float
     wasted_stage_slots: int
     ideal_speedup: float
+    slot_fraction: float | None = None  # s of this run's partition, the one its PPSD ideal used
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -75,8 +86,9 @@ def summarize(
     rate = accepted / (accepted + rejected) if accepted + rejected else None
     wall = measured_wall_seconds if trace.clock == "measured" else trace.makespan
     utilization = trace.utilization()
+    slot = slot_fraction(trace.stages)
     if method == "ppsd":
-        ideal = ideal_ppsd_speedup(rate or 0.0, trace.num_stages, slot_fraction=slot_fraction(trace.stages))
+        ideal = ideal_ppsd_speedup_slowest_stage(rate or 0.0, slot)
     elif method == "eesd":
         ideal = ideal_eesd_speedup(rate or 0.0, draft_len, exit_fraction)
     else:
@@ -95,4 +107,5 @@ def summarize(
         bubble_fraction=1.0 - sum(utilization) / len(utilization),
         wasted_stage_slots=sum(e.width - e.kept_width for e in trace.events),
         ideal_speedup=ideal,
+        slot_fraction=slot,
     )

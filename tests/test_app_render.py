@@ -13,7 +13,7 @@ from app import numbers, render
 from app.models import ModelCache
 from app.runner import PausableStopwatch, RunRequest, run_comparison
 from ppsd import Draft, Event, Token, Trace
-from ppsd.metrics import DEFINITIONS, ideal_ppsd_speedup
+from ppsd.metrics import DEFINITIONS, ideal_ppsd_speedup_slowest_stage
 
 STAGES = (range(0, 2), range(2, 4))
 PIECES = {1: "<script>", 2: "a & b", 3: " x", 4: "\n", 5: 'say "hi"'}
@@ -130,7 +130,8 @@ def metrics(*, wall: float, accepted: int = 0, rejected: int = 0, clock: str = "
 
 
 def test_headline_names_speedup_clock_device_and_ideal():
-    ar, fast = metrics(wall=2.0), metrics(wall=1.0, accepted=8, rejected=2, ideal=ideal_ppsd_speedup(0.8, 2))
+    ar, fast = metrics(wall=2.0), metrics(wall=1.0, accepted=8, rejected=2,
+                                  ideal=ideal_ppsd_speedup_slowest_stage(0.8, 1 / 2))
     one = numbers.Comparison(ar, fast, metrics(wall=2.0, clock="measured"), metrics(wall=2.5, clock="measured"),
                             stages=2, device="cpu", workers=False)
     out = numbers.render_headline(one)
@@ -145,7 +146,8 @@ def test_headline_names_speedup_clock_device_and_ideal():
 
 
 def test_headline_leads_with_the_median_of_the_timed_runs_and_their_range():
-    ar, ppsd_ = metrics(wall=2.0), metrics(wall=1.6, accepted=8, rejected=2, ideal=ideal_ppsd_speedup(0.8, 2))
+    ar, ppsd_ = metrics(wall=2.0), metrics(wall=1.6, accepted=8, rejected=2,
+                                   ideal=ideal_ppsd_speedup_slowest_stage(0.8, 1 / 2))
     c = numbers.Comparison(ar, ppsd_, ar, ppsd_, stages=2, device="cpu", workers=True, speedups=(1.30, 1.10, 1.20))
     out = numbers.render_headline(c)
     assert "PPSD 1.20× faster than AR" in out  # the median, not the first (live) run's 1.25x
@@ -154,9 +156,9 @@ def test_headline_leads_with_the_median_of_the_timed_runs_and_their_range():
 
 
 def test_metrics_table_puts_each_definition_beside_its_values():
-    runs = {"ar": (metrics(wall=2.0, clock="measured"), metrics(wall=1.5)),
-            "ppsd": (metrics(wall=3.0, accepted=3, rejected=1, clock="measured"), metrics(wall=0.5, accepted=3,
-                                                                                          rejected=1))}
+    runs = {"ar": numbers.Clocks(metrics(wall=2.0, clock="measured"), metrics(wall=1.5)),
+            "ppsd": numbers.Clocks(metrics(wall=3.0, accepted=3, rejected=1, clock="measured"),
+                                   metrics(wall=0.5, accepted=3, rejected=1))}
     out = numbers.render_metrics_table(runs)
     for key in ("acceptance_rate", "tokens_per_second", "stage_utilization", "bubble_fraction",
                 "wasted_stage_slots", "ideal_speedup"):
@@ -175,17 +177,38 @@ def test_stats_card_shows_both_clocks():
 
 def test_theory_curves_break_even_and_measured_point():
     assert render.eesd_break_even(4, 8 / 32) == pytest.approx(0.44, abs=0.01)  # spec: L=32, E=8, g=4
-    fig = render.render_theory(stages=4, draft_len=4, exit_fraction=0.25,
+    fig = render.render_theory(stages=4, slot_fraction=0.25, draft_len=4, exit_fraction=0.25,
                                points=[render.TheoryPoint("PPSD measured", 0.8, 2.1)])
     ppsd_curve = fig.data[0]
     assert ppsd_curve.y[0] == pytest.approx(1.0) and ppsd_curve.y[-1] == pytest.approx(4.0)
     assert fig.data[1].y[0] < 1.0  # EESD below 1x at a = 0
     assert list(fig.data[2].x) == [0.8] and list(fig.data[2].y) == [2.1]
     assert fig.layout.shapes[0].x1 == pytest.approx(0.44, abs=0.01)  # the shaded EESD < 1x region
-    alone = render.render_theory(stages=4, draft_len=4, exit_fraction=0.25, eesd=False)  # EESD did not run
+    alone = render.render_theory(stages=4, slot_fraction=0.25, draft_len=4, exit_fraction=0.25,
+                                 eesd=False)  # EESD did not run
     assert [t.name for t in alone.data] == ["ideal PPSD, K=4"]
     assert not any("EESD" in str(a.text) for a in alone.layout.annotations)
     assert [shape.type for shape in alone.layout.shapes] == ["line"]  # the 1x line, no shaded region
+
+
+def test_the_plot_passes_through_the_ideal_the_headline_and_the_table_quote(tiny_cache):
+    """One ideal everywhere, on an uneven partition: L = 8, E = 2, K = 2 puts 6 layers in stage 2,
+    so s = 6/8, and the equal-stage 1 / (a/K + 1 - a) would overstate the ideal."""
+    from app import view
+
+    request = RunRequest(prompt="def fibonacci(n):", model="tiny", stages=2, exit_layer=2, max_new_tokens=16,
+                         repeats=1)
+    snap = list(run_comparison(request, tiny_cache, throttle=0.0))[-1]
+    shown = snap.runs["ppsd"].result.metrics("projected")  # one process: the page leads with projected
+    a, ideal = shown.acceptance_rate, shown.ideal_speedup
+    assert 0 < a < 1 and ideal == pytest.approx(1 / (1 - a * (1 - 6 / 8)))
+    assert ideal < 1 / (a / 2 + 1 - a)
+    values = view.snapshot(snap)
+    curve, star = values["theory"].data[0], values["theory"].data[1]
+    assert list(star.x) == [a] and curve.y[list(curve.x).index(a)] == pytest.approx(ideal)
+    assert curve.name == "ideal PPSD, K=2, slowest stage 75% of the layers"
+    assert f"(a={a:.2f}, K=2) = {ideal:.2f}×, slowest stage 75% of the layers" in values["headline"]
+    assert f"<td>{ideal:.2f}×</td>" in values["metrics"] and "<td>0.75</td>" in values["metrics"]
 
 
 # --------------------------------------------------------------------------- race replay

@@ -18,9 +18,10 @@ from ppsd.bench.baselines import same_output
 from ppsd.bench.prompts import load_prompts, quick_subset
 from ppsd.bench.rows import central_point, make_row
 from ppsd.bench.run import Run, repeat
-from ppsd.bench.stats import Cell, cell_from_results, ideal_ppsd, partition_slot_fraction, speed
+from ppsd.bench.stats import Cell, cell_from_results, partition_slot_fraction, speed
 from ppsd.bench.settings import Setting, sweep
 from ppsd.cli import main
+from ppsd.metrics import ideal_ppsd_speedup_slowest_stage
 
 STAGES = (range(0, 1), range(1, 2))  # a 2-layer model, E = 1, K = 2: every stage takes 1 s below
 
@@ -29,18 +30,19 @@ def _scaled(events, scale):
     return tuple(replace(e, start=e.start * scale, end=e.end * scale) for e in events)
 
 
-def ar_run(scale: float = 1.0) -> Result:
+def ar_run(scale: float = 1.0, stages: tuple[range, ...] = STAGES) -> Result:
     """AR, prompt of 1 token, 3 new tokens: each token passes stage 1 then stage 2, 6 s in all."""
     events = (Event(1, 0, "prefill", 0, 1, 5), Event(2, 0, "prefill", 1, 2, 5),
               Event(1, 1, "verify", 2, 3, 11, from_final=True), Event(2, 1, "verify", 3, 4, 11),
               Event(1, 2, "verify", 4, 5, 12, from_final=True), Event(2, 2, "verify", 5, 6, 12))
     tokens = (Token(1, 11, "verified"), Token(2, 12, "verified"), Token(3, 13, "verified"))
-    trace = Trace(_scaled(events, scale), STAGES, prompt_len=1, length=4, clock="measured").validate()
-    config = DecodeConfig(method="ar", exit_layer=1, stages=2, max_new_tokens=3).resolved(2)
+    trace = Trace(_scaled(events, scale), stages, prompt_len=1, length=4, clock="measured").validate()
+    config = DecodeConfig(method="ar", exit_layer=stages[1].start, stages=2, max_new_tokens=3)
+    config = config.resolved(stages[1].stop)
     return Result((5,), tokens, (), trace, config, 6.0 * scale)
 
 
-def ppsd_run(scale: float = 1.0) -> Result:
+def ppsd_run(scale: float = 1.0, stages: tuple[range, ...] = STAGES) -> Result:
     """PPSD on the same work, both drafts accepted. Run in turn it also takes 6 s; on 2 workers
     stage 1 drafts position 2 while stage 2 verifies position 1, so the projection takes 5 s."""
     events = (Event(1, 0, "prefill", 0, 1, 5), Event(2, 0, "prefill", 1, 2, 5),
@@ -50,8 +52,9 @@ def ppsd_run(scale: float = 1.0) -> Result:
               Event(2, 2, "verify", 5, 6, 12, slot=2, decision="accepted"))
     tokens = (Token(1, 11, "verified"), Token(2, 12, "accepted", 12), Token(3, 13, "accepted", 13))
     drafts = (Draft(2, 12, "accepted"), Draft(3, 13, "accepted"))
-    trace = Trace(_scaled(events, scale), STAGES, prompt_len=1, length=4, clock="measured").validate()
-    config = DecodeConfig(method="ppsd", exit_layer=1, stages=2, max_new_tokens=3).resolved(2)
+    trace = Trace(_scaled(events, scale), stages, prompt_len=1, length=4, clock="measured").validate()
+    config = DecodeConfig(method="ppsd", exit_layer=stages[1].start, stages=2, max_new_tokens=3)
+    config = config.resolved(stages[1].stop)
     return Result((5,), tokens, drafts, trace, config, 6.0 * scale)
 
 
@@ -89,7 +92,37 @@ def test_speeds_sum_prompts_and_keep_the_spread():
 @pytest.mark.parametrize("a,fraction,expected", [(0.0, 0.25, 1.0), (1.0, 0.25, 4.0), (0.8, 0.25, 2.5),
                                                  (0.5, 0.5, 1 / 0.75)])
 def test_ideal_ppsd_matches_the_spec(a, fraction, expected):
-    assert ideal_ppsd(a, fraction) == pytest.approx(expected)
+    assert ideal_ppsd_speedup_slowest_stage(a, fraction) == pytest.approx(expected)
+
+
+UNEVEN = (range(0, 2), range(2, 3))  # L = 3, E = 2, K = 2: stage 1 is the slot, s = 2/3, not 1/K
+
+
+def test_the_bench_bench_pipeline_and_the_run_quote_one_ideal():
+    """`bench` (stats, rows), `bench-pipeline` (its report and table) and the run's own metrics
+    (the page's headline and plot) all take S_PPSD at the partition's slot, here 2/3 of the layers."""
+    from types import SimpleNamespace
+
+    from ppsd.bench import pipeline
+
+    ar, pp = [ar_run(s, UNEVEN) for s in (1.0, 2.0)], [ppsd_run(s, UNEVEN) for s in (1.0, 1.5)]
+    expected = 1 / (1 - 1.0 * (1 - 2 / 3))  # a = 1; equal stages (s = 1/K) would claim 2.0
+    assert pp[0].metrics().ideal_speedup == pytest.approx(expected) and pp[0].metrics().slot_fraction == 2 / 3
+    row = make_row(Setting("ppsd", 2, 2, 0.0), [cell_from_results("p", "code", pp)],
+                   [cell_from_results("p", "code", ar)], num_layers=3)
+    assert row["ideal_ppsd_speedup"] == pytest.approx(expected) and row["slot_fraction"] == pytest.approx(2 / 3)
+
+    methods = [pipeline.Method(label, method, executor, threads) for label, method, executor, threads in (
+        ("ar1", "ar", "in-process", 1), ("ar2", "ar", "in-process", 2), ("hf", "hf", "in-process", 1),
+        ("ar pipe", "ar", "pipeline", 1), ("ppsd pipe", "ppsd", "pipeline", 1))]
+    walls = {(m.label, 0): [6.0, 12.0] for m in methods} | {("ppsd pipe", 0): [5.0, 7.5]}
+    args = SimpleNamespace(new_tokens=3, device="cpu", threads_per_worker=1, repeats=2, warmup=0)
+    report = pipeline._report(args, pp[0].config, methods, [[5]], pipeline.Measured(walls, {"ar pipe": ar,
+                                                                                          "ppsd pipe": pp}),
+                              "hand-made", (0.0, 0.0, 0.0), 0.0)
+    assert report["ideal_ppsd_speedup"] == pytest.approx(expected) and report["ppsd_slot_fraction"] == 2 / 3
+    assert report["measured_ppsd_speedup_vs_pipeline_ar"] == pytest.approx(9.0 / 6.25)  # median walls
+    assert "= 1.500 (K=2, s = slowest stage's share of the layers = 0.667)" in pipeline._table(report)
 
 
 # (L, E, K) -> layers of the slowest stage / L: it sets the slot, whichever stage it is.

@@ -9,7 +9,7 @@ from dataclasses import replace
 import pytest
 
 from ppsd import DecodeConfig, StagedModel, Trace, generate
-from ppsd.metrics import ideal_eesd_speedup, ideal_ppsd_speedup
+from ppsd.metrics import ideal_eesd_speedup, ideal_ppsd_speedup_slowest_stage, speedup
 from ppsd.steps import Event
 
 from test_exactness import exit_equals_full, model_for
@@ -129,8 +129,11 @@ def test_projected_speedup_is_not_below_one_when_no_draft_is_accepted(stages):
 
 
 def test_ideal_formulas_match_the_spec():
-    assert ideal_ppsd_speedup(0.0, 4) == 1.0 and ideal_ppsd_speedup(1.0, 4) == 4.0
-    assert ideal_ppsd_speedup(0.8, 4) == pytest.approx(2.5)
+    # Equal stages (s = 1/K) give the spec's S_PPSD(a, K) = 1 / (a/K + 1 - a).
+    ideal = ideal_ppsd_speedup_slowest_stage
+    assert ideal(0.0, 1 / 4) == 1.0 and ideal(1.0, 1 / 4) == 4.0
+    assert ideal(0.8, 1 / 4) == pytest.approx(2.5) == pytest.approx(1 / (0.8 / 4 + 1 - 0.8))
+    assert speedup(3.0, 1.5) == 2.0 and speedup(3.0, 0.0) == 0.0  # no time yet: no speedup, no error
     # Spec example: L=32, E=8, g=4 breaks even near a = 0.44.
     assert ideal_eesd_speedup(0.40, 4, 0.25) < 1.0 < ideal_eesd_speedup(0.48, 4, 0.25)
 
@@ -146,10 +149,11 @@ def test_chrome_trace_export(llama):
 
 def test_ideal_ppsd_speedup_takes_its_slot_from_the_slowest_stage(llama):
     # L=8, E=2, K=2: stage 2 holds 6 layers, so an accepted token costs 6/8 of AR's time.
-    assert ideal_ppsd_speedup(1.0, 2, slot_fraction=6 / 8) == pytest.approx(8 / 6)
+    assert ideal_ppsd_speedup_slowest_stage(1.0, 6 / 8) == pytest.approx(8 / 6)
     result = run(llama, "ppsd", stages=2, exit_layer=2)
     a = result.metrics().acceptance_rate
     assert result.metrics().ideal_speedup == pytest.approx(1 / (1 - a * (1 - 6 / 8)))
+    assert result.metrics().slot_fraction == result.metrics("projected").slot_fraction == 6 / 8
 
 
 def test_an_eesd_verification_waits_for_the_last_draft_it_checks():

@@ -29,7 +29,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script from anywhere
 
 from ppsd.heads.corpus import build_corpus  # noqa: E402
-from ppsd.metrics import ideal_ppsd_speedup  # noqa: E402
+from ppsd.metrics import ideal_ppsd_speedup_slowest_stage  # noqa: E402
 from tools.train_tiny import exit_layers, heldout_windows, layer_logits  # noqa: E402
 
 # Prompts end without their last newline: byte-level BPE merges a newline with the next line's
@@ -63,8 +63,8 @@ class Sample:
 
 
 def ideal_speedup(acceptance: float, exit_layer: int, num_layers: int) -> float:
-    """S_PPSD with balanced stages K = L/E: 1 / (1 - a (1 - E/L)) (ppsd.metrics)."""
-    return ideal_ppsd_speedup(acceptance, round(num_layers / exit_layer), slot_fraction=exit_layer / num_layers)
+    """S_PPSD with balanced stages K = L/E, so the slot is E/L: 1 / (1 - a (1 - E/L)) (ppsd.metrics)."""
+    return ideal_ppsd_speedup_slowest_stage(acceptance, exit_layer / num_layers)
 
 
 def distinct_bigram_ratio(ids: list[int]) -> float:

@@ -4,7 +4,8 @@ Tokens/s of greedy decoding, same model, prompts and length, every number measur
 single-process AR (1 and 2 threads), AR on the K-worker pipeline (the fair baseline: each
 stage busy 1/K of the time), PPSD on the K-worker pipeline, and, for reference, in-process
 PPSD on the projected clock (its measured per-stage costs replayed on K workers). Then PPSD's
-measured speedup over pipeline AR against the ideal S_PPSD(a, K) at its measured acceptance.
+measured speedup over pipeline AR against the ideal S_PPSD(a, s) at its measured acceptance, s
+the slowest stage's share of the layers (`ppsd.metrics.ideal_ppsd_speedup_slowest_stage`).
 
 Runs are interleaved (repeat, prompt, method) so a change in the machine's other load hits
 every method alike; the first `--warmup` repeats are dropped; each method's time per prompt is
@@ -32,7 +33,7 @@ from ..cli import options, thread_count
 from ..model_source import resolve
 from ..config import DEFAULTS, DecodeConfig, balanced_exit_layer
 from ..generate import Result, generate
-from ..metrics import ideal_ppsd_speedup
+from ..metrics import ideal_ppsd_speedup_slowest_stage, slot_fraction, speedup
 from ..model import DEFAULT_MODEL, StagedModel, load_model
 from ..setup import set_up
 from .baselines import hf_generate
@@ -197,8 +198,8 @@ def _random_model(device: str, hidden: int, *, perfect_from: int | None) -> tupl
 def _report(args, config, methods, prompts, measured: Measured, source, load_before, startup) -> dict:
     walls, runs = measured.walls, measured.runs
     tokens = args.new_tokens * len(prompts)
-    speed = {m.label: tokens / sum(statistics.median(walls[(m.label, i)]) for i in range(len(prompts)))
-             for m in methods}
+    wall = {m.label: sum(statistics.median(walls[(m.label, i)]) for i in range(len(prompts))) for m in methods}
+    speed = {label: tokens / seconds for label, seconds in wall.items()}
     by = {(m.method, m.executor, m.threads, m.clock): m.label for m in methods}
     ar1, ar2, hf = by[("ar", "in-process", 1, "measured")], by[("ar", "in-process", 2, "measured")], \
         by[("hf", "in-process", 1, "measured")]
@@ -207,10 +208,11 @@ def _report(args, config, methods, prompts, measured: Measured, source, load_bef
     accepted = sum(m.accepted for m in ppsd_metrics)
     verified = accepted + sum(m.rejected for m in ppsd_metrics)
     acceptance = accepted / verified if verified else 0.0
-    ideal = ideal_ppsd_speedup(acceptance, config.stages)
-    measured = speed[ppsd_label] / speed[ar_label]
-    best_single = max(speed[ar1], speed[ar2], speed[hf])
-    threads_gain = speed[ar2] / speed[ar1]  # T: what a second thread gives single-process AR
+    slot = slot_fraction(runs[ar_label][0].trace.stages)
+    ideal = ideal_ppsd_speedup_slowest_stage(acceptance, slot)
+    measured = speedup(wall[ar_label], wall[ppsd_label])
+    best_single = min(wall[ar1], wall[ar2], wall[hf])
+    threads_gain = speedup(wall[ar1], wall[ar2])  # T: what a second thread gives single-process AR
     exit_fraction = config.exit_layer / runs[ar_label][0].trace.num_layers
     # PPSD on 2 workers beats AR on 2 threads when S_PPSD(a) * (2-stage pipeline AR ~ 1-thread AR)
     # exceeds T; with stage 1 costing about E/L of a token, that is a* = (1 - 1/T) / (1 - E/L).
@@ -225,14 +227,15 @@ def _report(args, config, methods, prompts, measured: Measured, source, load_bef
         "pool_startup_seconds": startup,
         "tokens_per_second": speed,
         "ppsd_acceptance_rate": acceptance,
+        "ppsd_slot_fraction": slot,
         "ideal_ppsd_speedup": ideal,
         "measured_ppsd_speedup_vs_pipeline_ar": measured,
         "measured_over_ideal": measured / ideal,
-        "ppsd_speedup_vs_best_single_process_ar": speed[ppsd_label] / best_single,
-        "ppsd_speedup_vs_single_process_ar_1_thread": speed[ppsd_label] / speed[ar1],
+        "ppsd_speedup_vs_best_single_process_ar": speedup(best_single, wall[ppsd_label]),
+        "ppsd_speedup_vs_single_process_ar_1_thread": speedup(wall[ar1], wall[ppsd_label]),
         "ar_two_thread_gain_T": threads_gain,
         "break_even_acceptance": break_even,
-        "hf_over_ar_1_thread": speed[hf] / speed[ar1],
+        "hf_over_ar_1_thread": speedup(wall[ar1], wall[hf]),
         "ppsd_stage_utilization_measured": utilization,
         "loadavg_before": load_before, "loadavg_after": os.getloadavg(),
         "cpus": len(os.sched_getaffinity(0)),
@@ -244,8 +247,9 @@ def _table(report: dict) -> str:
              f" unless said, {report['device']})"]
     lines += [f"{label:<34} {speed:>9.1f}" for label, speed in report["tokens_per_second"].items()]
     lines += [
-        f"PPSD acceptance a = {report['ppsd_acceptance_rate']:.3f}; ideal S_PPSD(a, K={report['stages']}) = "
-        f"{report['ideal_ppsd_speedup']:.3f}",
+        f"PPSD acceptance a = {report['ppsd_acceptance_rate']:.3f}; ideal S_PPSD(a, s) = 1 / (1 - a (1 - s)) = "
+        f"{report['ideal_ppsd_speedup']:.3f} (K={report['stages']}, s = slowest stage's share of the layers = "
+        f"{report['ppsd_slot_fraction']:.3f})",
         f"PPSD measured speedup over pipeline AR = {report['measured_ppsd_speedup_vs_pipeline_ar']:.3f} "
         f"-> {report['measured_over_ideal']:.3f} of ideal",
         f"PPSD over best single-process AR = {report['ppsd_speedup_vs_best_single_process_ar']:.3f}; "

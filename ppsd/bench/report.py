@@ -9,8 +9,8 @@ import json
 import math
 from pathlib import Path
 
-from ..metrics import ideal_eesd_speedup
-from .stats import ideal_ppsd, partition_slot_fraction
+from ..metrics import ideal_eesd_speedup, ideal_ppsd_speedup_slowest_stage
+from .stats import partition_slot_fraction
 
 CSV_COLUMNS = (
     "method", "exit_layer", "stages", "draft_len", "temperature", "prompts", "tokens", "repeats",
@@ -158,7 +158,8 @@ def figures(report: dict) -> list:
     fig = go.Figure()
     for e, k in sorted({(r["exit_layer"], r["stages"]) for r in rows if r["method"] == "ppsd"}):
         s = partition_slot_fraction(layers, e, k)
-        fig.add_trace(go.Scatter(x=grid, y=[ideal_ppsd(a, s) for a in grid], mode="lines", line={"dash": "dash"},
+        fig.add_trace(go.Scatter(x=grid, y=[ideal_ppsd_speedup_slowest_stage(a, s) for a in grid], mode="lines",
+                                 line={"dash": "dash"},
                                  name=f"ideal S_PPSD, E={e} K={k} (slot {round(s * layers)}/{layers} layers)"))
     for e, g in sorted({(r["exit_layer"], r["draft_len"]) for r in rows if r["method"] == "eesd"}):
         fig.add_trace(go.Scatter(x=grid, y=[ideal_eesd_speedup(a, g, e / layers) for a in grid], mode="lines",

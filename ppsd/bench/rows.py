@@ -8,8 +8,8 @@ import itertools
 import statistics
 from typing import Sequence
 
-from ..metrics import ideal_eesd_speedup
-from .stats import Cell, acceptance_rate, ideal_ppsd, partition_slot_fraction, round_speedups, speed
+from ..metrics import ideal_eesd_speedup, ideal_ppsd_speedup_slowest_stage
+from .stats import Cell, acceptance_rate, partition_slot_fraction, round_speedups, speed
 from .settings import Setting
 
 
@@ -24,7 +24,8 @@ def make_row(setting: Setting, cells: Sequence[Cell], ar_cells: Sequence[Cell], 
     rounds_measured = round_speedups(cells, ar_cells)
     rounds_projected = round_speedups(cells, ar_cells, projected=True)
     s_measured, s_projected = statistics.median(rounds_measured), statistics.median(rounds_projected)
-    s_ppsd = ideal_ppsd(rate or 0.0, partition_slot_fraction(num_layers, setting.exit_layer, setting.stages))
+    slot = partition_slot_fraction(num_layers, setting.exit_layer, setting.stages)
+    s_ppsd = ideal_ppsd_speedup_slowest_stage(rate or 0.0, slot)
     s_eesd = ideal_eesd_speedup(rate or 0.0, g, fraction)
     own_ideal = {"ppsd": s_ppsd, "eesd": s_eesd}.get(setting.method, 1.0)
     # PPSD in-process can only overlap on the projected clock; EESD and AR are single-device methods.
@@ -48,7 +49,7 @@ def make_row(setting: Setting, cells: Sequence[Cell], ar_cells: Sequence[Cell], 
         "speedup_projected_min": min(rounds_projected), "speedup_projected_max": max(rounds_projected),
         "speedup_measured_distributed": None, "distributed": None,
         "ideal_speedup": own_ideal, "ideal_ppsd_speedup": s_ppsd, "ideal_eesd_speedup": s_eesd,
-        "ideal_eesd_draft_len": g,
+        "ideal_eesd_draft_len": g, "slot_fraction": slot,
         "efficiency": actual / own_ideal, "efficiency_clock": clock,
         "bubble_fraction": 1.0 - statistics.fmean(utilization), "stage_utilization": utilization,
         "wasted_stage_slots": sum(c.wasted_stage_slots for c in cells),

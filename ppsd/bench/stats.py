@@ -1,6 +1,7 @@
 """The speedup math of the bench: a setting's kept repeats on one prompt (`Cell`), tokens per
-second with their spread, paired per-round speedups, acceptance, and the ideal S_PPSD of a
-partition. Pure arithmetic on `Result`s and times; nothing here runs a model."""
+second with their spread, paired per-round speedups, acceptance, and the slot of a partition
+(the s of `ppsd.metrics.ideal_ppsd_speedup_slowest_stage`). Pure arithmetic on `Result`s and
+times; nothing here runs a model."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from ..config import stage_layers
-from ..metrics import ideal_ppsd_speedup, slot_fraction
+from ..metrics import slot_fraction, speedup
 
 
 @dataclass(frozen=True)
@@ -68,18 +69,13 @@ def round_speedups(cells: Sequence[Cell], baseline: Sequence[Cell], *, projected
     walls = lambda cs: [c.projected_walls if projected else c.walls for c in cs]  # noqa: E731
     mine, base = walls(cells), walls(baseline)
     ratio = sum(c.tokens for c in cells) / sum(c.tokens for c in baseline)
-    return [ratio * sum(w[r] for w in base) / sum(w[r] for w in mine) for r in range(len(mine[0]))]
+    return [ratio * speedup(sum(w[r] for w in base), sum(w[r] for w in mine)) for r in range(len(mine[0]))]
 
 
 def acceptance_rate(cells: Sequence[Cell]) -> float | None:
     """Accepted drafts over verified drafts; None when nothing was drafted (AR)."""
     accepted, rejected = sum(c.accepted for c in cells), sum(c.rejected for c in cells)
     return accepted / (accepted + rejected) if accepted + rejected else None
-
-
-def ideal_ppsd(acceptance: float, slot_fraction: float) -> float:
-    """S_PPSD at the measured acceptance for a partition whose slowest stage is `slot_fraction`."""
-    return ideal_ppsd_speedup(acceptance, round(1 / slot_fraction), slot_fraction=slot_fraction)
 
 
 def partition_slot_fraction(num_layers: int, exit_layer: int, stages: int) -> float:
