@@ -81,15 +81,36 @@ def resolve(name: str, *, progress: Progress | None = None) -> str:
     if name == DEFAULT_MODEL:
         return str(converted(default_gguf(progress=progress), sha256=SMOLLM2.sha256, progress=progress))
     path = Path(name).expanduser()
+    kind = _path_kind(path, name)
     if path.suffix.lower() == ".gguf":
-        if not path.is_file():
-            raise ValueError(f"GGUF file {name!r} does not exist")
+        if kind != "file":
+            raise ValueError(f"GGUF file {shown(name)} does not exist")
         return str(converted(path, progress=progress))
-    if path.is_dir():
+    if kind == "dir":
         return str(path.resolve())
+    if kind == "file" or (kind == "other" and looks_like_path(name)):
+        raise ValueError(f"{shown(name)} is not a model directory")
     if looks_like_path(name):
-        raise ValueError(f"model directory {name!r} does not exist")
+        raise ValueError(f"model directory {shown(name)} does not exist")
     return name
+
+
+def shown(name: str, limit: int = 80) -> str:
+    """`name` quoted for a message, cut to `limit` characters (a visitor may type 10,000)."""
+    return repr(name) if len(name) <= limit else repr(name[:limit]) + f"... ({len(name)} characters)"
+
+
+def _path_kind(path: Path, name: str) -> str:
+    """"dir", "file", "other" (a device, a socket) or "missing". A name the file system refuses
+    (too long, say) is a bad name, not a broken machine: ValueError, like any other bad name."""
+    try:
+        if path.is_dir():
+            return "dir"
+        if path.is_file():
+            return "file"
+        return "other" if path.exists() else "missing"
+    except OSError as error:
+        raise ValueError(f"model name {shown(name)} is not a usable path: {error.strerror or error}") from None
 
 
 def looks_like_path(name: str) -> bool:

@@ -162,3 +162,40 @@ def test_an_unreachable_hub_is_one_line_at_once(capsys, monkeypatch):
     assert code == 2 and out == ""
     assert err == ("error: cannot load model 'someone/no-such-model': cannot reach the model hub; "
                    "give a local directory, or connect\n")
+
+
+LONG_NAME = "/tmp/" + "x" * 300  # past the file system's 255-byte name limit: OSError, not ValueError
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--model", LONG_NAME], "is not a usable path: File name too long"),
+    (["--model", "/etc/passwd"], "'/etc/passwd' is not a model directory"),
+    (["--model", "/dev/zero"], "'/dev/zero' is not a model directory"),
+    (["--exit-head", LONG_NAME], "is not a usable path: File name too long"),
+], ids=["long-model", "file-model", "device-model", "long-head"])
+def test_names_the_file_system_refuses_exit_2_with_one_line(saved_model, capsys, args, message):
+    base = ["generate", "--model", saved_model, "--prompt", "hello", "--max-new-tokens", "2"]
+    code, _, err = cli(capsys, *base, *args)
+    assert code == 2 and message in err, err
+    assert err.count("\n") == 1 and "x" * 100 not in err  # the name is cut in the message
+
+
+@pytest.mark.parametrize("timeout,message", [("0", "0 is out of range"), ("-1", "-1 is out of range"),
+                                             ("nan", "nan is out of range"), ("soon", "'soon' is not a number")])
+def test_pipeline_timeout_is_checked_like_every_flag(saved_model, capsys, timeout, message):
+    code, _, err = cli(capsys, "pipeline", "--model", saved_model, "--prompt", "hi", "--timeout", timeout)
+    assert code == 2 and f"argument --timeout: {message}" in err
+
+
+def test_train_head_refuses_an_out_file_and_binary_data_before_training(saved_model, tmp_path, capsys):
+    taken = tmp_path / "head"
+    taken.write_text("not a directory")
+    code, _, err = cli(capsys, "train-head", "--model", saved_model, "--exit-layer", "4", "--steps", "1",
+                       "--out", str(taken))
+    assert code == 2 and "is a file, not a directory" in err and taken.read_text() == "not a directory"
+    noise = tmp_path / "noise.txt"
+    noise.write_bytes(bytes(range(256)) * 64)
+    code, _, err = cli(capsys, "train-head", "--model", saved_model, "--exit-layer", "4", "--steps", "1",
+                       "--data", str(noise), "--out", str(tmp_path / "out"))
+    assert code == 2 and f"data file {str(noise)!r} is not UTF-8 text" in err
+    assert not (tmp_path / "out" / "head_config.json").exists()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import math
 import os
 import sys
 from pathlib import Path
@@ -37,6 +38,18 @@ def thread_count(text: str) -> int:
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"{value} is out of range: threads >= 1")
+    return value
+
+
+def seconds(text: str) -> float:
+    """argparse type of a timeout: a finite number of seconds > 0 (0, -1 or NaN would reach the
+    process group as a traceback)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"{text} is out of range: 0 < seconds < inf")
     return value
 
 

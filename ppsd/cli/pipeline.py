@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from . import options, thread_count
+from . import options, seconds, thread_count
 from ..chat import check_text
 from ..executors.pipeline import DistributedExecutor
 from ..executors.pool import shared_pipeline
@@ -26,7 +26,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     options.add_decoding(parser, sampling=False)
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
     parser.add_argument("--threads-per-worker", type=thread_count, default=1)
-    parser.add_argument("--timeout", type=float, default=30.0)
+    parser.add_argument("--timeout", type=seconds, default=30.0,
+                        help="seconds a worker may take to answer before the run fails (default 30)")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -63,7 +63,7 @@ def _read_path(path: str, max_chars: int) -> tuple[list[str], str]:
     for file in files:
         if budget <= 0:
             break
-        text = file.read_text(encoding="utf-8", errors="replace")[:budget]
+        text = _text_of(file)[:budget]
         if text.strip():
             texts.append(text)
             digest.update(text.encode())
@@ -72,6 +72,19 @@ def _read_path(path: str, max_chars: int) -> tuple[list[str], str]:
         raise ValueError(f"data {path!r} holds no text (files ending in {', '.join(TEXT_SUFFIXES)})")
     chars = sum(map(len, texts))
     return texts, f"{path} ({len(texts)} documents, {chars:,} characters, sha256 {digest.hexdigest()[:12]})"
+
+
+def _text_of(file: Path) -> str:
+    """The file's text; ValueError naming it when it is not text (binary data would train a head
+    on noise and save it as if it were fine)."""
+    raw = file.read_bytes()
+    where = raw.find(b"\x00")  # valid UTF-8, but no text file holds one
+    if where < 0:
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError as error:
+            where = error.start
+    raise ValueError(f"data file {str(file)!r} is not UTF-8 text (byte {where}): give text files")
 
 
 def open_jsonl(path: str | Path, mode: str = "r") -> IO[str]:

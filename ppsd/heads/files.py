@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from ..model import StagedModel
+from ..model_source import shown
 from .exits import TRAINED_HEAD_TYPES, build_head
 
 CONFIG_FILE = "head_config.json"
@@ -115,9 +116,9 @@ class HeadConfig:
         if not path.is_file():
             raise ValueError(f"{directory} is not a saved exit head: {CONFIG_FILE} is missing")
         try:
-            data = json.loads(path.read_text())
+            data = json.loads(path.read_text(encoding="utf-8"))
             return cls(**data)
-        except (json.JSONDecodeError, TypeError) as error:
+        except (json.JSONDecodeError, UnicodeDecodeError, TypeError) as error:
             raise ValueError(f"{path} is not a valid head config: {error}") from None
 
 
@@ -149,10 +150,14 @@ def load_exit_head(path: str | Path, model: StagedModel, exit_layer: int) -> nn.
     from safetensors.torch import load_file
 
     directory = Path(path)
-    if directory.is_file() and directory.name == CONFIG_FILE:
-        directory = directory.parent
-    if not directory.is_dir():
-        raise ValueError(f"exit head {str(path)!r} not found: give the directory train-head wrote")
+    try:
+        if directory.is_file() and directory.name == CONFIG_FILE:
+            directory = directory.parent
+        found = directory.is_dir()
+    except OSError as error:  # a name the file system refuses (too long, say) is a bad name
+        raise ValueError(f"exit head {shown(str(path))} is not a usable path: {error.strerror or error}") from None
+    if not found:
+        raise ValueError(f"exit head {shown(str(path))} not found: give the directory train-head wrote")
     config = HeadConfig.read(directory)
     if config.format_version != FORMAT_VERSION:
         raise ValueError(f"exit head {directory} has format {config.format_version}; this version reads {FORMAT_VERSION}")

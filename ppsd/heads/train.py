@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -220,6 +221,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    check_out_dir(args.out)  # before the load and the hours of training: a bad --out is known now
     model, tokenizer = load_model(args.model, device=args.device)
     config = _config(args, model.num_layers)
     data = _data(args, tokenizer)
@@ -258,6 +260,20 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def check_out_dir(out: str) -> None:
+    """ValueError unless `out` is, or can be made, a writable directory (the head, its card and
+    the checkpoint go there; finding out at the first save would lose the training)."""
+    path = Path(out)
+    try:
+        if path.exists() and not path.is_dir():
+            raise ValueError(f"--out {out!r} is a file, not a directory: give a directory for the head")
+        path.mkdir(parents=True, exist_ok=True)
+        if not os.access(path, os.W_OK):
+            raise ValueError(f"--out {out!r} is not writable")
+    except OSError as error:
+        raise ValueError(f"--out {out!r} cannot be made a directory: {error.strerror or error}") from None
+
+
 def _config(args: argparse.Namespace, num_layers: int) -> TrainConfig:
     exit_layer = args.exit_layer if args.exit_layer is not None else max(1, num_layers // 2)
     return TrainConfig(
@@ -270,7 +286,7 @@ def _config(args: argparse.Namespace, num_layers: int) -> TrainConfig:
 
 
 def _data(args: argparse.Namespace, tokenizer) -> TokenData:
-    if args.data and args.data.endswith(".jsonl"):
+    if args.data and args.data.endswith((".jsonl", ".jsonl.gz")):
         return read_chat_answers(args.data)
     train_texts, heldout_texts, description = read_texts(args.data, args.heldout, max_chars=args.max_chars)
     return TokenData(tokenize(tokenizer, train_texts), tokenize(tokenizer, heldout_texts), description)
