@@ -42,6 +42,13 @@ def ideal_ppsd_speedup_slowest_stage(acceptance: float, slot_fraction: float) ->
     return 1.0 / (1.0 - acceptance * (1.0 - slot_fraction))
 
 
+def break_even_acceptance(target_speedup: float, slot_fraction: float) -> float:
+    """The acceptance a* at which the ideal PPSD speedup reaches `target_speedup`: the inverse of
+    `ideal_ppsd_speedup_slowest_stage` (0 when the target is 1 or less; above 1 when no
+    acceptance reaches it)."""
+    return max(0.0, (1.0 - 1.0 / target_speedup) / (1.0 - slot_fraction)) if target_speedup > 0 else 0.0
+
+
 def slot_fraction(partition: tuple[range, ...] | list[range]) -> float:
     """Layers of the largest stage over all layers: the slot of the ideal model, as a share."""
     return max(len(r) for r in partition) / sum(len(r) for r in partition)

@@ -114,8 +114,8 @@ def test_the_bench_bench_pipeline_and_the_run_quote_one_ideal():
 
     methods = [pipeline.Method(label, method, executor, threads) for label, method, executor, threads in (
         ("ar1", "ar", "in-process", 1), ("ar2", "ar", "in-process", 2), ("hf", "hf", "in-process", 1),
-        ("ar pipe", "ar", "pipeline", 1), ("ppsd pipe", "ppsd", "pipeline", 1))]
-    walls = {(m.label, 0): [6.0, 12.0] for m in methods} | {("ppsd pipe", 0): [5.0, 7.5]}
+        ("hf2", "hf", "in-process", 2), ("ar pipe", "ar", "pipeline", 1), ("ppsd pipe", "ppsd", "pipeline", 1))]
+    walls = {(m.label, 0): [6.0, 12.0] for m in methods} | {("ppsd pipe", 0): [5.0, 7.5], ("hf2", 0): [4.0, 5.0]}
     args = SimpleNamespace(new_tokens=3, device="cpu", threads_per_worker=1, repeats=2, warmup=0)
     report = pipeline._report(args, pp[0].config, methods, [[5]], pipeline.Measured(walls, {"ar pipe": ar,
                                                                                           "ppsd pipe": pp}),
@@ -123,6 +123,19 @@ def test_the_bench_bench_pipeline_and_the_run_quote_one_ideal():
     assert report["ideal_ppsd_speedup"] == pytest.approx(expected) and report["ppsd_slot_fraction"] == 2 / 3
     assert report["measured_ppsd_speedup_vs_pipeline_ar"] == pytest.approx(9.0 / 6.25)  # median walls
     assert "= 1.500 (K=2, s = slowest stage's share of the layers = 0.667)" in pipeline._table(report)
+    # The best single process is the fastest of AR and HF generate() on 1 or 2 threads (here HF on
+    # 2, 4.5 s), and a* is where the ideal over the pipeline's AR (9 s) reaches it: 2x, a* = 1.5.
+    assert report["best_single_process"] == "hf2"
+    assert report["ppsd_speedup_vs_best_single_process_ar"] == pytest.approx(4.5 / 6.25)
+    assert report["break_even_acceptance"] == pytest.approx(1.5)
+
+
+@pytest.mark.parametrize("target,fraction", [(1.2, 0.5), (1.5, 0.6), (2.0, 0.25), (0.9, 0.5)])
+def test_break_even_acceptance_is_the_ideals_inverse(target, fraction):
+    from ppsd.metrics import break_even_acceptance
+
+    a = break_even_acceptance(target, fraction)
+    assert ideal_ppsd_speedup_slowest_stage(a, fraction) == pytest.approx(max(target, 1.0))
 
 
 # (L, E, K) -> layers of the slowest stage / L: it sets the slot, whichever stage it is.
