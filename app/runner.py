@@ -253,8 +253,7 @@ def start_pipeline(model: StagedModel, config: DecodeConfig, *,
         pipeline = shared_pipeline(model, config)
         if pipeline.runs == 0:
             tell("Warming up the worker processes (untimed)")
-            with pipeline.lock:
-                warm_up(model, [0], config, executor=pipeline)
+            warm_up(model, [0], config, executor=pipeline)
     except PipelineError as error:
         raise ValueError(f"the worker processes failed: {error}") from None
     return pipeline
@@ -295,8 +294,6 @@ def _time_again(snapshot: Snapshot, model: StagedModel, rounds: int, pipeline: D
 def _decode(run: MethodRun, model: StagedModel, snapshot: Snapshot, throttle: float,
             pipeline: DistributedExecutor | None, stop: threading.Event) -> Iterator[Snapshot]:
     stopwatch = PausableStopwatch(device_sync(model))
-    if pipeline is not None and not pipeline.lock.acquire(timeout=pipeline.spec.timeout):
-        raise ValueError("the worker processes are busy with another run: try again in a moment")
     steps = ppsd.stream(model, list(run.prompt_ids), run.config, stopwatch=stopwatch, executor=pipeline)
     shown = time.perf_counter()
     try:
@@ -315,7 +312,5 @@ def _decode(run: MethodRun, model: StagedModel, snapshot: Snapshot, throttle: fl
         raise ValueError(f"the worker processes failed and were shut down: {error}") from None
     finally:
         steps.close()  # Stop: close the decoder now, not when the garbage collector gets to it
-        if pipeline is not None:
-            pipeline.lock.release()
     run.result = run.finish(wall)
     yield snapshot

@@ -7,16 +7,15 @@
   accepts or corrects the draft stage 1 made K - 1 slots earlier; a correction flushes the
   tokens in flight behind it and restarts stage 1 from the corrected token.
 
-Every committed token is the full model's choice, so greedy output is identical across the three.
+All three start alike (`_start`: the prefill, then the full model's first token). Every
+committed token is the full model's choice, so greedy output is identical across the three.
 Decoders know nothing of tokenizers, devices or UIs.
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Callable, Generator, Iterator
-
-import torch
+from typing import Callable, Generator, Iterator, NamedTuple
 
 from .config import DecodeConfig
 from .executors.base import Executor, Feed, Output
@@ -28,11 +27,7 @@ Decoder = Callable[[Executor, list[int], DecodeConfig, tuple[int, ...]], Iterato
 
 def ar(executor: Executor, prompt: list[int], config: DecodeConfig, eos: tuple[int, ...]) -> Iterator[Step]:
     """Autoregressive decoding: feed the newest token, wait K slots for its successor."""
-    sampler = _sampler(config)
-    last = len(prompt) + config.max_new_tokens - 1
-    logits = yield from _prefill(executor, prompt)
-    token, position = sampler.pick(logits).token, len(prompt)
-    yield Committed(Token(position, token, "verified"))
+    sampler, token, position, last = yield from _start(executor, prompt, config)
     slot = 0
     while position < last and token not in eos:
         out = executor.slot(Feed(position, (token,), "verify", from_final=True), slot=slot)
@@ -48,28 +43,13 @@ def ar(executor: Executor, prompt: list[int], config: DecodeConfig, eos: tuple[i
 
 def eesd(executor: Executor, prompt: list[int], config: DecodeConfig, eos: tuple[int, ...]) -> Iterator[Step]:
     """Early-exit self-speculation, draft then verify (spec: EESD)."""
-    sampler = _sampler(config)
-    last = len(prompt) + config.max_new_tokens - 1
-    logits = yield from _prefill(executor, prompt)
-    token, position = sampler.pick(logits).token, len(prompt)
-    yield Committed(Token(position, token, "verified"))
+    sampler, token, position, last = yield from _start(executor, prompt, config)
     while position < last and token not in eos:
         drafts = yield from _draft_run(executor, sampler, position, token, min(config.draft_len, last - position))
-        out = executor.push(Feed(position + len(drafts), (drafts[-1].token,), "verify"))
-        yield from _work(out)
-        out = executor.flow()
-        verdicts = [sampler.verify(out.final_logits[i], d) for i, d in enumerate(drafts)]
-        accepted = next((i for i, v in enumerate(verdicts) if not v.accepted), len(drafts))
-        yield from _work(out, decision="accepted" if accepted == len(drafts) else "corrected")
-        # The accepted prefix, then the full model's token: the correction, or a bonus token
-        # (no draft) read from the last position when every draft was accepted.
-        kept = [Token(0, v.token, "accepted" if v.accepted else "corrected", d.token)
-                for v, d in zip(verdicts[: accepted + 1], drafts)]
-        if accepted == len(drafts):
-            kept.append(Token(0, sampler.pick(out.final_logits[-1]).token, "verified"))
-        for kept_token in kept:
-            token, position = kept_token.id, position + 1
-            yield Committed(replace(kept_token, position=position))
+        kept = yield from _verify_run(executor, sampler, position, drafts)
+        for kept_token in kept:  # the run may end inside them (length or EOS): the rest is dropped
+            yield Committed(kept_token)
+            token, position = kept_token.id, kept_token.position
             if position == last or token in eos:
                 break
         executor.rollback(position)
@@ -78,11 +58,7 @@ def eesd(executor: Executor, prompt: list[int], config: DecodeConfig, eos: tuple
 
 def ppsd(executor: Executor, prompt: list[int], config: DecodeConfig, eos: tuple[int, ...]) -> Iterator[Step]:
     """Pipeline-parallel self-speculative decoding: verify while drafting (spec: PPSD)."""
-    sampler = _sampler(config)
-    last = len(prompt) + config.max_new_tokens - 1
-    logits = yield from _prefill(executor, prompt)
-    token, position = sampler.pick(logits).token, len(prompt)
-    yield Committed(Token(position, token, "verified"))
+    sampler, token, position, last = yield from _start(executor, prompt, config)
     drafts: dict[int, Pick] = {}
     feed: Feed | None = Feed(position, (token,), "draft", from_final=True)
     slot = 0
@@ -116,17 +92,28 @@ def ppsd(executor: Executor, prompt: list[int], config: DecodeConfig, eos: tuple
 DECODERS: dict[str, Decoder] = {"ar": ar, "eesd": eesd, "ppsd": ppsd}
 
 
-def _sampler(config: DecodeConfig) -> Sampler:
-    return Sampler(temperature=config.temperature, top_p=config.top_p, seed=config.seed)
+class Start(NamedTuple):
+    """Where every decoder stands after the prologue: its sampler, the first committed token and
+    its position, and the last position the run may commit."""
+
+    sampler: Sampler
+    token: int
+    position: int
+    last: int
 
 
-def _prefill(executor: Executor, prompt: list[int]) -> Generator[Step, None, torch.Tensor]:
-    """Run the prompt through every stage; return the full model's logits for its successor."""
+def _start(executor: Executor, prompt: list[int], config: DecodeConfig) -> Generator[Step, None, Start]:
+    """The prologue all three decoders share: run the prompt through every stage and commit the
+    full model's choice for its successor."""
+    sampler = Sampler(temperature=config.temperature, top_p=config.top_p, seed=config.seed)
     out = executor.push(Feed(0, tuple(prompt), "prefill"))
     yield from _work(out)
     out = executor.flow()
     yield from _work(out)
-    return out.final_logits[-1]
+    start = Start(sampler, sampler.pick(out.final_logits[-1]).token, len(prompt),
+                  last=len(prompt) + config.max_new_tokens - 1)
+    yield Committed(Token(start.position, start.token, "verified"))
+    return start
 
 
 def _draft_run(
@@ -142,6 +129,25 @@ def _draft_run(
         token = pick.token
         yield Drafted(Draft(position + i + 1, token))
     return drafts
+
+
+def _verify_run(
+    executor: Executor, sampler: Sampler, position: int, drafts: list[Pick]
+) -> Generator[Step, None, list[Token]]:
+    """Stages 2..K check `drafts` (the tokens after `position`) in one pass. Returns the tokens to
+    keep: the accepted prefix, then the full model's token: the correction, or a bonus token (no
+    draft) read from the last position when every draft was accepted."""
+    out = executor.push(Feed(position + len(drafts), (drafts[-1].token,), "verify"))
+    yield from _work(out)
+    out = executor.flow()
+    verdicts = [sampler.verify(out.final_logits[i], d) for i, d in enumerate(drafts)]
+    accepted = next((i for i, v in enumerate(verdicts) if not v.accepted), len(drafts))
+    yield from _work(out, decision="accepted" if accepted == len(drafts) else "corrected")
+    kept = [Token(position + 1 + i, v.token, "accepted" if v.accepted else "corrected", d.token)
+            for i, (v, d) in enumerate(zip(verdicts[: accepted + 1], drafts))]
+    if accepted == len(drafts):
+        kept.append(Token(position + 1 + accepted, sampler.pick(out.final_logits[-1]).token, "verified"))
+    return kept
 
 
 def _work(out: Output, *, decision: str | None = None) -> Iterator[Work]:

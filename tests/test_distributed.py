@@ -27,7 +27,7 @@ from ppsd.executors import InProcessExecutor
 from ppsd.executors.pipeline import DistributedExecutor
 from ppsd.executors.pool import shared_pipeline
 from ppsd.executors.processes import close_all
-from ppsd.executors.wire import PipelineError, PipelineSpec
+from ppsd.executors.wire import PipelineBusy, PipelineError, PipelineSpec
 from ppsd.trace import Stopwatch
 
 from conftest import tiny_llama
@@ -54,7 +54,7 @@ def model(checkpoint) -> StagedModel:
 @pytest.fixture(scope="module")
 def pool(model):
     close_all()  # one pipeline per process: torch.distributed has one default group
-    executor = shared_pipeline(model, DecodeConfig(stages=2), timeout=TIMEOUT)
+    executor = shared_pipeline(model, DecodeConfig(stages=2).resolved(model.num_layers), timeout=TIMEOUT)
     yield executor
     executor.close()
 
@@ -147,8 +147,23 @@ def test_a_run_pins_this_process_to_stage_1s_cores_and_gives_them_back(model, po
                                              DecodeConfig(method="ar", max_new_tokens=NEW_TOKENS)).token_ids
 
 
+def test_a_second_run_while_one_holds_the_pipeline_is_refused_and_the_pool_kept(model, pool, monkeypatch):
+    """The executor owns its run lock, from `begin` to `end`: callers hold none."""
+    monkeypatch.setattr(pool, "spec", replace(pool.spec, timeout=0.2))  # how long a second run waits
+    config = DecodeConfig(method="ppsd", max_new_tokens=NEW_TOKENS)
+    first = ppsd.stream(model, PROMPTS["short"], config, executor=pool)
+    next(first)
+    with pytest.raises(PipelineBusy, match="busy with another run: try again in a moment"):
+        ppsd.generate(model, PROMPTS["short"], config, executor=pool)
+    first.close()  # Stop ends the run, and frees the pipeline for the next
+    assert pool.alive
+    result = ppsd.generate(model, PROMPTS["short"], config, executor=pool)
+    assert result.token_ids == ppsd.generate(model, PROMPTS["short"], replace(config, method="ar")).token_ids
+
+
 def test_workers_are_reused_while_the_settings_match(model, pool):
-    assert shared_pipeline(model, DecodeConfig(method="ar", stages=2), timeout=TIMEOUT) is pool
+    config = DecodeConfig(method="ar", stages=2).resolved(model.num_layers)
+    assert shared_pipeline(model, config, timeout=TIMEOUT) is pool
     assert pool.alive and all(_running(pid) for pid in pool.pids)
 
 
@@ -205,8 +220,9 @@ def test_workers_exit_when_the_coordinator_is_killed(checkpoint):
         "from conftest import tiny_llama\n"
         "if __name__ == '__main__':\n"
         f"    model = ppsd.StagedModel(tiny_llama(), name={checkpoint!r})\n"
-        "    pool = shared_pipeline(model, ppsd.DecodeConfig(stages=3, max_new_tokens=4))\n"
-        "    ppsd.generate(model, [1, 2, 3], ppsd.DecodeConfig(stages=3, max_new_tokens=4), executor=pool)\n"
+        "    config = ppsd.DecodeConfig(stages=3, max_new_tokens=4).resolved(model.num_layers)\n"
+        "    pool = shared_pipeline(model, config)\n"
+        "    ppsd.generate(model, [1, 2, 3], config, executor=pool)\n"
         "    print('PIDS', *pool.pids, flush=True)\n"
         "    time.sleep(300)\n"
     )

@@ -43,7 +43,9 @@ class Executor(Protocol):
     """`slot` advances every stage by one token (PPSD's verify-while-draft tick, AR on the
     pipeline), `push` runs stage 1 alone (EESD drafting), `flow` runs stages 2..K once over
     everything queued (prefill, EESD verification), `rollback` drops queued work and truncates
-    the caches: the only rollback there is. `begin` and `end` bracket one run."""
+    the caches: the only rollback there is. `begin` and `end` bracket one run: an executor
+    shared between threads admits one run at a time there (`begin` waits for, or refuses, a
+    second), so its callers need no lock of their own."""
 
     stages: tuple[range, ...]
     device: str

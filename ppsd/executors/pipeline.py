@@ -22,6 +22,8 @@ their messages `wire`, their cores and weights `placement`, the worker's side `w
 - Run-ahead: once stage 1 has computed in a slot, the next slot's worker work (`schedule.advance`,
   which depends on the queues alone) is launched before this slot's reports are read; a
   rollback drops it.
+- One run at a time: `begin` takes the pipeline (a second run waits up to the call timeout,
+  then gets `PipelineBusy`), `end` gives it back; callers hold no lock.
 - Lifecycle: workers start once and serve many runs; `close()` (also at exit, and on any error)
   stops them. A worker that dies breaks its sockets, so the waiting rank fails at once; one that
   hangs trips the per-call timeout. Either way the pool is torn down, no process is left, and a
@@ -46,8 +48,8 @@ from . import schedule
 from .base import Feed, Output, final_position, first_stage, logit_width
 from .placement import StageOnePinning, sync_device, weights_fingerprint
 from .processes import OPEN, WorkerProcesses
-from .wire import (GROUPS, PING, ROLLBACK, SHUTDOWN, Control, Header, Outbox, PipelineError, PipelineSpec,
-                   init_group, wire_tensor)
+from .wire import (GROUPS, PING, ROLLBACK, SHUTDOWN, Control, Header, Outbox, PipelineBusy, PipelineError,
+                   PipelineSpec, init_group, wire_tensor)
 
 
 @dataclass
@@ -72,7 +74,7 @@ class DistributedExecutor:
     def __init__(self, spec: PipelineSpec, model: StagedModel) -> None:
         self.spec, self.model = spec, model
         self.stages, self.device = spec.stages, spec.device
-        self.lock = threading.Lock()  # one run at a time: callers hold it around a whole generate
+        self._run_lock = threading.Lock()  # held from `begin` to `end`: one run at a time
         self.cache = KVCache()  # stage 1's layers and a stateful exit head's entries
         self.runs = 0  # runs begun on this pool
         self._workers = WorkerProcesses()
@@ -131,7 +133,7 @@ class DistributedExecutor:
         if dist.is_initialized():
             dist.destroy_process_group()
         GROUPS.clear()
-        self.end()
+        self._pinning.release()  # the run it broke ends later, and frees the run lock then
 
     @property
     def alive(self) -> bool:
@@ -143,20 +145,29 @@ class DistributedExecutor:
         return self._workers.pids
 
     def begin(self, stopwatch: Stopwatch) -> None:
-        """A run starts: empty every cache and queue, stamp on `stopwatch`, and while it lasts
-        give stage 1 (this process) the workers' thread count and, on CPU, pin every thread of
-        this process (torch's, gloo's, the caller's own) to stage 1's cores, as each worker keeps
-        to its own. Left free to roam, the scheduler parks them on a worker's core, and a slot
-        then waits for a context switch there (a PPSD run took 1.9x as long; docs/distributed.md).
-        `end()` gives the process its threads and cores back (between runs it is the caller's)."""
-        self._check_alive()
-        self._clock = stopwatch
-        self.rollback(0)
-        self.runs += 1
-        self._pinning.hold()
+        """A run starts: wait (at most the call timeout) until no other run holds the pipeline,
+        else raise `PipelineBusy`; empty every cache and queue, stamp on `stopwatch`, and while it
+        lasts give stage 1 (this process) the workers' thread count and, on CPU, pin every thread
+        of this process (torch's, gloo's, the caller's own) to stage 1's cores, as each worker
+        keeps to its own. Left free to roam, the scheduler parks them on a worker's core, and a
+        slot then waits for a context switch there (a PPSD run took 1.9x as long;
+        docs/distributed.md). `end()` gives the process its threads and cores back (between runs
+        it is the caller's) and lets the next run in."""
+        if not self._run_lock.acquire(timeout=self.spec.timeout):
+            raise PipelineBusy("the worker processes are busy with another run: try again in a moment")
+        try:
+            self._check_alive()
+            self._clock = stopwatch
+            self.rollback(0)
+            self.runs += 1
+            self._pinning.hold()
+        except BaseException:
+            self._run_lock.release()  # no run began, so no `end` will come
+            raise
 
     def end(self) -> None:
         self._pinning.release()
+        self._run_lock.release()
 
     def __enter__(self) -> "DistributedExecutor":
         return self.start()

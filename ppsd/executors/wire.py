@@ -35,6 +35,11 @@ class PipelineError(RuntimeError):
     """A worker died, hung or failed; the pool has been shut down."""
 
 
+class PipelineBusy(ValueError):
+    """Another run held the pipeline for longer than its timeout. Nothing was sent: the pool is
+    fine, so it is not a `PipelineError` (callers close the pool on those)."""
+
+
 @dataclass(frozen=True)
 class PipelineSpec:
     """What every worker loads and how the workers are placed.
