@@ -1,5 +1,6 @@
 """Launch the PPSD demo: `python app.py [--host H] [--port P]` (also GRADIO_SERVER_NAME /
-GRADIO_SERVER_PORT). The composition root: reads arguments and the environment, nothing else."""
+GRADIO_SERVER_PORT). The composition root: reads arguments and the environment (also PPSD_MODELS /
+SPACE_ID, through `AppState.from_environment`), builds the server's state and hands it to the page."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import os
 import signal
 import sys
 
-from app import create_demo, launch_kwargs
+from app import AppState, create_demo, launch_kwargs
 from ppsd.cli import thread_count
 
 
@@ -26,7 +27,7 @@ def main(argv: list[str] | None = None) -> None:
     # A container (a Space) stops with SIGTERM: exit as on Ctrl-C, so the worker pipelines are
     # closed in order at exit instead of finding their coordinator gone.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    demo = create_demo()
+    demo = create_demo(AppState.from_environment())
     demo.launch(server_name=args.host, server_port=args.port, **launch_kwargs())
 
 

@@ -1,14 +1,17 @@
 """The PPSD web demo, in layers (each imports only those listed before it):
 
 - `render`, `numbers`, `teach`: pure functions, records in, HTML and Plotly figures out;
-- `models`: the loaded models a server shares; `line`: the device line, background waits;
+- `models`: the loaded models a server shares; `line`: the device line, background waits, Stops;
+- `state`: what one server shares (models, device line, Stops), built by the entry point;
 - `runner`: one comparison (AR, PPSD, EESD, timed again), as snapshots;
 - `view`: snapshot -> every output of the page, by name; `page_text`: the page's words;
 - `handlers`: thin event handlers; `ui`: the Gradio page's panels and their wiring.
 
-`app.py` at the repository root launches it.
+`app.py` at the repository root launches it: it builds the `AppState` and hands it to
+`create_demo`. Importing the package builds nothing and reads no environment.
 """
 
+from .state import AppState
 from .ui import create_demo, launch_kwargs
 
-__all__ = ["create_demo", "launch_kwargs"]
+__all__ = ["AppState", "create_demo", "launch_kwargs"]

@@ -1,13 +1,13 @@
 """The page's event handlers: thin functions from Gradio inputs to outputs. They validate,
 load (`app.models`), queue for the device (`app.line`), run (`app.runner`) and hand every
-snapshot to `app.view`; slider rules live here too. The shared state of a server (its models,
-its device line, each session's Stop) is module state, made once per process.
+snapshot to `app.view`; slider rules live here too. A handler that needs the server's shared
+state (its models, its device line, each session's Stop) takes an `AppState` as its first
+argument, which `app.ui` binds; this module holds none.
 """
 
 from __future__ import annotations
 
 import html
-import os
 import sys
 import threading
 import time
@@ -22,41 +22,15 @@ from ppsd.model import model_config
 from ppsd.model_source import needs_preparing
 
 from . import render, view
-from .line import Background, DeviceLine
+from .line import Background
 from .models import ModelCache
 from .runner import RunRequest, Snapshot, run_comparison
+from .state import AppState
 
 DEFAULT_LAYERS = 30  # the default model's (SmolLM2-135M); replaced on page load / Load for others
 REPLAY_SECONDS = 4.0  # screen time of the slowest lane in the race replay
 REPLAY_FPS = 12
-QUEUE_SIZE = 16  # runs that may wait for the device; one more is told the demo is busy
-RUN_HANDLERS = QUEUE_SIZE + 4  # run handlers at once (waiting in line or refused): below Gradio's 40 threads
 FIGURE_SECONDS = 1.0  # live redraw period of the plots (the token streams follow every snapshot)
-
-
-def allowed_models() -> tuple[str, ...] | None:
-    """Which model names the page may load: PPSD_MODELS, comma-separated, or "*" for any name a
-    visitor types. Unset: any, except on a Hugging Face Space (SPACE_ID is set), where only the
-    default model loads unless the owner sets PPSD_MODELS."""
-    setting = os.environ.get("PPSD_MODELS", "").strip()
-    if setting == "*" or (not setting and not os.environ.get("SPACE_ID")):
-        return None
-    names = tuple(n.strip() for n in setting.split(",") if n.strip())
-    return names or (ppsd.DEFAULT_MODEL,)
-
-
-CACHE = ModelCache(allowed=allowed_models())  # process-wide: every visitor shares the loaded models
-LINE = DeviceLine(QUEUE_SIZE)  # one decode at a time on the device, in arrival order
-_STOPS: dict[str, threading.Event] = {}  # session -> its running comparison's Stop
-
-
-def _gpu(fn: Callable) -> Callable:
-    """`spaces.GPU` on Hugging Face ZeroGPU (only when the package is importable), else as is."""
-    try:
-        import spaces  # noqa: PLC0415 - optional, present only on Spaces
-    except ImportError:
-        return fn
-    return spaces.GPU(duration=120)(fn)
 
 
 def _tell(tell: Callable[[str], None]) -> Callable[[str], None]:
@@ -67,23 +41,24 @@ def _tell(tell: Callable[[str], None]) -> Callable[[str], None]:
     return both
 
 
-def _loading(name: str, stop: threading.Event | None = None) -> Iterator[str]:
-    """Load `name` into CACHE on a thread, yielding what it is doing (first use: download,
+def _loading(cache: ModelCache, name: str, stop: threading.Event | None = None) -> Iterator[str]:
+    """Load `name` into `cache` on a thread, yielding what it is doing (first use: download,
     conversion, weights, warm-up) twice a second; re-raises the loader's ValueError. Stop ends
     the wait, not the load: the model is there for the next run."""
     stop = stop or threading.Event()
-    loading = Background(lambda tell: CACHE.get(name, progress=_tell(tell)), "model-load")
+    loading = Background(lambda tell: cache.get(name, progress=_tell(tell)), "model-load")
     for doing in loading.progress(stop, f"Loading {name}"):
         yield f"{doing} (first use only)"
     if not stop.is_set():
         loading.value()
 
 
-def layer_count(name: str) -> int | None:
-    """Decoder layers of model `name` from its config alone (no weights), None if unreadable."""
+def layer_count(cache: ModelCache, name: str) -> int | None:
+    """Decoder layers of model `name`: of the loaded model when `cache` holds it, else from its
+    config alone (no weights); None if unreadable."""
     name = name.strip()
-    if name in CACHE:
-        return CACHE.get(name).model.num_layers
+    if name in cache:
+        return cache.get(name).model.num_layers
     if needs_preparing(name):  # a first download or conversion waits for Run or Load
         return None
     try:
@@ -117,10 +92,10 @@ def _stages_info(num_layers: int) -> str:
     return f"K − 1 ≤ L − E: each later stage holds a layer; L = {num_layers}"
 
 
-def max_tokens_update(prompt: str, model: str, chat: bool, value: float) -> Any:
+def max_tokens_update(state: AppState, prompt: str, model: str, chat: bool, value: float) -> Any:
     """The max-tokens slider bound by the context left after the prompt, once the model is
     loaded (before that, by the cap alone; Run checks the rest)."""
-    loaded = CACHE.find((model or "").strip() or ppsd.DEFAULT_MODEL)
+    loaded = state.cache.find((model or "").strip() or ppsd.DEFAULT_MODEL)
     if loaded is None or not (prompt or "").strip():
         return gr.skip()
     room = loaded.model.info.max_context - len(loaded.encode(prompt, chat=bool(chat) and loaded.chat))
@@ -146,41 +121,35 @@ def _session(request: gr.Request | None) -> str:
     return getattr(request, "session_hash", None) or "no-session"
 
 
-@_gpu
-def on_run(request: gr.Request | None, *form: Any) -> Iterator[tuple]:
+def on_run(state: AppState, request: gr.Request | None, *form: Any) -> Iterator[tuple]:
     """Run the comparison `form` asks for (the page's run inputs, in the order of
     `runner.FORM`), yielding every output at the runner's throttled pace. The model loads before
     the run joins the line for the device; Stop (this session's) is heard at every step."""
-    stop = _STOPS[_session(request)] = threading.Event()
-    run = RunRequest.from_form(*form)
-    try:
-        if not run.prompt.strip():
-            raise ValueError("The prompt is empty: type some text for the model to continue, or click an example.")
-        yield ordered({**view.idle(), **view.status("Starting…")})  # no numbers of an earlier run stay up
-        if run.model not in CACHE:
-            for doing in _loading(run.model, stop):
-                yield ordered(view.status(doing, run, "model"))
-        with LINE.place() as ticket:
-            ahead = LINE.ahead(ticket)
-            while ahead > 0 and not stop.is_set():
-                yield ordered(view.status(f"Waiting for the device: {ahead} run{'s' * (ahead > 1)} ahead of yours…"))
-                ahead = LINE.ahead(ticket, wait=0.5)
-            if stop.is_set():
-                yield ordered(view.status("Stopped before decoding began. Press Run to start again."))
-                return
-            yield from _updates(run_comparison(run, CACHE, stop=stop))
-    except ValueError as error:
-        yield ordered(view.failed(str(error)))
-    finally:
-        if _STOPS.get(_session(request)) is stop:
-            del _STOPS[_session(request)]
+    with state.stops.running(_session(request)) as stop:
+        run = RunRequest.from_form(*form)
+        try:
+            if not run.prompt.strip():
+                raise ValueError("The prompt is empty: type some text for the model to continue, or click an example.")
+            yield ordered({**view.idle(), **view.status("Starting…")})  # no numbers of an earlier run stay up
+            if run.model not in state.cache:
+                for doing in _loading(state.cache, run.model, stop):
+                    yield ordered(view.status(doing, run, "model"))
+            with state.line.place() as ticket:
+                ahead = state.line.ahead(ticket)
+                while ahead > 0 and not stop.is_set():
+                    yield ordered(view.status(f"Waiting for the device: {ahead} run{'s' * (ahead > 1)} ahead of yours…"))
+                    ahead = state.line.ahead(ticket, wait=0.5)
+                if stop.is_set():
+                    yield ordered(view.status("Stopped before decoding began. Press Run to start again."))
+                    return
+                yield from _updates(run_comparison(run, state.cache, stop=stop))
+        except ValueError as error:
+            yield ordered(view.failed(str(error)))
 
 
-def on_stop(request: gr.Request | None = None) -> None:
+def on_stop(state: AppState, request: gr.Request | None = None) -> None:
     """Stop this session's run at its next step; it then shows where it stopped."""
-    stop = _STOPS.get(_session(request))
-    if stop is not None:
-        stop.set()
+    state.stops.stop(_session(request))
 
 
 def _updates(snapshots: Iterator[Snapshot]) -> Iterator[tuple]:
@@ -220,19 +189,19 @@ def on_replay(race: dict | None) -> Iterator[str]:
         time.sleep(1 / REPLAY_FPS)
 
 
-def on_load(name: str) -> Iterator[tuple]:
+def on_load(state: AppState, name: str) -> Iterator[tuple]:
     """Load (or find cached) model `name`; the status box shows the loading state."""
     name = (name or "").strip() or ppsd.DEFAULT_MODEL
     busy = gr.update(value="Loading…", interactive=False)
     yield (model_status(f"Loading {name}…", "busy"), gr.skip(), gr.skip(), gr.skip(), busy)
     ready = gr.update(value="Load", interactive=True)
     try:
-        for doing in _loading(name):
+        for doing in _loading(state.cache, name):
             yield (model_status(doing, "busy"), gr.skip(), gr.skip(), gr.skip(), busy)
-        loaded = CACHE.get(name)
+        loaded = state.cache.get(name)
     except ValueError as error:
         gr.Warning(str(error), title="Model not loaded")
-        kept = ", ".join(CACHE.names()) or "none"
+        kept = ", ".join(state.cache.names()) or "none"
         yield (model_status(f"{error} · still loaded: {kept}", "error"), gr.skip(), gr.skip(), gr.skip(), ready)
         return
     info = loaded.model.info
@@ -242,29 +211,30 @@ def on_load(name: str) -> Iterator[tuple]:
            e_update, k_update, info.num_layers, ready)
 
 
-def on_page_load(name: str) -> tuple:
+def on_page_load(state: AppState, name: str) -> tuple:
     """Fit the E/K sliders to the model in the box from its config alone (no weights)."""
-    layers = layer_count(name or ppsd.DEFAULT_MODEL)
+    layers = layer_count(state.cache, name or ppsd.DEFAULT_MODEL)
     if layers is None:
         return gr.skip(), gr.skip(), gr.skip(), model_status("Model not loaded yet: it loads on the first Run.", "idle")
     e_update, k_update = stage_updates(layers, 2, model=name or ppsd.DEFAULT_MODEL)
-    loaded = (name or "").strip() in CACHE
+    loaded = (name or "").strip() in state.cache
     note = "loaded" if loaded else "loads on the first Run (or press Load)"
     return e_update, k_update, layers, model_status(f"{layers} layers · {note}", "ok" if loaded else "idle")
 
 
-def after_run(name: str, exit_layer: float, stages: float, exit_head: str = "") -> tuple:
+def after_run(state: AppState, name: str, exit_layer: float, stages: float, exit_head: str = "") -> tuple:
     """After a run (which may have loaded the model): the status line (with the exit head that
     drafted), and the E/K ranges fitted to the model, keeping the values the user chose when they fit."""
+    cache = state.cache
     name = (name or "").strip() or ppsd.DEFAULT_MODEL
-    if name not in CACHE:
-        kept = ", ".join(CACHE.names()) or "none"
+    if name not in cache:
+        kept = ", ".join(cache.names()) or "none"
         return model_status(f"{name} is not loaded (loaded: {kept})", "idle"), gr.skip(), gr.skip(), gr.skip()
-    loaded = CACHE.get(name)
+    loaded = cache.get(name)
     info = loaded.model.info
     e_update, k_update = stage_updates(info.num_layers, int(stages), int(exit_layer))
     try:
-        head = f" · exit head at E = {int(exit_layer)}: {CACHE.exit_head(exit_head or '', loaded, int(exit_layer)).label}"
+        head = f" · exit head at E = {int(exit_layer)}: {cache.exit_head(exit_head or '', loaded, int(exit_layer)).label}"
     except ValueError:  # the run already said why this head does not fit
         head = ""
     status = model_status(f"{info.name}: {info.model_type}, {info.num_layers} layers, {info.device} {info.dtype}{head}", "ok")

@@ -1,5 +1,5 @@
-"""Waiting, visibly: the line of runs for the one device, and work on a thread that a page can
-stop waiting for (Stop) while it shows what happens.
+"""Waiting, visibly: the line of runs for the one device, work on a thread that a page can stop
+waiting for (Stop) while it shows what happens, and each session's Stop.
 
 Plain threading; no Gradio, no models.
 """
@@ -73,6 +73,11 @@ class DeviceLine:
                 self._line.remove(ticket)
                 self._changed.notify_all()
 
+    def __len__(self) -> int:
+        """Runs in line, the one holding the device included."""
+        with self._changed:
+            return len(self._line)
+
     def ahead(self, ticket: object, *, wait: float = 0.0) -> int:
         """How many runs are ahead of `ticket` (0: the device is its), after waiting up to
         `wait` seconds for that to change."""
@@ -80,3 +85,33 @@ class DeviceLine:
             if self._line.index(ticket) > 0 and wait > 0:
                 self._changed.wait(wait)
             return self._line.index(ticket)
+
+
+class StopRegistry:
+    """Each session's Stop for the comparison it is running. Stop arrives as a request of its own,
+    so it finds the run's Event here by session. A session's new run replaces its Event; a run
+    that ends removes its own, never a newer one's."""
+
+    def __init__(self) -> None:
+        self._stops: dict[str, threading.Event] = {}
+        self._lock = threading.Lock()  # a run's end checks and deletes in one step, racing a new run
+
+    @contextmanager
+    def running(self, session: str) -> Iterator[threading.Event]:
+        """A fresh Stop for `session`'s run, held here until the run leaves the block."""
+        stop = threading.Event()
+        with self._lock:
+            self._stops[session] = stop
+        try:
+            yield stop
+        finally:
+            with self._lock:
+                if self._stops.get(session) is stop:
+                    del self._stops[session]
+
+    def stop(self, session: str) -> None:
+        """Set `session`'s Stop, if it is running anything."""
+        with self._lock:
+            stop = self._stops.get(session)
+        if stop is not None:
+            stop.set()

@@ -1,4 +1,6 @@
-"""The Gradio page: `create_*` panels and the wiring of their events to `app.handlers`.
+"""The Gradio page: `create_*` panels and the wiring of their events to `app.handlers`, bound
+to the server's `AppState` that `create_demo` is given (or builds from the environment, when
+called: importing this reads nothing).
 
 Nothing here decodes, times or renders a result: `app.runner` and `app.view` do. Nothing loads a
 model before a user asks for one (a Run or a Load click), so building the page is cheap and safe
@@ -7,9 +9,11 @@ to import.
 
 from __future__ import annotations
 
+import functools
+import inspect
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import gradio as gr
 
@@ -18,11 +22,12 @@ from ppsd.heads import default_exit_layer
 from ppsd.model import resolve_device
 
 from . import render, view
-from .handlers import (DEFAULT_LAYERS, RUN_HANDLERS, model_status, on_eesd, after_run, idle_outputs,
+from .handlers import (DEFAULT_LAYERS, model_status, on_eesd, after_run, idle_outputs,
                        max_tokens_update, on_diagram, on_exit, on_load, on_page_load, on_replay, on_run,
                        on_settings, on_stages, on_step, on_steps_ready, on_stop)
 from .page_text import INTRO, TIMELINE_CAPTION, load_examples
 from .runner import DEFAULT_REPEATS, FORM, MAX_REPEATS, workers_available
+from .state import AppState
 
 ROOT = Path(__file__).resolve().parent.parent
 CSS = ROOT / "assets" / "styles" / "app.css"
@@ -139,10 +144,44 @@ def create_steps() -> dict[str, Any]:
 
 
 SHOW_DRAFTS_JS = "(on) => { document.querySelector('#columns').classList.toggle('show-drafts', on); }"
+QUIET = dict(api_visibility="private", show_progress="hidden")  # the page's own events, kept out of the API
 
 
-def create_demo() -> gr.Blocks:
-    """The whole page. Builds components and wires events; loads no model."""
+def _gpu(fn: Callable) -> Callable:
+    """`spaces.GPU` on Hugging Face ZeroGPU (only when the package is importable), else as is."""
+    try:
+        import spaces  # noqa: PLC0415 - optional, present only on Spaces
+    except ImportError:
+        return fn
+    return spaces.GPU(duration=120)(fn)
+
+
+def _bind(handler: Callable, state: AppState) -> Callable:
+    """`handler` with `state` as its first argument, shown to Gradio as the handler itself: its
+    name, its docstring (an endpoint's API description), its signature less `state` (Gradio finds
+    a `gr.Request` parameter by its annotation) and a generator function when the handler is one
+    (Gradio streams only those). A `functools.partial` would hide all four."""
+    if inspect.isgeneratorfunction(handler):
+        def bound(*args: Any, **kwargs: Any) -> Any:
+            yield from handler(state, *args, **kwargs)
+    else:
+        def bound(*args: Any, **kwargs: Any) -> Any:
+            return handler(state, *args, **kwargs)
+    functools.update_wrapper(bound, handler)  # its __wrapped__ also resolves the annotations in the handler's module
+    signature = inspect.signature(handler)
+    first, *rest = signature.parameters
+    if first != "state":
+        raise TypeError(f"{handler.__name__} does not take the state as its first argument")
+    bound.__signature__ = signature.replace(parameters=[signature.parameters[name] for name in rest])
+    bound.__annotations__ = {k: v for k, v in handler.__annotations__.items() if k != "state"}
+    return bound
+
+
+def create_demo(state: AppState | None = None) -> gr.Blocks:
+    """The whole page, its handlers sharing `state` (None: `AppState.from_environment()`, built
+    now). Builds components and wires events; loads no model."""
+    if state is None:
+        state = AppState.from_environment()
     with gr.Blocks(title="PPSD: pipeline-parallel self-speculative decoding") as demo:
         with gr.Row(equal_height=False):
             with gr.Column(scale=3):
@@ -160,46 +199,61 @@ def create_demo() -> gr.Blocks:
         r["message"], r["race"] = c["message"], gr.State(None)
         for method in ("ar", "ppsd", "eesd"):
             r[f"stats_{method}"], r[f"stream_{method}"] = r.pop(method)
-        outputs = [r[name] for name in view.OUTPUTS]
-        quiet = dict(api_visibility="private", show_progress="hidden")
-        run_event = c["run"].click(
-            on_run, [c[name] for name in FORM], outputs, api_name="run", concurrency_limit=RUN_HANDLERS,
-            concurrency_id="run", show_progress="hidden", trigger_mode="once",
-        )
-        run_event.then(after_run, [c["model"], c["exit_layer"], c["stages"], c["exit_head"]],
-                       [c["model_status"], c["exit_layer"], c["stages"], c["layers"]], **quiet)
-        run_event.then(max_tokens_update, [c["prompt"], c["model"], c["chat"], c["max_new_tokens"]],
-                       c["max_new_tokens"], **quiet)
-        replay_after = run_event.success(on_replay, r["race"], race, **quiet)
-        run_event.success(on_steps_ready, r["race"], [steps["slot"], steps["view"]], **quiet)
-        for name, move in (("previous", -1), ("next", +1)):
-            steps[name].click(partial(on_step, move=move), [r["race"], steps["slot"]], [steps["slot"], steps["view"]],
-                              **quiet)
-        steps["slot"].input(on_step, [r["race"], steps["slot"]], [steps["slot"], steps["view"]], **quiet)
-        replay_event = replay.click(on_replay, r["race"], race, api_name="replay", show_progress="hidden")
-        c["stop"].click(on_stop, None, None, cancels=[replay_after, replay_event], api_name="stop",
-                        concurrency_limit=None, show_progress="hidden")
-        c["load"].click(on_load, c["model"], [c["model_status"], c["exit_layer"], c["stages"], c["layers"],
-                                                c["load"]],
-                        api_name="load", concurrency_limit=2, concurrency_id="load", show_progress="hidden")
-        for name in ("prompt", "chat"):
-            c[name].change(max_tokens_update, [c["prompt"], c["model"], c["chat"], c["max_new_tokens"]],
-                           c["max_new_tokens"], trigger_mode="always_last", **quiet)
-        c["stages"].input(on_stages, [c["stages"], c["layers"], c["model"]], [c["exit_layer"], c["stages"]], **quiet)
-        c["exit_layer"].input(on_exit, [c["exit_layer"], c["stages"], c["layers"]], c["stages"], **quiet)
-        settings = [c["exit_layer"], c["stages"], c["draft_len"], c["layers"], c["eesd"]]
-        for name in ("exit_layer", "stages", "draft_len"):
-            c[name].release(on_settings, settings, r["theory"], **quiet)
-        c["eesd"].change(on_settings, settings, r["theory"], **quiet)
-        for name in ("exit_layer", "stages", "layers"):
-            c[name].change(on_diagram, [c["exit_layer"], c["stages"], c["layers"]], c["diagram"], **quiet)
-        c["eesd"].change(on_eesd, c["eesd"], [eesd_column, c["run"]], **quiet)
+        run_handlers = _wire_runs(state, c, r, race, replay, steps)
+        _wire_settings(state, c, r, eesd_column)
         r["drafts"].change(None, r["drafts"], None, js=SHOW_DRAFTS_JS)  # in the browser: no server call
-        demo.load(idle_outputs, None, outputs, **quiet)
-        demo.load(on_page_load, c["model"], [c["exit_layer"], c["stages"], c["layers"], c["model_status"]], **quiet)
-    # Gradio's own queue is a backstop far above LINE's bound, which answers "busy" in words.
-    demo.queue(max_size=4 * RUN_HANDLERS)
+        demo.load(idle_outputs, None, [r[name] for name in view.OUTPUTS], **QUIET)
+        demo.load(_bind(on_page_load, state), c["model"], [c["exit_layer"], c["stages"], c["layers"],
+                                                             c["model_status"]], **QUIET)
+    # Gradio's own queue is a backstop far above the device line's bound, which answers "busy" in words.
+    demo.queue(max_size=4 * run_handlers)
     return demo
+
+
+def _wire_runs(state: AppState, c: dict[str, Any], r: dict[str, Any], race: gr.HTML, replay: gr.Button,
+               steps: dict[str, Any]) -> int:
+    """Run, Stop, Load, the race replay and the step-through. Returns how many run handlers may
+    run at once: every run that may wait in line and a few refused ones, below Gradio's 40 threads."""
+    run_handlers = state.line.max_waiting + 4
+    # Bound before `spaces.GPU` wraps it: ZeroGPU hands the wrapped function's arguments to its GPU
+    # process, and the state (locks, loaded models) must stay out of them, as it did as a global.
+    run_event = c["run"].click(
+        _gpu(_bind(on_run, state)), [c[name] for name in FORM], [r[name] for name in view.OUTPUTS], api_name="run",
+        concurrency_limit=run_handlers, concurrency_id="run", show_progress="hidden", trigger_mode="once",
+    )
+    run_event.then(_bind(after_run, state), [c["model"], c["exit_layer"], c["stages"], c["exit_head"]],
+                   [c["model_status"], c["exit_layer"], c["stages"], c["layers"]], **QUIET)
+    run_event.then(_bind(max_tokens_update, state), [c["prompt"], c["model"], c["chat"], c["max_new_tokens"]],
+                   c["max_new_tokens"], **QUIET)
+    replay_after = run_event.success(on_replay, r["race"], race, **QUIET)
+    run_event.success(on_steps_ready, r["race"], [steps["slot"], steps["view"]], **QUIET)
+    for name, move in (("previous", -1), ("next", +1)):
+        steps[name].click(partial(on_step, move=move), [r["race"], steps["slot"]], [steps["slot"], steps["view"]],
+                          **QUIET)
+    steps["slot"].input(on_step, [r["race"], steps["slot"]], [steps["slot"], steps["view"]], **QUIET)
+    replay_event = replay.click(on_replay, r["race"], race, api_name="replay", show_progress="hidden")
+    c["stop"].click(_bind(on_stop, state), None, None, cancels=[replay_after, replay_event], api_name="stop",
+                    concurrency_limit=None, show_progress="hidden")
+    c["load"].click(_bind(on_load, state), c["model"],
+                    [c["model_status"], c["exit_layer"], c["stages"], c["layers"], c["load"]],
+                    api_name="load", concurrency_limit=2, concurrency_id="load", show_progress="hidden")
+    return run_handlers
+
+
+def _wire_settings(state: AppState, c: dict[str, Any], r: dict[str, Any], eesd_column: gr.Column) -> None:
+    """The settings' own rules: slider ranges and pairs, the theory curves, the diagram, EESD's column."""
+    for name in ("prompt", "chat"):
+        c[name].change(_bind(max_tokens_update, state), [c["prompt"], c["model"], c["chat"], c["max_new_tokens"]],
+                       c["max_new_tokens"], trigger_mode="always_last", **QUIET)
+    c["stages"].input(on_stages, [c["stages"], c["layers"], c["model"]], [c["exit_layer"], c["stages"]], **QUIET)
+    c["exit_layer"].input(on_exit, [c["exit_layer"], c["stages"], c["layers"]], c["stages"], **QUIET)
+    settings = [c["exit_layer"], c["stages"], c["draft_len"], c["layers"], c["eesd"]]
+    for name in ("exit_layer", "stages", "draft_len"):
+        c[name].release(on_settings, settings, r["theory"], **QUIET)
+    c["eesd"].change(on_settings, settings, r["theory"], **QUIET)
+    for name in ("exit_layer", "stages", "layers"):
+        c[name].change(on_diagram, [c["exit_layer"], c["stages"], c["layers"]], c["diagram"], **QUIET)
+    c["eesd"].change(on_eesd, c["eesd"], [eesd_column, c["run"]], **QUIET)
 
 
 def launch_kwargs() -> dict[str, Any]:

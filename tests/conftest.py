@@ -56,3 +56,15 @@ def saved_model(tmp_path_factory) -> str:
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return str(path)
+
+
+@pytest.fixture(scope="module")
+def app_state():
+    """The demo's shared state for one module's server, built here rather than from the
+    environment (any model name loads, whatever PPSD_MODELS or SPACE_ID say); its models are
+    dropped afterwards."""
+    from app.state import AppState
+
+    state = AppState()
+    yield state
+    state.cache.clear()

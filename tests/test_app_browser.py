@@ -35,21 +35,19 @@ def free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def page_url(request):
+def page_url(request, app_state):
     from app import create_demo, launch_kwargs
-    from app import handlers
 
     torch.set_num_threads(1)  # the server and the browser share the cores: avoid oversubscription stalls
     real = default_available()
     model = ppsd.DEFAULT_MODEL if real else request.getfixturevalue("saved_model")
-    demo = create_demo()
+    demo = create_demo(app_state)
     port = free_port()
     demo.launch(prevent_thread_lock=True, server_port=port, quiet=True, **launch_kwargs())
     try:
         yield f"http://127.0.0.1:{port}/", model, real
     finally:
-        demo.close()
-        handlers.CACHE.clear()
+        demo.close()  # and `app_state` drops the loaded models
 
 
 @contextmanager

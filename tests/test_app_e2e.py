@@ -6,13 +6,15 @@ from __future__ import annotations
 
 import html
 import socket
+from contextlib import contextmanager
+from typing import Iterator
 
 import gradio as gr
 import pytest
 import torch
 from gradio_client import Client
 
-from app import create_demo, launch_kwargs
+from app import AppState, create_demo, launch_kwargs
 from app import handlers
 
 
@@ -34,26 +36,31 @@ def run_args(model: str, *, prompt: str = "def fibonacci(n):", eesd: bool = Fals
             workers, chat, repeats)
 
 
-@pytest.fixture(scope="module")
-def server(saved_model):
-    # One intra-op thread: the server and the test share the cores, and oversubscription stalls.
-    torch.set_num_threads(1)
-    handlers.CACHE.clear()
-    demo = create_demo()
+@contextmanager
+def serving(state: AppState) -> Iterator[Client]:
+    """The page on `state`, launched on a free port: a client of it, and the server closed afterwards."""
+    demo = create_demo(state)
     port = free_port()
     demo.launch(prevent_thread_lock=True, server_port=port, quiet=True, **launch_kwargs())
     try:
-        yield Client(f"http://127.0.0.1:{port}/", verbose=False), saved_model
+        yield Client(f"http://127.0.0.1:{port}/", verbose=False)
     finally:
         demo.close()
-        handlers.CACHE.clear()
+
+
+@pytest.fixture(scope="module")
+def server(saved_model, app_state):
+    # One intra-op thread: the server and the test share the cores, and oversubscription stalls.
+    torch.set_num_threads(1)
+    with serving(app_state) as client:
+        yield client, saved_model
 
 
 def test_demo_builds_without_loading_a_model():
-    handlers.CACHE.clear()
-    demo = create_demo()
+    state = AppState()
+    demo = create_demo(state)
     assert isinstance(demo, gr.Blocks)
-    assert len(handlers.CACHE) == 0
+    assert len(state.cache) == 0
     assert "run" in {d.api_name for d in demo.fns.values()}
 
 
@@ -136,7 +143,7 @@ def test_nan_through_the_raw_api_is_named_and_the_workers_stay(server, field):
 
 
 @pytest.mark.parametrize("name", ["no/such-model", "__NOT_A_MODEL_DIR__"])
-def test_unloadable_model_keeps_the_loaded_one(server, name, tmp_path):
+def test_unloadable_model_keeps_the_loaded_one(server, app_state, name, tmp_path):
     client, model = server
     client.predict(*run_args(model, max_new_tokens=2), api_name="/run")
     bad = str(tmp_path) if name == "__NOT_A_MODEL_DIR__" else name
@@ -146,7 +153,7 @@ def test_unloadable_model_keeps_the_loaded_one(server, name, tmp_path):
     else:  # whatever is wrong with a path, the page does not tell which server paths exist
         assert error == f"{bad!r} is not a loadable model here: give the default ({handlers.ppsd.DEFAULT_MODEL}), a " \
                         "model directory or .gguf file on this server, or a Hugging Face hub id"
-    assert model in handlers.CACHE and bad not in handlers.CACHE
+    assert model in app_state.cache and bad not in app_state.cache
     outputs = client.predict(*run_args(model, max_new_tokens=3), api_name="/run")
     assert len(outputs[-1]["ar"]["token_ids"]) == 3
 
@@ -258,70 +265,71 @@ def test_more_workers_than_cores_is_refused_with_the_reason(server):
     assert "CPU cores" in outputs[-1]["error"]
 
 
-def test_one_model_however_its_path_is_spelled_and_at_most_two_kept(server, tmp_path):
+def test_one_model_however_its_path_is_spelled_and_at_most_two_kept(server, app_state, tmp_path):
     """/load with the same directory spelled four ways loads it once; a third model evicts the
     least recently used one, never the default, so memory stays bounded whatever visitors type."""
     import shutil
     from pathlib import Path
 
     client, model = server
-    handlers.CACHE.clear()
+    cache = app_state.cache
+    cache.clear()
     spellings = [model, model + "/", model + "//", str(Path(model).parent / "." / Path(model).name)]
     for name in spellings:
         client.predict(name, api_name="/load")
-    assert len(handlers.CACHE) == 1 and all(name in handlers.CACHE for name in spellings)
+    assert len(cache) == 1 and all(name in cache for name in spellings)
     copies = [shutil.copytree(model, tmp_path / f"copy{i}") for i in range(2)]
     for copy in copies:
         client.predict(str(copy), api_name="/load")
-    assert len(handlers.CACHE) == handlers.CACHE.capacity == 2
-    assert model not in handlers.CACHE and all(str(c) in handlers.CACHE for c in copies)  # the oldest went first
+    assert len(cache) == cache.capacity == 2
+    assert model not in cache and all(str(c) in cache for c in copies)  # the oldest went first
     outputs = client.predict(*run_args(model, max_new_tokens=3), api_name="/run")  # and it loads again on use
-    assert len(outputs[-1]["ar"]["token_ids"]) == 3 and len(handlers.CACHE) == 2
+    assert len(outputs[-1]["ar"]["token_ids"]) == 3 and len(cache) == 2
 
 
-def test_a_slow_load_does_not_hold_the_device(server, monkeypatch):
+def test_a_slow_load_does_not_hold_the_device(saved_model):
     """One visitor's model loading (a download, a conversion) must not delay another's run."""
     import time
 
-    client, model = server
-    client.predict(*run_args(model, max_new_tokens=2), api_name="/run")  # loaded, warm
-    loader = handlers.CACHE._loader
+    import ppsd
+    from app.models import ModelCache
 
     def slow(name, **kwargs):
         if name == "slow/model":
             time.sleep(6)
             raise ValueError("cannot load model 'slow/model': gone")
-        return loader(name, **kwargs)
+        return ppsd.load_model(name, **kwargs)
 
-    monkeypatch.setattr(handlers.CACHE, "_loader", slow)
-    monkeypatch.setattr(handlers.CACHE, "_key", lambda name: name)
-    other = Client(client.src, verbose=False)  # a second visitor
-    slow_job = other.submit(*run_args("slow/model"), api_name="/run")
-    time.sleep(0.5)
-    started = time.monotonic()
-    outputs = client.predict(*run_args(model, max_new_tokens=4), api_name="/run")
-    assert len(outputs[-1]["ppsd"]["token_ids"]) == 4
-    assert time.monotonic() - started < 4  # it did not wait for the 6 s load
-    assert "not a loadable model" in slow_job.result(timeout=30)[-1]["error"]
+    model = saved_model
+    with serving(AppState(cache=ModelCache(loader=slow, key=lambda name: name))) as client:
+        client.predict(*run_args(model, max_new_tokens=2), api_name="/run")  # loaded, warm
+        other = Client(client.src, verbose=False)  # a second visitor
+        slow_job = other.submit(*run_args("slow/model"), api_name="/run")
+        time.sleep(0.5)
+        started = time.monotonic()
+        outputs = client.predict(*run_args(model, max_new_tokens=4), api_name="/run")
+        assert len(outputs[-1]["ppsd"]["token_ids"]) == 4
+        assert time.monotonic() - started < 4  # it did not wait for the 6 s load
+        assert "not a loadable model" in slow_job.result(timeout=30)[-1]["error"]
 
 
-def test_a_full_line_says_busy_in_words(server, monkeypatch):
+def test_a_full_line_says_busy_in_words(saved_model):
     import time
 
     from app.line import DeviceLine
 
-    client, model = server
-    monkeypatch.setattr(handlers, "LINE", DeviceLine(0))  # room for the running one, none waiting
-    first = client.submit(*run_args(model, max_new_tokens=200), api_name="/run")
-    deadline = time.monotonic() + 30
-    while not handlers.LINE._line and time.monotonic() < deadline:
-        time.sleep(0.02)
-    other = Client(client.src, verbose=False)
-    busy = other.predict(*run_args(model, max_new_tokens=2), api_name="/run")[-1]
-    assert busy == {"error": "the demo is busy (one run decoding, 0 waiting, the most it queues): please try "
-                             "again in a moment"}
-    client.predict(api_name="/stop")
-    assert "Stopped" in first.result(timeout=30)[0]
+    model, state = saved_model, AppState(line=DeviceLine(0))  # room for the running one, none waiting
+    with serving(state) as client:
+        first = client.submit(*run_args(model, max_new_tokens=200), api_name="/run")
+        deadline = time.monotonic() + 30
+        while not len(state.line) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        other = Client(client.src, verbose=False)
+        busy = other.predict(*run_args(model, max_new_tokens=2), api_name="/run")[-1]
+        assert busy == {"error": "the demo is busy (one run decoding, 0 waiting, the most it queues): please try "
+                                 "again in a moment"}
+        client.predict(api_name="/stop")
+        assert "Stopped" in first.result(timeout=30)[0]
 
 
 def test_ten_visitors_at_once_are_queued_see_their_place_and_all_finish(server):
@@ -416,13 +424,13 @@ def test_the_server_shuts_down_quietly_and_leaves_no_process(saved_model, stop):
     assert not [p for p in started if os.path.exists(f"/proc/{p}")]
 
 
-def test_the_max_tokens_slider_offers_only_what_the_context_leaves(server):
+def test_the_max_tokens_slider_offers_only_what_the_context_leaves(server, app_state):
     client, model = server
     client.predict(model, api_name="/load")
-    loaded = handlers.CACHE.find(model)
+    loaded = app_state.cache.find(model)
     prompt = "def fibonacci(n):"
     room = loaded.model.info.max_context - len(loaded.encode(prompt, chat=False))
-    update = handlers.max_tokens_update(prompt, model, False, 1000)
+    update = handlers.max_tokens_update(app_state, prompt, model, False, 1000)
     assert update["maximum"] == room < 1024 and update["value"] == room and "minus the prompt" in update["info"]
     outputs = client.predict(*run_args(model, prompt=prompt, max_new_tokens=room, chat=False), api_name="/run")
     assert len(outputs[-1]["ar"]["token_ids"]) == room  # the slider's top is a run that works

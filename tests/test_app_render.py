@@ -239,10 +239,11 @@ def test_pausable_stopwatch_stands_still_while_paused():
 
 
 @pytest.fixture(scope="module")
-def tiny_cache(saved_model):
+def tiny_loader(saved_model):
+    """A ModelCache loader that knows one name, "tiny" (the tiny saved model); `loader.loads`
+    lists the loads it did."""
     from transformers import AutoTokenizer
 
-    torch.set_num_threads(1)
     loads = []
 
     def loader(name, device=None, progress=None):
@@ -252,8 +253,15 @@ def tiny_cache(saved_model):
         model, _ = ppsd.load_model(saved_model, device="cpu")
         return model, AutoTokenizer.from_pretrained(saved_model)
 
-    cache = ModelCache(device="cpu", loader=loader)
-    cache.loads = loads
+    loader.loads = loads
+    return loader
+
+
+@pytest.fixture(scope="module")
+def tiny_cache(tiny_loader):
+    torch.set_num_threads(1)
+    cache = ModelCache(device="cpu", loader=tiny_loader)
+    cache.loads = tiny_loader.loads
     return cache
 
 
@@ -364,8 +372,8 @@ def test_runner_on_k_workers_gives_the_same_tokens_on_a_measured_concurrent_cloc
     assert "measured clock" in view.snapshot(snap)["headline"]
 
 
-def test_a_space_offers_only_the_models_its_owner_allows(monkeypatch, tiny_cache):
-    from app.handlers import allowed_models
+def test_a_space_offers_only_the_models_its_owner_allows(monkeypatch, tiny_loader):
+    from app.state import AppState, allowed_models
 
     for env, expected in [({}, None), ({"SPACE_ID": "me/ppsd"}, (ppsd.DEFAULT_MODEL,)),
                           ({"SPACE_ID": "me/ppsd", "PPSD_MODELS": "*"}, None),
@@ -375,10 +383,27 @@ def test_a_space_offers_only_the_models_its_owner_allows(monkeypatch, tiny_cache
         for key, value in env.items():
             monkeypatch.setenv(key, value)
         assert allowed_models() == expected, env
-    cache = ModelCache(device="cpu", loader=tiny_cache._loader, allowed=("tiny",))
+        assert AppState.from_environment().cache.allowed == expected, env  # read when called, not at import
+    cache = ModelCache(device="cpu", loader=tiny_loader, allowed=("tiny",))
     assert cache.get("tiny").name == "tiny"
     with pytest.raises(ValueError, match=r"'/etc/passwd' is not offered here: choose one of tiny"):
         cache.get("/etc/passwd")
+
+
+def test_stop_reaches_its_sessions_latest_run_only():
+    from app.line import StopRegistry
+
+    stops = StopRegistry()
+    older, newer = stops.running("a"), stops.running("a")
+    first = older.__enter__()
+    second = newer.__enter__()  # the session pressed Run again before its first run ended
+    older.__exit__(None, None, None)  # the first run ends: it must not take the newer one's Stop along
+    stops.stop("b")
+    assert not second.is_set()
+    stops.stop("a")
+    assert second.is_set() and not first.is_set()
+    newer.__exit__(None, None, None)
+    stops.stop("a")  # nothing running: nothing to stop
 
 
 def test_a_run_in_flight_shows_its_phases_done_now_and_to_come(tiny_cache):

@@ -1,0 +1,44 @@
+"""What one server shares across its visitors: the loaded models, the line for the device, and
+each session's Stop, in one object that the entry point builds and hands to the page
+(`create_demo(state)`), which hands it to every handler. Nothing here is made at import, so a
+test or a second page builds its own and no two share by accident.
+
+The environment (PPSD_MODELS, SPACE_ID) is read only by `AppState.from_environment`, when called.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+import ppsd
+
+from .line import DeviceLine, StopRegistry
+from .models import ModelCache
+
+QUEUE_SIZE = 16  # runs that may wait for the device; one more is told the demo is busy
+
+
+def allowed_models() -> tuple[str, ...] | None:
+    """Which model names the page may load: PPSD_MODELS, comma-separated, or "*" for any name a
+    visitor types. Unset: any, except on a Hugging Face Space (SPACE_ID is set), where only the
+    default model loads unless the owner sets PPSD_MODELS."""
+    setting = os.environ.get("PPSD_MODELS", "").strip()
+    if setting == "*" or (not setting and not os.environ.get("SPACE_ID")):
+        return None
+    names = tuple(n.strip() for n in setting.split(",") if n.strip())
+    return names or (ppsd.DEFAULT_MODEL,)
+
+
+@dataclass(frozen=True)
+class AppState:
+    """A server's shared state. The defaults: any model name loads, QUEUE_SIZE runs may wait."""
+
+    cache: ModelCache = field(default_factory=ModelCache)  # every visitor shares the loaded models
+    line: DeviceLine = field(default_factory=lambda: DeviceLine(QUEUE_SIZE))  # one decode at a time
+    stops: StopRegistry = field(default_factory=StopRegistry)  # session -> its running comparison's Stop
+
+    @classmethod
+    def from_environment(cls) -> AppState:
+        """The state a deployed server runs with: the models PPSD_MODELS / SPACE_ID allow."""
+        return cls(cache=ModelCache(allowed=allowed_models()))
