@@ -127,16 +127,16 @@ def test_every_plan_keeps_the_invariants_and_workers_replaying_their_parts_run_i
         check(queues, plan)
         for k in range(1, stages):
             part = worker_part(plan, k)
-            expected = next(((a.item.position, a.item.width) for a in plan.actions if a.stage == k), None)
+            expected = next(((a.item.position, a.item.width) for a in plan.actions if a.index == k), None)
             if part is None:
                 assert expected is None
                 continue
-            producer = next((a.item for a in plan.actions if a.stage == k - 1 and k > 1), None)
+            producer = next((a.item for a in plan.actions if a.index == k - 1 and k > 1), None)
             ran = workers[k].replay(part, attached if k == 1 else [], producer)
             if k == 1:
                 attached = []
             assert ran == expected
-        attached += [a.item for a in plan.actions if a.stage == 0]
+        attached += [a.item for a in plan.actions if a.index == 0]
         queues = plan.queues
         if rng.random() < 0.1:  # a rollback empties everything
             queues, workers, attached = empty(stages), [Worker() for _ in range(stages)], []

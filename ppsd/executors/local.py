@@ -56,7 +56,7 @@ class InProcessExecutor:
         events, results = [], {}
         for action in plan.actions:
             start = self._clock.now()
-            k = action.stage
+            k = action.index
             if k == 0:
                 hidden, results["exit_logits"] = first_stage(self.model, self.stages[0], feed, self.cache)
             else:

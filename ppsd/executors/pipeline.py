@@ -231,7 +231,7 @@ class DistributedExecutor:
             # and each worker goes from one slot's work to the next without waiting for a message.
             self._ahead = self._launch(self._plan(schedule.advance))
         self._collect(call, times, results)
-        events = tuple(a.event(self._clock.at(times[a.stage][0]), self._clock.at(times[a.stage][1]), slot)
+        events = tuple(a.event(self._clock.at(times[a.index][0]), self._clock.at(times[a.index][1]), slot)
                        for a in actions)
         return Output(events=events, **results)
 
@@ -242,7 +242,7 @@ class DistributedExecutor:
             if part is not None:
                 self._post_control(Header.work(part), k)
         for action in call.plan.actions:
-            k = action.stage
+            k = action.index
             call.taken[k] = self._outbox.posted[k]  # what its report proves delivered
             report = torch.empty(4 + self._payload(action), dtype=torch.float32)
             call.reports[k] = (dist.irecv(report, src=k, group=GROUPS["calls"]), report)
@@ -257,7 +257,7 @@ class DistributedExecutor:
         self._discarded = []
         last = len(self.stages) - 1
         for action in call.plan.actions:
-            k = action.stage
+            k = action.index
             work, report = call.reports[k]
             work.wait()
             self._outbox.delivered(k, call.taken[k])
@@ -296,7 +296,7 @@ class DistributedExecutor:
 
     def _payload(self, action: schedule.Action) -> int:
         """Number of logits in a worker's report: T x V at the last stage, else none."""
-        if action.stage < len(self.stages) - 1:
+        if action.index < len(self.stages) - 1:
             return 0
         return self.model.info.vocab_size * logit_width(action.item.kind, action.item.width)
 

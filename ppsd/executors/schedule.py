@@ -36,11 +36,12 @@ class Item:
 
 @dataclass(frozen=True)
 class Action:
-    """Stage `stage` (0 is stage 1) computes `item`: for stage 1 the feed, else the first
-    `take` items of its queue, merged. Its output joins the next stage's queue (none after the
-    last stage, which gives the final logits)."""
+    """The stage at `index` (stage `index + 1`: stages count from 1, as in `Event`, indices from
+    0) computes `item`: for stage 1 the feed, else the first `take` items of its queue, merged.
+    Its output joins the next stage's queue (none after the last stage, which gives the final
+    logits)."""
 
-    stage: int
+    index: int
     item: Item
     take: int
     kind: Kind  # the event's kind: stage 1 drafts, later stages verify or prefill
@@ -48,7 +49,7 @@ class Action:
 
     def event(self, start: float, end: float, slot: int | None) -> Event:
         i = self.item
-        return Event(stage=self.stage + 1, position=i.position, kind=self.kind, start=start, end=end,
+        return Event(stage=self.index + 1, position=i.position, kind=self.kind, start=start, end=end,
                      token_id=i.token_id, width=i.width, slot=slot, from_final=self.from_final)
 
 
@@ -127,7 +128,7 @@ class WorkerPart:
 def worker_part(plan: Plan, stage: int) -> WorkerPart | None:
     """What the worker of `stage` (>= 1) does in `plan`; None when nothing. Stage 1's output
     (computed by the coordinator) is not part of it: it travels attached to the next message."""
-    order = {a.stage: i for i, a in enumerate(plan.actions)}
+    order = {a.index: i for i, a in enumerate(plan.actions)}
     mine = plan.actions[order[stage]] if stage in order else None
     producer = plan.actions[order[stage - 1]] if stage > 1 and stage - 1 in order else None
     if mine is None and producer is None:
@@ -141,24 +142,24 @@ def check(before: Queues, plan: Plan) -> None:
     1. each stage acts at most once per call;
     2. a stage takes only what waited before it, oldest first, and positions stay contiguous;
     3. the queues after are the queues before, minus what was taken, plus what was produced."""
-    stages = [a.stage for a in plan.actions]
+    stages = [a.index for a in plan.actions]
     if len(set(stages)) != len(stages):
         raise ValueError(f"a stage acts twice: {stages}")
     waiting = [list(q) for q in before]
     for a in plan.actions:
-        if a.stage > 0:
-            taken, waiting[a.stage] = waiting[a.stage][:a.take], waiting[a.stage][a.take:]
+        if a.index > 0:
+            taken, waiting[a.index] = waiting[a.index][:a.take], waiting[a.index][a.take:]
             if len(taken) != a.take or not taken:
-                raise ValueError(f"stage {a.stage + 1} takes {a.take} of {len(taken)} waiting")
+                raise ValueError(f"stage {a.index + 1} takes {a.take} of {len(taken)} waiting")
             ends = [i.position + i.width for i in taken]
             if [i.position for i in taken[1:]] != ends[:-1] or a.item.position != taken[0].position:
-                raise ValueError(f"stage {a.stage + 1} merges non-contiguous positions")
-        if a.stage + 1 < len(before):
-            waiting[a.stage + 1].append(a.item)
+                raise ValueError(f"stage {a.index + 1} merges non-contiguous positions")
+        if a.index + 1 < len(before):
+            waiting[a.index + 1].append(a.item)
     if tuple(map(tuple, waiting)) != plan.queues:
         raise ValueError("the queues after the plan are not what its actions leave")
 
 
 def describe(plan: Plan) -> list[str]:
     """One line per action, e.g. "3: verify 12+1": for tests, docs and debugging."""
-    return [f"{a.stage + 1}: {a.kind} {a.item.position}+{a.item.width}" for a in plan.actions]
+    return [f"{a.index + 1}: {a.kind} {a.item.position}+{a.item.width}" for a in plan.actions]
