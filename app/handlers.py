@@ -17,6 +17,7 @@ import gradio as gr
 
 import ppsd
 from ppsd.config import fit_stages, stage_bounds
+from ppsd.metrics import slot_fraction
 from ppsd.heads import default_exit_layer
 from ppsd.model import model_config
 from ppsd.model_source import needs_preparing
@@ -258,8 +259,10 @@ def on_exit(exit_layer: float, stages: float, layers: int) -> Any:
 def on_settings(exit_layer: float, stages: float, draft_len: float, layers: int, eesd: bool = False):
     """Redraw the theory curves when E, K, g or the EESD choice change (no run needed: it is a
     formula); EESD's curve only when EESD will run."""
-    return render.render_theory(stages=int(stages), draft_len=int(draft_len), exit_fraction=int(exit_layer) / layers,
-                                eesd=bool(eesd))
+    exit_layer, stages = fit_stages(int(layers), int(exit_layer), int(stages))
+    slot = slot_fraction(ppsd.stage_layers(int(layers), exit_layer, stages))  # the run's own s, as after a run
+    return render.render_theory(stages=stages, slot_fraction=slot, draft_len=int(draft_len),
+                                exit_fraction=exit_layer / layers, eesd=bool(eesd))
 
 
 def on_step(race: dict | None, slot: float, move: int = 0) -> tuple:

@@ -25,10 +25,10 @@ from ppsd.executors.pipeline import DistributedExecutor
 from ppsd.executors.pool import current_pool, shared_pipeline
 from ppsd.executors.wire import PipelineError
 from ppsd.chat import check_text
-from ppsd.generate import Recording, device_sync
+from ppsd.generate import Recording, decode_steps, device_sync
 from ppsd.metrics import speedup
 from ppsd.model_source import Progress
-from ppsd.setup import set_up_text
+from ppsd.setup import RunSetup, set_up_text
 from ppsd.executors.placement import usable_cores
 from ppsd.trace import Stopwatch
 
@@ -294,7 +294,8 @@ def _time_again(snapshot: Snapshot, model: StagedModel, rounds: int, pipeline: D
 def _decode(run: MethodRun, model: StagedModel, snapshot: Snapshot, throttle: float,
             pipeline: DistributedExecutor | None, stop: threading.Event) -> Iterator[Snapshot]:
     stopwatch = PausableStopwatch(device_sync(model))
-    steps = ppsd.stream(model, list(run.prompt_ids), run.config, stopwatch=stopwatch, executor=pipeline)
+    setup = RunSetup(model, run.config, head="", prompt_ids=run.prompt_ids)  # set up once, in run_comparison
+    steps = decode_steps(setup, stopwatch=stopwatch, executor=pipeline)
     shown = time.perf_counter()
     try:
         for step in steps:
