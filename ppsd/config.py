@@ -41,7 +41,7 @@ def real_number(name: str, value: object) -> float:
 
 @dataclass(frozen=True)
 class DecodeConfig:
-    """Settings of one run. `exit_layer` None means the model's default: `ppsd.setup.resolve`
+    """Settings of one run. `exit_layer` None means the model's default: `ppsd.setup.resolve_config`
     gives the shipped head's E when the model has one for K, `resolved` alone the balanced L/K."""
 
     method: str = "ppsd"
@@ -61,7 +61,7 @@ class DecodeConfig:
         """The layers of each stage of this run (E given, as in a resolved config) on a model of
         `num_layers` layers."""
         if self.exit_layer is None:
-            raise ValueError("the exit layer is not set: resolve the config first (ppsd.setup.resolve)")
+            raise ValueError("the exit layer is not set: resolve the config first (ppsd.setup.resolve_config)")
         return stage_layers(num_layers, self.exit_layer, self.stages)
 
     def resolved(self, num_layers: int) -> "DecodeConfig":

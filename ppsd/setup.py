@@ -42,7 +42,7 @@ class RunSetup:
         return replace(self, config=replace(self.config, method=method))
 
 
-def resolve(model_name: str, num_layers: int, config: DecodeConfig) -> DecodeConfig:
+def resolve_config(model_name: str, num_layers: int, config: DecodeConfig) -> DecodeConfig:
     """`config` checked against a model of `num_layers` layers, with E filled when it is None: the
     shipped head's E for `model_name` and K, else L/K (ValueError names a bad value). Needs no
     weights, so an entry point can refuse bad settings before it loads any."""
@@ -62,7 +62,7 @@ def set_up(model: StagedModel, config: DecodeConfig | None = None, *, exit_head:
     """
     config = config or DecodeConfig()
     if exit_head is None and model.exit_head_given:
-        resolved, head = resolve(model.info.name, model.num_layers, config), "given to the model"
+        resolved, head = resolve_config(model.info.name, model.num_layers, config), "given to the model"
     else:
         resolved, choice = _resolve_with_head(model, config, exit_head or AUTO_HEAD)
         model, head = model.with_exit_head(choice.head), choice.label
@@ -96,7 +96,7 @@ def check_prompt(model: StagedModel, prompt_ids: tuple[int, ...], config: Decode
 def _resolve_with_head(model: StagedModel, config: DecodeConfig, spec: str) -> tuple[DecodeConfig, HeadChoice]:
     """The resolved config and the head `spec` names. A default E taken from a shipped head that
     does not fit these weights (a model that only shares the default's name) falls back to L/K."""
-    resolved = resolve(model.info.name, model.num_layers, config)
+    resolved = resolve_config(model.info.name, model.num_layers, config)
     choice = _head(model, resolved.exit_layer, spec)
     balanced = balanced_exit_layer(model.num_layers, config.stages)
     if config.exit_layer is None and spec.strip() in ("", AUTO_HEAD) and choice.path is None \

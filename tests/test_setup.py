@@ -5,7 +5,7 @@
 2. A model that only shares the default's name (other weights) falls back to L/K and the shared
    head, and says so.
 3. A head given to the model is kept; an explicit head spec replaces it.
-4. `resolve` needs no weights: the shipped E for the default's name, L/K for any other.
+4. `resolve_config` needs no weights: the shipped E for the default's name, L/K for any other.
 5. An empty prompt is refused with one message, whatever the entry point.
 """
 
@@ -19,7 +19,7 @@ from ppsd.chat import encode_prompt
 from ppsd.heads import default_exit_layer
 from ppsd.heads.exits import build_head
 from ppsd.model_source import default_available
-from ppsd.setup import resolve, set_up, set_up_text
+from ppsd.setup import resolve_config, set_up, set_up_text
 
 from conftest import tiny_tokenizer
 
@@ -58,11 +58,11 @@ def test_3_a_given_head_is_kept_and_an_explicit_spec_replaces_it(llama):
 
 def test_4_resolve_needs_no_weights():
     layers = 30
-    assert resolve(DEFAULT_MODEL, layers, DecodeConfig()).exit_layer == default_exit_layer(DEFAULT_MODEL, layers, 2)
-    assert resolve("some/other-model", layers, DecodeConfig()).exit_layer == 15
-    assert resolve("some/other-model", layers, DecodeConfig(stages=3)).exit_layer == 10
+    assert resolve_config(DEFAULT_MODEL, layers, DecodeConfig()).exit_layer == default_exit_layer(DEFAULT_MODEL, layers, 2)
+    assert resolve_config("some/other-model", layers, DecodeConfig()).exit_layer == 15
+    assert resolve_config("some/other-model", layers, DecodeConfig(stages=3)).exit_layer == 10
     with pytest.raises(ValueError, match="stages K=31 is out of range"):
-        resolve(DEFAULT_MODEL, layers, DecodeConfig(stages=31))
+        resolve_config(DEFAULT_MODEL, layers, DecodeConfig(stages=31))
 
 
 def test_5_an_empty_prompt_has_one_message(llama):

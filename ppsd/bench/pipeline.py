@@ -35,7 +35,7 @@ from ..config import DEFAULTS, DecodeConfig, balanced_exit_layer
 from ..generate import Result, generate
 from ..metrics import break_even_acceptance, ideal_ppsd_speedup_slowest_stage, slot_fraction, speedup
 from ..model import DEFAULT_MODEL, StagedModel, load_model
-from ..setup import set_up
+from ..setup import resolve_config, set_up
 from .baselines import hf_generate
 from .prompts import CHAT_PROMPTS_FILE, load_prompts, spread
 from .run import fixed_length
@@ -81,8 +81,10 @@ class Measured:
 
 def run(args: argparse.Namespace) -> int:
     model, prompts, source = _model_and_prompts(args)
-    setup = set_up(model, DecodeConfig(stages=args.stages, exit_layer=args.exit_layer, max_new_tokens=args.new_tokens,
-                                       draft_len=args.draft_len), exit_head=args.exit_head)
+    # E by the name asked for: the model is loaded from its converted directory, whose path names no shipped head.
+    config = resolve_config(args.model, model.num_layers, DecodeConfig(
+        stages=args.stages, exit_layer=args.exit_layer, max_new_tokens=args.new_tokens, draft_len=args.draft_len))
+    setup = set_up(model, config, exit_head=args.exit_head)
     model, config = setup.model, setup.config
     methods = [
         Method("AR, 1 process, 1 thread", "ar", "in-process", 1),

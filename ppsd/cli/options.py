@@ -11,7 +11,7 @@ import argparse
 from ..config import DEFAULTS, METHODS, DecodeConfig
 from ..heads import AUTO_HEAD
 from ..model import DEFAULT_MODEL
-from ..setup import resolve
+from ..setup import resolve_config
 
 
 def add_model(parser: argparse.ArgumentParser) -> None:
@@ -52,7 +52,7 @@ def decode_config(args: argparse.Namespace, num_layers: int, *, stages: int | No
     `stages` overrides --stages (under torchrun the world size decides)."""
     stages = args.stages if stages is None else stages
     sampled = {name: getattr(args, name) for name in ("temperature", "top_p", "seed") if hasattr(args, name)}
-    return resolve(args.model, num_layers, DecodeConfig(
+    return resolve_config(args.model, num_layers, DecodeConfig(
         method=args.method, stages=stages, draft_len=args.draft_len, max_new_tokens=args.max_new_tokens,
         exit_layer=args.exit_layer, **sampled,
     ))
