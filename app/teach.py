@@ -38,7 +38,7 @@ def pipeline_diagram(num_layers: int, exit_layer: int, stages: int) -> str:
 
     Raises ValueError for an exit layer or stage count the model cannot hold.
     """
-    ranges = DecodeConfig(exit_layer=exit_layer, stages=stages).partition(num_layers)
+    ranges = DecodeConfig(exit_layer=exit_layer, stages=stages).resolved(num_layers).partition(num_layers)
     boxes = []
     for k, layers in enumerate(ranges, start=1):
         if k == 1:
