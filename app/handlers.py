@@ -71,21 +71,21 @@ def layer_count(cache: ModelCache, name: str) -> int | None:
 # --------------------------------------------------------------------------- slider rules
 
 
-def stage_updates(num_layers: int, stages: int, exit_layer: int | None = None, model: str = "") -> tuple[Any, Any]:
+def stage_updates(num_layers: int, num_stages: int, exit_layer: int | None = None, model: str = "") -> tuple[Any, Any]:
     """E and K sliders for a model of `num_layers`, in `ppsd.config.stage_bounds`, the pair kept
     valid by lowering the value that did not move (`fit_stages`); E defaults to the shipped
     head's for `model` and K, else the balanced L/K. The ranges never shrink to one value, which
     a Gradio slider refuses."""
     exits, counts = stage_bounds(num_layers)
-    stages = max(counts.start, min(int(stages), counts.stop - 1))  # first: the default E depends on K
-    default = default_exit_layer(model, num_layers, stages)
-    exit_layer, stages = fit_stages(num_layers, int(default if exit_layer is None else exit_layer), stages)
-    balanced = ppsd.balanced_exit_layer(num_layers, stages)
+    num_stages = max(counts.start, min(int(num_stages), counts.stop - 1))  # first: the default E depends on K
+    default = default_exit_layer(model, num_layers, num_stages)
+    exit_layer, num_stages = fit_stages(num_layers, int(default if exit_layer is None else exit_layer), num_stages)
+    balanced = ppsd.balanced_exit_layer(num_layers, num_stages)
     why = f"balanced E = L/K = {balanced}" if default == balanced else \
         f"default E = {default}: the shipped head's (chosen by measured speed); balanced L/K = {balanced}"
     return (gr.update(minimum=exits.start, maximum=max(exits.stop - 1, exits.start + 1), value=exit_layer,
                       info=f"drafts use layers 0…E−1; {why}"),
-            gr.update(minimum=counts.start, maximum=max(counts.stop - 1, counts.start + 1), value=stages,
+            gr.update(minimum=counts.start, maximum=max(counts.stop - 1, counts.start + 1), value=num_stages,
                       info=_stages_info(num_layers)))
 
 
@@ -223,7 +223,7 @@ def on_page_load(state: AppState, name: str) -> tuple:
     return e_update, k_update, layers, model_status(f"{layers} layers · {note}", "ok" if loaded else "idle")
 
 
-def after_run(state: AppState, name: str, exit_layer: float, stages: float, exit_head: str = "") -> tuple:
+def after_run(state: AppState, name: str, exit_layer: float, num_stages: float, exit_head: str = "") -> tuple:
     """After a run (which may have loaded the model): the status line (with the exit head that
     drafted), and the E/K ranges fitted to the model, keeping the values the user chose when they fit."""
     cache = state.cache
@@ -233,7 +233,7 @@ def after_run(state: AppState, name: str, exit_layer: float, stages: float, exit
         return model_status(f"{name} is not loaded (loaded: {kept})", "idle"), gr.skip(), gr.skip(), gr.skip()
     loaded = cache.get(name)
     info = loaded.model.info
-    e_update, k_update = stage_updates(info.num_layers, int(stages), int(exit_layer))
+    e_update, k_update = stage_updates(info.num_layers, int(num_stages), int(exit_layer))
     try:
         head = f" · exit head at E = {int(exit_layer)}: {cache.exit_head(exit_head or '', loaded, int(exit_layer)).label}"
     except ValueError:  # the run already said why this head does not fit
@@ -246,22 +246,22 @@ def model_status(text: str, kind: str) -> str:
     return f'<div class="model-status model-{kind}">{html.escape(text)}</div>'
 
 
-def on_stages(stages: float, layers: int, model: str = "") -> tuple:
+def on_stages(num_stages: float, layers: int, model: str = "") -> tuple:
     """K moved: E becomes the default for the new K (the shipped head's, or L/K), lowered if needed."""
-    return stage_updates(layers, int(stages), model=(model or "").strip() or ppsd.DEFAULT_MODEL)
+    return stage_updates(layers, int(num_stages), model=(model or "").strip() or ppsd.DEFAULT_MODEL)
 
 
-def on_exit(exit_layer: float, stages: float, layers: int) -> Any:
+def on_exit(exit_layer: float, num_stages: float, layers: int) -> Any:
     """E moved: K is lowered when the layers after E cannot hold K - 1 stages."""
-    return gr.update(value=fit_stages(layers, int(exit_layer), int(stages), moved="exit_layer")[1])
+    return gr.update(value=fit_stages(layers, int(exit_layer), int(num_stages), moved="exit_layer")[1])
 
 
-def on_settings(exit_layer: float, stages: float, draft_len: float, layers: int, eesd: bool = False):
+def on_settings(exit_layer: float, num_stages: float, draft_len: float, layers: int, eesd: bool = False):
     """Redraw the theory curves when E, K, g or the EESD choice change (no run needed: it is a
     formula); EESD's curve only when EESD will run."""
-    exit_layer, stages = fit_stages(int(layers), int(exit_layer), int(stages))
-    slot = slot_fraction(ppsd.stage_layers(int(layers), exit_layer, stages))  # the run's own s, as after a run
-    return render.render_theory(stages=stages, slot_fraction=slot, draft_len=int(draft_len),
+    exit_layer, num_stages = fit_stages(int(layers), int(exit_layer), int(num_stages))
+    slot = slot_fraction(ppsd.stage_layers(int(layers), exit_layer, num_stages))  # the run's own s, as after a run
+    return render.render_theory(num_stages=num_stages, slot_fraction=slot, draft_len=int(draft_len),
                                 exit_fraction=exit_layer / layers, eesd=bool(eesd))
 
 
@@ -278,8 +278,8 @@ def on_steps_ready(race: dict | None) -> tuple:
     return gr.update(maximum=max(count, 2), value=1), view.step(race, 0)
 
 
-def on_diagram(exit_layer: float, stages: float, layers: int) -> str:
-    return view.diagram(layers, exit_layer, stages)
+def on_diagram(exit_layer: float, num_stages: float, layers: int) -> str:
+    return view.diagram(layers, exit_layer, num_stages)
 
 
 def on_eesd(on: bool) -> tuple:

@@ -49,7 +49,7 @@ class Comparison:
     ppsd: Metrics
     ar_other: Metrics
     ppsd_other: Metrics
-    stages: int
+    num_stages: int
     device: str
     workers: bool
     speedups: tuple[float, ...] = ()  # AR wall / PPSD wall per timed round; empty: the one run above
@@ -72,7 +72,7 @@ def speedup_headline(c: Comparison) -> str:
     spread = (f"median of {len(c.speedups)} runs, range {min(c.speedups):.2f}–{max(c.speedups):.2f}×; "
               if len(c.speedups) > 1 else "one run; ")
     rate, slot = c.ppsd.acceptance_rate, c.ppsd.slot_fraction
-    ideal = (f"ideal S<sub>PPSD</sub>(a={rate:.2f}, K={c.stages}) = {c.ppsd.ideal_speedup:.2f}×"
+    ideal = (f"ideal S<sub>PPSD</sub>(a={rate:.2f}, K={c.num_stages}) = {c.ppsd.ideal_speedup:.2f}×"
              + ("" if slot is None else f", slowest stage {slot:.0%} of the layers")
              if rate is not None else "no draft was verified: acceptance undefined")
     return (f'<div class="headline"><span class="headline-main">PPSD {factor:.2f}× {word} than AR</span>'
@@ -82,11 +82,11 @@ def speedup_headline(c: Comparison) -> str:
 
 def compared_sentence(c: Comparison) -> str:
     """In one sentence, what was compared with what."""
-    where = (f"{c.stages} worker processes running at once" if c.workers else
-             f"one process, the measured stage costs replayed on {c.stages} workers")
+    where = (f"{c.num_stages} worker processes running at once" if c.workers else
+             f"one process, the measured stage costs replayed on {c.num_stages} workers")
     timed = f"each timed {len(c.speedups)}×, interleaved" if len(c.speedups) > 1 else "each timed once"
     return (f"Compared: AR and PPSD decoding the same prompt to the same {c.ar.tokens} tokens on the same "
-            f"{c.stages}-stage pipeline ({where}), {timed}; the decoder alone is timed.")
+            f"{c.num_stages}-stage pipeline ({where}), {timed}; the decoder alone is timed.")
 
 
 PHASE_NAMES = {"model": "load the model", "workers": "start the workers", "ar": "AR", "ppsd": "PPSD",
@@ -121,12 +121,12 @@ def render_headline(c: Comparison | None, *, status: str = "", agreement: str = 
     other = speedup(c.ar_other.wall_seconds, c.ppsd_other.wall_seconds)
     if c.workers:
         lines.append(note(
-            f"Measured: each of the K={c.stages} stages ran in its own worker process (pinned to its own cores or "
+            f"Measured: each of the K={c.num_stages} stages ran in its own worker process (pinned to its own cores or "
             f"GPU), at the same time; AR ran on the same pipeline. The same stage costs replayed with no messages "
             f"between the stages (projected clock) give {other:.2f}×: the difference is the cost of moving hidden "
             "states and logits between processes."))
     else:
-        lines.append(note(f"Projected clock: {PROJECTED_MEANING} (K={c.stages}), as if each stage had its own device."))
+        lines.append(note(f"Projected clock: {PROJECTED_MEANING} (K={c.num_stages}), as if each stage had its own device."))
         lines.append(note(
             f"Measured on this one {html.escape(c.device)} device, stages run in turn: AR "
             f"{duration_text(c.ar_other.wall_seconds)}, PPSD {duration_text(c.ppsd_other.wall_seconds)} ({other:.2f}×). On one device "

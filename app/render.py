@@ -133,11 +133,11 @@ def stage_label(k: int, layers: range, utilization: float) -> str:
     return f"stage {k} · layers {layers.start}–{layers.stop - 1} · util {utilization:.0%}"
 
 
-def timeline_title(trace: Trace, stages: int) -> str:
+def timeline_title(trace: Trace, num_stages: int) -> str:
     if trace.clock == "projected":
-        return f"Pipeline timeline · {PROJECTED_NOTE} (K={stages}, {trace.device})"
+        return f"Pipeline timeline · {PROJECTED_NOTE} (K={num_stages}, {trace.device})"
     if trace.concurrent:
-        return f"Pipeline timeline · {WORKERS_NOTE} (K={stages}, {trace.device})"
+        return f"Pipeline timeline · {WORKERS_NOTE} (K={num_stages}, {trace.device})"
     return f"Pipeline timeline · measured clock ({trace.device})"
 
 
@@ -157,7 +157,7 @@ def render_timeline(
     shown: set[str] = set()
     for row, (name, trace) in enumerate(panels, start=1):
         labels = [stage_label(k, r, u) for k, (r, u) in
-                  enumerate(zip(trace.stages, trace.utilization()), start=1)]
+                  enumerate(zip(trace.partition, trace.utilization()), start=1)]
         for kind in KIND_COLORS:
             events = [e for e in trace.events if e.kind == kind]
             if not events:
@@ -248,7 +248,7 @@ def eesd_break_even(draft_len: int, exit_fraction: float, steps: int = 2000) -> 
 
 
 def render_theory(
-    *, stages: int, draft_len: int, exit_fraction: float, slot_fraction: float | None = None,
+    *, num_stages: int, draft_len: int, exit_fraction: float, slot_fraction: float | None = None,
     points: Sequence[TheoryPoint] = (), eesd: bool = True,
 ) -> go.Figure:
     """Ideal speedup against acceptance rate: PPSD at the run's slot (`slot_fraction`, the slowest
@@ -256,7 +256,7 @@ def render_theory(
     this run; with `eesd` (only when EESD runs) also EESD(g, E/L) and where it loses to AR.
     Without `slot_fraction` the stages are taken as equal (s = 1/K): only for a caller that has
     no partition to pass, as the curve then misses a run on uneven stages."""
-    slot_fraction = 1 / stages if slot_fraction is None else slot_fraction
+    slot_fraction = 1 / num_stages if slot_fraction is None else slot_fraction
     # The points' own acceptances are on the grid, so the curve passes exactly through the ideal
     # the headline quotes for them, not through a neighbour's.
     grid = sorted({i / 200 for i in range(201)} | {p.acceptance for p in points})
@@ -266,8 +266,8 @@ def render_theory(
         fig.add_vrect(x0=0, x1=1 if lose is None else lose, fillcolor=CORRECTION_COLOR, opacity=0.08,
                       line_width=0, annotation_text="EESD slower than AR", annotation_position="top left",
                       annotation_font=dict(color=CORRECTION_COLOR, size=11))
-    equal = abs(slot_fraction * stages - 1) < 1e-9  # then K alone says what s is
-    name = f"ideal PPSD, K={stages}" + ("" if equal else f", slowest stage {slot_fraction:.0%} of the layers")
+    equal = abs(slot_fraction * num_stages - 1) < 1e-9  # then K alone says what s is
+    name = f"ideal PPSD, K={num_stages}" + ("" if equal else f", slowest stage {slot_fraction:.0%} of the layers")
     fig.add_trace(go.Scatter(x=grid, y=[ideal_ppsd_speedup_slowest_stage(a, slot_fraction) for a in grid],
                              mode="lines", name=name, line=dict(color=KIND_COLORS["verify"], width=3)))
     if eesd:

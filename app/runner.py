@@ -72,7 +72,7 @@ class RunRequest:
     prompt: str
     model: str = ppsd.DEFAULT_MODEL
     exit_layer: int | None = DEFAULTS.exit_layer
-    stages: int = DEFAULTS.stages
+    num_stages: int = DEFAULTS.num_stages
     eesd: bool = False
     draft_len: int = DEFAULTS.draft_len
     max_new_tokens: int = DEFAULTS.max_new_tokens
@@ -118,7 +118,7 @@ class RunRequest:
         2^63, and none of it is rounded away)."""
         return DecodeConfig(
             method="ppsd", exit_layer=None if self.exit_layer is None else whole_number("exit_layer", self.exit_layer),
-            stages=whole_number("stages", self.stages), draft_len=whole_number("draft_len", self.draft_len),
+            num_stages=whole_number("stages", self.num_stages), draft_len=whole_number("draft_len", self.draft_len),
             max_new_tokens=whole_number("max_new_tokens", self.max_new_tokens),
             temperature=real_number("temperature", self.temperature), top_p=real_number("top_p", self.top_p),
             seed=whole_number("seed", self.seed),
@@ -163,7 +163,7 @@ class Snapshot:
     loaded: Loaded
     runs: dict[str, MethodRun]
     active: str | None
-    stages: int  # K, validated
+    num_stages: int  # K, validated
     done: bool = False
     head: str = "shared"  # which exit head drafted, in words
     stopped: bool = False  # the user pressed Stop: `active` is the method that was cut short
@@ -194,10 +194,10 @@ def run_comparison(request: RunRequest, cache: ModelCache, *, throttle: float = 
     setup = set_up_text(loaded.model, loaded.tokenizer, request.prompt, request.settings(),
                         exit_head=request.exit_head, chat=request.chat and loaded.chat)
     rounds = request.rounds()
-    model, prompt_ids, stages = setup.model, setup.prompt_ids, setup.partition
+    model, prompt_ids, partition = setup.model, setup.prompt_ids, setup.partition
     configs = {m: setup.with_method(m).config for m in request.methods}
     runs: dict[str, MethodRun] = {}
-    snapshot = Snapshot(request, loaded, runs, active=None, stages=setup.config.stages, head=setup.head)
+    snapshot = Snapshot(request, loaded, runs, active=None, num_stages=setup.config.num_stages, head=setup.head)
     stop = stop or threading.Event()
     pipeline = None
     if request.workers:
@@ -207,7 +207,7 @@ def run_comparison(request: RunRequest, cache: ModelCache, *, throttle: float = 
             yield snapshot
             return
     for method, config in configs.items():
-        run = MethodRun(tuple(prompt_ids), config, stages, model.info.device, concurrent=pipeline is not None,
+        run = MethodRun(tuple(prompt_ids), config, partition, model.info.device, concurrent=pipeline is not None,
                         method=method)
         runs[method] = run
         snapshot.active = method
@@ -225,7 +225,7 @@ def run_comparison(request: RunRequest, cache: ModelCache, *, throttle: float = 
     yield snapshot
 
 
-def workers_available(stages: int, device: str) -> str | None:
+def workers_available(num_stages: int, device: str) -> str | None:
     """None when K worker processes can run here, else why not (shown to the user)."""
     if device.startswith("cuda"):
         if importlib.util.find_spec("spaces") is None:
@@ -233,8 +233,8 @@ def workers_available(stages: int, device: str) -> str | None:
         # ZeroGPU lends the GPU to one function call of one process, not to worker processes.
         return "on ZeroGPU the GPU is lent to one process for one call: worker processes cannot share it"
     cores = usable_cores()
-    if cores < stages:
-        return (f"K = {stages} worker processes need {stages} CPU cores, one each; this machine gives "
+    if cores < num_stages:
+        return (f"K = {num_stages} worker processes need {num_stages} CPU cores, one each; this machine gives "
                 f"{cores}: lower K, or run in one process (projected clock)")
     return None
 
@@ -243,13 +243,13 @@ def start_pipeline(model: StagedModel, config: DecodeConfig, *,
                    progress: Progress | None = None) -> DistributedExecutor:
     """The process's K-worker pipeline for `model` and `config`'s stages (started and warmed up
     untimed on first use, reused while the settings match). ValueError says why it cannot run."""
-    reason = workers_available(config.stages, model.info.device)
+    reason = workers_available(config.num_stages, model.info.device)
     if reason is not None:
         raise ValueError(reason)
     tell = progress or (lambda message: None)
     try:
         if current_pool() is None or current_pool().runs == 0:
-            tell(f"Starting {config.stages} worker processes, one per stage, and loading the weights in each")
+            tell(f"Starting {config.num_stages} worker processes, one per stage, and loading the weights in each")
         pipeline = shared_pipeline(model, config)
         if pipeline.runs == 0:
             tell("Warming up the worker processes (untimed)")
@@ -282,7 +282,7 @@ def _time_again(snapshot: Snapshot, model: StagedModel, rounds: int, pipeline: D
             snapshot.active = "repeats"
             snapshot.status = f"Timing again for the spread: run {round_} of {rounds}, {method.upper()}"
             yield snapshot
-            again = MethodRun(run.prompt_ids, run.config, run.stages, run.device, concurrent=run.concurrent,
+            again = MethodRun(run.prompt_ids, run.config, run.partition, run.device, concurrent=run.concurrent,
                               method=method)
             for _ in _decode(again, model, snapshot, float("inf"), pipeline, stop):
                 pass

@@ -31,19 +31,19 @@ Decision = Literal["accepted", "corrected"]
 # --------------------------------------------------------------------------- the pipeline
 
 
-def pipeline_diagram(num_layers: int, exit_layer: int, stages: int) -> str:
+def pipeline_diagram(num_layers: int, exit_layer: int, num_stages: int) -> str:
     """K boxes left to right: stage 1 (layers [0, E) + exit head, drafts), the stages that
     `DecodeConfig.partition` gives, stage K verifying; arrows for the token flow and a one-line
     caption.
 
     Raises ValueError for an exit layer or stage count the model cannot hold.
     """
-    ranges = DecodeConfig(exit_layer=exit_layer, stages=stages).resolved(num_layers).partition(num_layers)
+    ranges = DecodeConfig(exit_layer=exit_layer, num_stages=num_stages).resolved(num_layers).partition(num_layers)
     boxes = []
     for k, layers in enumerate(ranges, start=1):
         if k == 1:
             role, cls = "+ exit head: drafts the next token", "teach-stage-first"
-        elif k == stages:
+        elif k == num_stages:
             role, cls = "+ LM head: verifies each draft", "teach-stage-last"
         else:
             role, cls = "passes the hidden state on", "teach-stage-middle"
@@ -52,8 +52,8 @@ def pipeline_diagram(num_layers: int, exit_layer: int, stages: int) -> str:
                      f'<div class="teach-stage-role">{role}</div></div>')
     arrow = '<div class="teach-arrow" aria-hidden="true"><span>hidden state</span>→</div>'
     caption = (f"Each slot every stage works on one token: stage 1 drafts from the first {exit_layer} of "
-               f"{num_layers} layers, and stage {stages} checks that draft with the full model {stages - 1} "
-               f"slot{'s' if stages > 2 else ''} later.")
+               f"{num_layers} layers, and stage {num_stages} checks that draft with the full model {num_stages - 1} "
+               f"slot{'s' if num_stages > 2 else ''} later.")
     return (f'<figure class="teach-pipeline"><div class="teach-stages">{arrow.join(boxes)}</div>'
             '<div class="teach-loop">↺ each draft is stage 1\'s next input; a correction restarts '
             f"stage 1 from the full model's token</div><figcaption>{caption}</figcaption></figure>")
@@ -82,7 +82,7 @@ class Slot:
     work: tuple[Event | None, ...]
     committed: tuple[int, ...]
     decision: Decision | None
-    stages: tuple[range, ...]
+    partition: tuple[range, ...]
 
 
 def slots(trace: Trace) -> list[Slot]:
@@ -104,7 +104,7 @@ def slots(trace: Trace) -> list[Slot]:
         committed = () if final is None else tuple(
             p for p in sorted(deciding_events([final], trace.num_stages)) if p >= trace.prompt_len)
         decision = final.decision if final is not None and committed else None
-        found.append(Slot(index, tuple(work), committed, decision, trace.stages))
+        found.append(Slot(index, tuple(work), committed, decision, trace.partition))
     return found
 
 
@@ -134,7 +134,7 @@ def _describe(slot_list: Sequence[Slot], slot: Slot, k: int, event: Event | None
     """(CSS state, escaped sentence) for stage k's work in `slot`."""
     if event is None:
         return "idle", "idle (bubble)"
-    layers, p = _layers(slot.stages[k - 1]), event.position
+    layers, p = _layers(slot.partition[k - 1]), event.position
     if event.kind == "flushed":
         why = _flusher(slot_list, slot.index, p)
         reason = ("the run ended before it was needed" if why is None

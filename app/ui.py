@@ -18,6 +18,7 @@ from typing import Any, Callable
 import gradio as gr
 
 import ppsd
+from ppsd.config import DEFAULTS, MAX_DRAFT_LEN
 from ppsd.heads import default_exit_layer
 from ppsd.model import resolve_device
 
@@ -61,13 +62,13 @@ def create_controls() -> dict[str, Any]:
                 c["load"] = gr.Button("Load", scale=1, min_width=80, elem_id="load")
             c["model_status"] = gr.HTML(model_status("Model not loaded yet: it loads on the first Run.", "idle"))
             c["layers"] = gr.State(DEFAULT_LAYERS)
-            e_default = default_exit_layer(ppsd.DEFAULT_MODEL, DEFAULT_LAYERS, 2)
+            e_default = default_exit_layer(ppsd.DEFAULT_MODEL, DEFAULT_LAYERS, DEFAULTS.num_stages)
             with gr.Row():
-                c["stages"] = gr.Slider(2, DEFAULT_LAYERS, value=2, step=1, label="Stages K", elem_id="stages")
+                c["num_stages"] = gr.Slider(2, DEFAULT_LAYERS, value=DEFAULTS.num_stages, step=1, label="Stages K", elem_id="stages")
                 c["exit_layer"] = gr.Slider(1, DEFAULT_LAYERS - 1, value=e_default, step=1, label="Exit layer E",
                                             elem_id="exit-layer")
             with gr.Row():
-                c["max_new_tokens"] = gr.Slider(1, ppsd.MAX_NEW_TOKENS_CAP, value=64, step=1,
+                c["max_new_tokens"] = gr.Slider(1, ppsd.MAX_NEW_TOKENS_CAP, value=DEFAULTS.max_new_tokens, step=1,
                                                 label="Max new tokens", elem_id="max-new-tokens")
                 c["eesd"] = gr.Checkbox(value=False, label="Also run EESD (draft then verify)", elem_id="eesd")
             c["repeats"] = gr.Slider(1, MAX_REPEATS, value=DEFAULT_REPEATS, step=1, elem_id="repeats",
@@ -75,18 +76,20 @@ def create_controls() -> dict[str, Any]:
                                      info="The first is shown live; the rest run back to back, AR and PPSD "
                                           "interleaved, and the headline gives the median speedup and its range.")
             c["workers"] = gr.Checkbox(
-                value=workers_available(2, resolve_device("auto")) is None, elem_id="workers",
+                value=workers_available(DEFAULTS.num_stages, resolve_device("auto")) is None, elem_id="workers",
                 label="Run on K worker processes, one per stage (measured clock)",
                 info="Real pipeline parallelism: each stage in its own process on its own cores (or GPU), "
                      "started once and reused. Off: one process runs the stages in turn and the page "
                      "shows their costs replayed on K workers (projected clock).")
             with gr.Accordion("Sampling and EESD settings", open=False):
                 with gr.Row():
-                    c["draft_len"] = gr.Slider(1, 16, value=4, step=1, label="EESD draft length g")
-                    c["temperature"] = gr.Slider(0.0, 2.0, value=0.0, step=0.05, label="Temperature (0 = greedy)")
+                    c["draft_len"] = gr.Slider(1, MAX_DRAFT_LEN, value=DEFAULTS.draft_len, step=1,
+                                                label="EESD draft length g")
+                    c["temperature"] = gr.Slider(0.0, 2.0, value=DEFAULTS.temperature, step=0.05,
+                                                  label="Temperature (0 = greedy)")
                 with gr.Row():
-                    c["top_p"] = gr.Slider(0.05, 1.0, value=1.0, step=0.05, label="Top-p")
-                    c["seed"] = gr.Number(value=0, step=1, label="Seed", info="a whole number, 0 to 2^63 − 1")
+                    c["top_p"] = gr.Slider(0.05, 1.0, value=DEFAULTS.top_p, step=0.05, label="Top-p")
+                    c["seed"] = gr.Number(value=DEFAULTS.seed, step=1, label="Seed", info="a whole number, 0 to 2^63 − 1")
                 c["exit_head"] = gr.Textbox(
                     label="Exit head", value="", elem_id="exit-head",
                     placeholder="empty: the shipped trained head for this model and E if any, else the shared head; "
@@ -203,7 +206,7 @@ def create_demo(state: AppState | None = None) -> gr.Blocks:
         _wire_settings(state, c, r, eesd_column)
         r["drafts"].change(None, r["drafts"], None, js=SHOW_DRAFTS_JS)  # in the browser: no server call
         demo.load(idle_outputs, None, [r[name] for name in view.OUTPUTS], **QUIET)
-        demo.load(_bind(on_page_load, state), c["model"], [c["exit_layer"], c["stages"], c["layers"],
+        demo.load(_bind(on_page_load, state), c["model"], [c["exit_layer"], c["num_stages"], c["layers"],
                                                              c["model_status"]], **QUIET)
     # Gradio's own queue is a backstop far above the device line's bound, which answers "busy" in words.
     demo.queue(max_size=4 * run_handlers)
@@ -221,8 +224,8 @@ def _wire_runs(state: AppState, c: dict[str, Any], r: dict[str, Any], race: gr.H
         _gpu(_bind(on_run, state)), [c[name] for name in FORM], [r[name] for name in view.OUTPUTS], api_name="run",
         concurrency_limit=run_handlers, concurrency_id="run", show_progress="hidden", trigger_mode="once",
     )
-    run_event.then(_bind(after_run, state), [c["model"], c["exit_layer"], c["stages"], c["exit_head"]],
-                   [c["model_status"], c["exit_layer"], c["stages"], c["layers"]], **QUIET)
+    run_event.then(_bind(after_run, state), [c["model"], c["exit_layer"], c["num_stages"], c["exit_head"]],
+                   [c["model_status"], c["exit_layer"], c["num_stages"], c["layers"]], **QUIET)
     run_event.then(_bind(max_tokens_update, state), [c["prompt"], c["model"], c["chat"], c["max_new_tokens"]],
                    c["max_new_tokens"], **QUIET)
     replay_after = run_event.success(on_replay, r["race"], race, **QUIET)
@@ -235,7 +238,7 @@ def _wire_runs(state: AppState, c: dict[str, Any], r: dict[str, Any], race: gr.H
     c["stop"].click(_bind(on_stop, state), None, None, cancels=[replay_after, replay_event], api_name="stop",
                     concurrency_limit=None, show_progress="hidden")
     c["load"].click(_bind(on_load, state), c["model"],
-                    [c["model_status"], c["exit_layer"], c["stages"], c["layers"], c["load"]],
+                    [c["model_status"], c["exit_layer"], c["num_stages"], c["layers"], c["load"]],
                     api_name="load", concurrency_limit=2, concurrency_id="load", show_progress="hidden")
     return run_handlers
 
@@ -245,14 +248,14 @@ def _wire_settings(state: AppState, c: dict[str, Any], r: dict[str, Any], eesd_c
     for name in ("prompt", "chat"):
         c[name].change(_bind(max_tokens_update, state), [c["prompt"], c["model"], c["chat"], c["max_new_tokens"]],
                        c["max_new_tokens"], trigger_mode="always_last", **QUIET)
-    c["stages"].input(on_stages, [c["stages"], c["layers"], c["model"]], [c["exit_layer"], c["stages"]], **QUIET)
-    c["exit_layer"].input(on_exit, [c["exit_layer"], c["stages"], c["layers"]], c["stages"], **QUIET)
-    settings = [c["exit_layer"], c["stages"], c["draft_len"], c["layers"], c["eesd"]]
-    for name in ("exit_layer", "stages", "draft_len"):
+    c["num_stages"].input(on_stages, [c["num_stages"], c["layers"], c["model"]], [c["exit_layer"], c["num_stages"]], **QUIET)
+    c["exit_layer"].input(on_exit, [c["exit_layer"], c["num_stages"], c["layers"]], c["num_stages"], **QUIET)
+    settings = [c["exit_layer"], c["num_stages"], c["draft_len"], c["layers"], c["eesd"]]
+    for name in ("exit_layer", "num_stages", "draft_len"):
         c[name].release(on_settings, settings, r["theory"], **QUIET)
     c["eesd"].change(on_settings, settings, r["theory"], **QUIET)
-    for name in ("exit_layer", "stages", "layers"):
-        c[name].change(on_diagram, [c["exit_layer"], c["stages"], c["layers"]], c["diagram"], **QUIET)
+    for name in ("exit_layer", "num_stages", "layers"):
+        c[name].change(on_diagram, [c["exit_layer"], c["num_stages"], c["layers"]], c["diagram"], **QUIET)
     c["eesd"].change(on_eesd, c["eesd"], [eesd_column, c["run"]], **QUIET)
 
 

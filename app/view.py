@@ -40,7 +40,7 @@ def idle() -> dict[str, Any]:
                                                         live="not enabled" if method == "eesd" else "waiting")
         values[f"stream_{method}"] = render.render_tokens((), str, placeholder="The output appears here.")
     values.update(timeline=render.empty_figure(TIMELINE_EMPTY),
-                  theory=render.render_theory(stages=2, slot_fraction=0.5, draft_len=4, exit_fraction=0.5,
+                  theory=render.render_theory(num_stages=2, slot_fraction=0.5, draft_len=4, exit_fraction=0.5,
                                               eesd=False),
                   metrics=numbers.render_metrics_table({}), message=message(), summary=None, race=None)
     return values
@@ -107,7 +107,7 @@ def _status_line(snap: Snapshot) -> str:
     if snap.status:
         return snap.status
     if snap.active == "workers":
-        return f"Starting {snap.request.stages} worker processes, one per stage…"
+        return f"Starting {snap.request.num_stages} worker processes, one per stage…"
     if snap.active in snap.runs:
         run = snap.runs[snap.active]
         return (f"Running {render.METHOD_NAMES[snap.active]}… {len(run.recorder.tokens)}/"
@@ -124,7 +124,7 @@ def _headline(snap: Snapshot, finished: dict[str, Clocks]) -> str:
     agreement = numbers.agreement_note(done, greedy=snap.request.temperature == 0) if snap.done else ""
     ar, ppsd_ = finished["ar"], finished["ppsd"]
     comparison = numbers.Comparison(
-        ar=ar.lead, ppsd=ppsd_.lead, ar_other=ar.other, ppsd_other=ppsd_.other, stages=snap.stages,
+        ar=ar.lead, ppsd=ppsd_.lead, ar_other=ar.other, ppsd_other=ppsd_.other, num_stages=snap.num_stages,
         device=snap.device, workers=snap.concurrent, speedups=tuple(snap.speedups()),
         eesd=finished["eesd"].measured if "eesd" in finished else None)
     return numbers.render_headline(comparison, status=status_text, agreement=agreement, progress=progress)
@@ -137,7 +137,7 @@ def _timeline(snap: Snapshot):
         return render.empty_figure(TIMELINE_EMPTY)
     live = "" if snap.done else (" · stopped" if snap.stopped else " · live")
     _, top = panels[0]
-    title = render.timeline_title(top, snap.stages) + live
+    title = render.timeline_title(top, snap.num_stages) + live
     return render.render_timeline(panels, snap.loaded.piece, title=title)
 
 
@@ -158,7 +158,7 @@ def _theory(snap: Snapshot, finished: dict[str, Clocks]):
     layers = snap.loaded.model.num_layers
     # The slot of the run's own partition, from the trace its metrics came from: the curve then
     # passes through the ideal the headline and the metrics table quote.
-    return render.render_theory(stages=config.stages, slot_fraction=slot_fraction(first.trace().stages),
+    return render.render_theory(num_stages=config.num_stages, slot_fraction=slot_fraction(first.trace().partition),
                                 draft_len=config.draft_len, exit_fraction=config.exit_layer / layers, points=points,
                                 eesd=snap.request.eesd)
 
@@ -169,7 +169,7 @@ def _summary(snap: Snapshot, finished: dict[str, Clocks]) -> dict:
     config = next(iter(snap.runs.values())).config
     out: dict[str, Any] = {
         "model": info.name, "device": info.device, "dtype": info.dtype, "num_layers": info.num_layers,
-        "exit_layer": config.exit_layer, "stages": config.stages, "draft_len": config.draft_len,
+        "exit_layer": config.exit_layer, "stages": config.num_stages, "draft_len": config.draft_len,
         "max_new_tokens": config.max_new_tokens, "temperature": config.temperature, "top_p": config.top_p,
         "seed": config.seed, "prompt": snap.request.prompt, "chat": snap.request.chat and snap.loaded.chat,
         "exit_head": snap.head,
@@ -223,9 +223,9 @@ def step(race: dict | None, index: int) -> str:
             + teach.render_slot(steps, index, race["ppsd_tokens"], piece))
 
 
-def diagram(num_layers: int, exit_layer: int, stages: int) -> str:
+def diagram(num_layers: int, exit_layer: int, num_stages: int) -> str:
     """The pipeline picture for the sliders' E and K ("" while they do not fit the model)."""
     try:
-        return teach.pipeline_diagram(int(num_layers), int(exit_layer), int(stages))
+        return teach.pipeline_diagram(int(num_layers), int(exit_layer), int(num_stages))
     except ValueError:
         return ""

@@ -13,7 +13,7 @@ METHODS = ("ar", "eesd", "ppsd")
 MAX_NEW_TOKENS_CAP = 1024  # documented in the README; keeps a demo request bounded
 MAX_DRAFT_LEN = 64  # EESD's g: beyond it every draft block is longer than a useful answer
 SEED_MAX = 2**63 - 1  # torch seeds are signed 64-bit
-WHOLE_FIELDS = ("exit_layer", "stages", "draft_len", "max_new_tokens", "seed")
+WHOLE_FIELDS = ("exit_layer", "num_stages", "draft_len", "max_new_tokens", "seed")
 
 
 def whole_number(name: str, value: object) -> int:
@@ -46,7 +46,7 @@ class DecodeConfig:
 
     method: str = "ppsd"
     exit_layer: int | None = None
-    stages: int = 2
+    num_stages: int = 2
     draft_len: int = 4
     max_new_tokens: int = 64
     temperature: float = 0.0
@@ -62,7 +62,7 @@ class DecodeConfig:
         `num_layers` layers."""
         if self.exit_layer is None:
             raise ValueError("the exit layer is not set: resolve the config first (ppsd.setup.resolve_config)")
-        return stage_layers(num_layers, self.exit_layer, self.stages)
+        return stage_layers(num_layers, self.exit_layer, self.num_stages)
 
     def resolved(self, num_layers: int) -> "DecodeConfig":
         """Check every field against a model with `num_layers` layers and fill the defaults.
@@ -76,14 +76,14 @@ class DecodeConfig:
         if self.method not in METHODS:
             raise ValueError(f"method {self.method!r} is unknown; choose one of: {', '.join(METHODS)}")
         exits, counts = stage_bounds(num_layers)
-        if self.stages not in counts:
-            raise ValueError(f"stages K={self.stages} is out of range: {counts.start} <= K <= {num_layers} (layers)")
-        exit_layer = balanced_exit_layer(num_layers, self.stages) if self.exit_layer is None else self.exit_layer
+        if self.num_stages not in counts:
+            raise ValueError(f"stages K={self.num_stages} is out of range: {counts.start} <= K <= {num_layers} (layers)")
+        exit_layer = balanced_exit_layer(num_layers, self.num_stages) if self.exit_layer is None else self.exit_layer
         if exit_layer not in exits:
             raise ValueError(f"exit layer E={exit_layer} is out of range: {exits.start} <= E < {num_layers} (layers)")
-        if self.stages > max_stages(num_layers, exit_layer):
+        if self.num_stages > max_stages(num_layers, exit_layer):
             raise ValueError(
-                f"stages K={self.stages} do not fit: the {num_layers - exit_layer} layers after E={exit_layer} "
+                f"stages K={self.num_stages} do not fit: the {num_layers - exit_layer} layers after E={exit_layer} "
                 f"allow at most K={max_stages(num_layers, exit_layer)}"
             )
         if not 1 <= self.draft_len <= MAX_DRAFT_LEN:
@@ -101,7 +101,7 @@ class DecodeConfig:
         return DecodeConfig(
             method=self.method,
             exit_layer=exit_layer,
-            stages=self.stages,
+            num_stages=self.num_stages,
             draft_len=self.draft_len,
             max_new_tokens=self.max_new_tokens,
             temperature=float(self.temperature),
@@ -125,28 +125,28 @@ def max_stages(num_layers: int, exit_layer: int) -> int:
     return num_layers - exit_layer + 1
 
 
-def fit_stages(num_layers: int, exit_layer: int, stages: int, *,
+def fit_stages(num_layers: int, exit_layer: int, num_stages: int, *,
                moved: Literal["stages", "exit_layer"] = "stages") -> tuple[int, int]:
     """(E, K) brought inside the bounds, lowering the one that did not move: `moved="stages"`
     puts K inside its bounds, then lowers E until K fits; `moved="exit_layer"` puts E inside its
     bounds, then lowers K. What a form does with a pair that `DecodeConfig.resolved` refuses."""
     exits, counts = stage_bounds(num_layers)
     if moved == "stages":
-        stages = max(counts.start, min(stages, counts.stop - 1))
-        return max(exits.start, min(exit_layer, num_layers - stages + 1)), stages
+        num_stages = max(counts.start, min(num_stages, counts.stop - 1))
+        return max(exits.start, min(exit_layer, num_layers - num_stages + 1)), num_stages
     exit_layer = max(exits.start, min(exit_layer, exits.stop - 1))
-    return exit_layer, max(counts.start, min(stages, max_stages(num_layers, exit_layer)))
+    return exit_layer, max(counts.start, min(num_stages, max_stages(num_layers, exit_layer)))
 
 
-def balanced_exit_layer(num_layers: int, stages: int) -> int:
+def balanced_exit_layer(num_layers: int, num_stages: int) -> int:
     """E = L / K rounded, so stage 1 (layers plus exit head) costs about one slot."""
-    return min(max(1, round(num_layers / stages)), num_layers - 1)
+    return min(max(1, round(num_layers / num_stages)), num_layers - 1)
 
 
-def stage_layers(num_layers: int, exit_layer: int, stages: int) -> tuple[range, ...]:
+def stage_layers(num_layers: int, exit_layer: int, num_stages: int) -> tuple[range, ...]:
     """Stage 1 is layers [0, E); stages 2..K split [E, L) as evenly as possible (spec: Words)."""
     rest = num_layers - exit_layer
-    sizes = [rest // (stages - 1) + (1 if i < rest % (stages - 1) else 0) for i in range(stages - 1)]
+    sizes = [rest // (num_stages - 1) + (1 if i < rest % (num_stages - 1) else 0) for i in range(num_stages - 1)]
     ranges = [range(0, exit_layer)]
     for size in sizes:
         start = ranges[-1].stop

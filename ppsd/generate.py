@@ -64,7 +64,7 @@ class Recording:
 
     prompt_ids: tuple[int, ...]
     config: DecodeConfig
-    stages: tuple[range, ...]
+    partition: tuple[range, ...]
     device: str
     concurrent: bool = False  # the stages ran at once (K processes): the measured trace shows overlap
     recorder: Recorder = field(default_factory=Recorder)
@@ -75,7 +75,7 @@ class Recording:
     def trace(self) -> Trace:
         """The measured trace of the steps so far (validated by `finish`, once the run is whole)."""
         r = self.recorder
-        return Trace(events=tuple(r.events), stages=self.stages, prompt_len=len(self.prompt_ids),
+        return Trace(events=tuple(r.events), partition=self.partition, prompt_len=len(self.prompt_ids),
                      length=len(self.prompt_ids) + len(r.tokens), clock="measured", device=self.device,
                      concurrent=self.concurrent)
 
@@ -134,7 +134,7 @@ def decode(setup: RunSetup, *, executor: Executor | None = None, stopwatch: Stop
     """Run a run already set up to the end; the returned trace is validated."""
     stopwatch = stopwatch or _stopwatch(setup.model)
     executor = executor or InProcessExecutor(setup.model, setup.partition, stopwatch)
-    recording = Recording(setup.prompt_ids, setup.config, executor.stages, executor.device, executor.concurrent)
+    recording = Recording(setup.prompt_ids, setup.config, executor.partition, executor.device, executor.concurrent)
     started = time.perf_counter()
     for step in decode_steps(setup, executor=executor, stopwatch=stopwatch):
         recording.add(step)

@@ -93,7 +93,7 @@ def summarize(
     rate = accepted / (accepted + rejected) if accepted + rejected else None
     wall = measured_wall_seconds if trace.clock == "measured" else trace.makespan
     utilization = trace.utilization()
-    slot = slot_fraction(trace.stages)
+    slot = slot_fraction(trace.partition)
     if method == "ppsd":
         ideal = ideal_ppsd_speedup_slowest_stage(rate or 0.0, slot)
     elif method == "eesd":

@@ -35,7 +35,7 @@ class RunSetup:
     @property
     def partition(self) -> tuple[range, ...]:
         """The layers of each stage, stage 1 first."""
-        return stage_layers(self.model.num_layers, self.config.exit_layer, self.config.stages)
+        return stage_layers(self.model.num_layers, self.config.exit_layer, self.config.num_stages)
 
     def with_method(self, method: str) -> "RunSetup":
         """The same run with another decoder (every other setting, already checked, kept)."""
@@ -46,8 +46,8 @@ def resolve_config(model_name: str, num_layers: int, config: DecodeConfig) -> De
     """`config` checked against a model of `num_layers` layers, with E filled when it is None: the
     shipped head's E for `model_name` and K, else L/K (ValueError names a bad value). Needs no
     weights, so an entry point can refuse bad settings before it loads any."""
-    if config.exit_layer is None and config.stages in stage_bounds(num_layers)[1]:
-        config = replace(config, exit_layer=default_exit_layer(model_name, num_layers, config.stages))
+    if config.exit_layer is None and config.num_stages in stage_bounds(num_layers)[1]:
+        config = replace(config, exit_layer=default_exit_layer(model_name, num_layers, config.num_stages))
     return config.resolved(num_layers)
 
 
@@ -98,7 +98,7 @@ def _resolve_with_head(model: StagedModel, config: DecodeConfig, spec: str) -> t
     does not fit these weights (a model that only shares the default's name) falls back to L/K."""
     resolved = resolve_config(model.info.name, model.num_layers, config)
     choice = _head(model, resolved.exit_layer, spec)
-    balanced = balanced_exit_layer(model.num_layers, config.stages)
+    balanced = balanced_exit_layer(model.num_layers, config.num_stages)
     if config.exit_layer is None and spec.strip() in ("", AUTO_HEAD) and choice.path is None \
             and resolved.exit_layer != balanced:
         resolved = replace(resolved, exit_layer=balanced).resolved(model.num_layers)

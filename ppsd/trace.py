@@ -16,15 +16,15 @@ EPS = 1e-9
 
 @dataclass(frozen=True)
 class Trace:
-    """Events in recording order (causal order) of a run on `len(stages)` pipeline stages.
+    """Events in recording order (causal order) of a run on `num_stages` pipeline stages.
 
-    `stages[k]` is the layer range of stage k+1; `length` the final sequence length (prompt plus
+    `partition[k]` is the layer range of stage k+1; `length` the final sequence length (prompt plus
     committed tokens); `clock` says whether times were measured where they ran or projected;
     a measured trace of stages run in turn is not `concurrent`, so it cannot show overlap.
     """
 
     events: tuple[Event, ...]
-    stages: tuple[range, ...]
+    partition: tuple[range, ...]
     prompt_len: int
     length: int
     clock: Clock
@@ -33,11 +33,11 @@ class Trace:
 
     @property
     def num_stages(self) -> int:
-        return len(self.stages)
+        return len(self.partition)
 
     @property
     def num_layers(self) -> int:
-        return sum(len(r) for r in self.stages)
+        return sum(len(r) for r in self.partition)
 
     @property
     def makespan(self) -> float:
@@ -135,7 +135,7 @@ class Trace:
         """Chrome trace JSON (chrome://tracing, Perfetto): one thread per stage, times in us."""
         names = [{"ph": "M", "pid": 1, "tid": k, "name": "thread_name",
                   "args": {"name": f"stage {k} (layers {r.start}-{r.stop - 1})"}}
-                 for k, r in enumerate(self.stages, start=1)]
+                 for k, r in enumerate(self.partition, start=1)]
         work = [{"ph": "X", "pid": 1, "tid": e.stage, "name": f"{e.kind} p{e.position}", "cat": e.kind,
                  "ts": e.start * 1e6, "dur": e.duration * 1e6,
                  "args": {"position": e.position, "width": e.width, "token_id": e.token_id,

@@ -28,11 +28,11 @@ def free_port() -> int:
 
 
 def run_args(model: str, *, prompt: str = "def fibonacci(n):", eesd: bool = False, exit_layer: float = 4,
-             stages: float = 2, max_new_tokens: float = 24, exit_head: str = "", workers: bool = False,
+             num_stages: float = 2, max_new_tokens: float = 24, exit_head: str = "", workers: bool = False,
              chat: bool = True, seed: float = 0, draft_len: float = 3, repeats: float = 1) -> tuple:
     """Arguments of the `run` endpoint, in the order of the page's inputs (one timed run each,
     unless asked: the spread has its own test)."""
-    return (prompt, model, exit_layer, stages, eesd, draft_len, max_new_tokens, 0.0, 1.0, seed, exit_head,
+    return (prompt, model, exit_layer, num_stages, eesd, draft_len, max_new_tokens, 0.0, 1.0, seed, exit_head,
             workers, chat, repeats)
 
 
@@ -66,7 +66,7 @@ def test_demo_builds_without_loading_a_model():
 
 def test_greedy_run_gives_identical_ar_ppsd_and_eesd_text(server):
     client, model = server
-    outputs = client.predict(*run_args(model, eesd=True, stages=4, exit_layer=2), api_name="/run")
+    outputs = client.predict(*run_args(model, eesd=True, num_stages=4, exit_layer=2), api_name="/run")
     summary = outputs[-1]
     assert summary["ar"]["token_ids"] == summary["ppsd"]["token_ids"] == summary["eesd"]["token_ids"]
     assert summary["ar"]["text"] == summary["ppsd"]["text"] and summary["ar"]["text"]
@@ -95,7 +95,7 @@ def test_timed_runs_give_the_median_and_range_of_interleaved_repeats(server):
 
 @pytest.mark.parametrize("args, message", [
     (dict(prompt="   "), "prompt is empty"),
-    (dict(stages=8, exit_layer=4), "do not fit"),
+    (dict(num_stages=8, exit_layer=4), "do not fit"),
     (dict(exit_layer=2.5), "exit_layer=2.5 is not a whole number"),
     (dict(max_new_tokens=1.5), "max_new_tokens=1.5 is not a whole number"),
     (dict(seed=2**64), "seed=18446744073709551616 is out of range: 0 <= seed <= 2^63 - 1"),
@@ -261,7 +261,7 @@ def test_more_workers_than_cores_is_refused_with_the_reason(server):
 
     client, model = server
     too_many = len(os.sched_getaffinity(0)) + 1
-    outputs = client.predict(*run_args(model, stages=too_many, exit_layer=1, workers=True), api_name="/run")
+    outputs = client.predict(*run_args(model, num_stages=too_many, exit_layer=1, workers=True), api_name="/run")
     assert "CPU cores" in outputs[-1]["error"]
 
 

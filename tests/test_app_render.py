@@ -58,8 +58,8 @@ def test_timeline_has_one_bar_per_event_on_its_stage_row_and_kinds_in_the_legend
 
 
 def test_timeline_of_a_real_run_stacks_ppsd_over_ar_and_names_the_projected_clock(llama):
-    config = ppsd.DecodeConfig(method="ppsd", stages=4, max_new_tokens=12)
-    runs = {m: ppsd.generate(llama, [1, 2, 3], ppsd.DecodeConfig(method=m, stages=4, max_new_tokens=12))
+    config = ppsd.DecodeConfig(method="ppsd", num_stages=4, max_new_tokens=12)
+    runs = {m: ppsd.generate(llama, [1, 2, 3], ppsd.DecodeConfig(method=m, num_stages=4, max_new_tokens=12))
             for m in ("ar", "ppsd")}
     panels = [("PPSD", runs["ppsd"].trace.project()), ("AR", runs["ar"].trace.project())]
     fig = render.render_timeline(panels, None)
@@ -68,7 +68,7 @@ def test_timeline_of_a_real_run_stacks_ppsd_over_ar_and_names_the_projected_cloc
         assert sum(len(t.x) for t in on_axis) == len(trace.events)
         assert {label.split(" · ")[0] for t in on_axis for label in t.y} == {f"stage {k}" for k in range(1, 5)}
     assert "projected: the measured per-stage costs replayed on K concurrent workers" in fig.layout.title.text
-    assert config.stages == 4 and [a.text for a in fig.layout.annotations[:2]] == ["PPSD", "AR"]
+    assert config.num_stages == 4 and [a.text for a in fig.layout.annotations[:2]] == ["PPSD", "AR"]
 
 
 def test_no_trace_gives_a_placeholder_figure():
@@ -133,7 +133,7 @@ def test_headline_names_speedup_clock_device_and_ideal():
     ar, fast = metrics(wall=2.0), metrics(wall=1.0, accepted=8, rejected=2,
                                   ideal=ideal_ppsd_speedup_slowest_stage(0.8, 1 / 2))
     one = numbers.Comparison(ar, fast, metrics(wall=2.0, clock="measured"), metrics(wall=2.5, clock="measured"),
-                            stages=2, device="cpu", workers=False)
+                            num_stages=2, device="cpu", workers=False)
     out = numbers.render_headline(one)
     assert "PPSD 2.00× faster than AR" in out and "(one run; projected clock, cpu)" in out
     assert "a=0.80, K=2) = 1.67×" in out
@@ -141,14 +141,14 @@ def test_headline_names_speedup_clock_device_and_ideal():
     assert "Compared: AR and PPSD decoding the same prompt to the same 10 tokens on the same 2-stage pipeline" in out
     assert "above the ideal" in out  # 2.00x against an ideal of 1.67x is explained, not left standing
     slow = numbers.render_headline(numbers.Comparison(ar, metrics(wall=4.0, accepted=1, rejected=9), ar, ar,
-                                                    stages=2, device="cpu", workers=False))
+                                                    num_stages=2, device="cpu", workers=False))
     assert "PPSD 2.00× slower than AR" in slow and "above the ideal" not in slow
 
 
 def test_headline_leads_with_the_median_of_the_timed_runs_and_their_range():
     ar, ppsd_ = metrics(wall=2.0), metrics(wall=1.6, accepted=8, rejected=2,
                                    ideal=ideal_ppsd_speedup_slowest_stage(0.8, 1 / 2))
-    c = numbers.Comparison(ar, ppsd_, ar, ppsd_, stages=2, device="cpu", workers=True, speedups=(1.30, 1.10, 1.20))
+    c = numbers.Comparison(ar, ppsd_, ar, ppsd_, num_stages=2, device="cpu", workers=True, speedups=(1.30, 1.10, 1.20))
     out = numbers.render_headline(c)
     assert "PPSD 1.20× faster than AR" in out  # the median, not the first (live) run's 1.25x
     assert "median of 3 runs, range 1.10–1.30×" in out and "each timed 3×, interleaved" in out
@@ -177,14 +177,14 @@ def test_stats_card_shows_both_clocks():
 
 def test_theory_curves_break_even_and_measured_point():
     assert render.eesd_break_even(4, 8 / 32) == pytest.approx(0.44, abs=0.01)  # spec: L=32, E=8, g=4
-    fig = render.render_theory(stages=4, slot_fraction=0.25, draft_len=4, exit_fraction=0.25,
+    fig = render.render_theory(num_stages=4, slot_fraction=0.25, draft_len=4, exit_fraction=0.25,
                                points=[render.TheoryPoint("PPSD measured", 0.8, 2.1)])
     ppsd_curve = fig.data[0]
     assert ppsd_curve.y[0] == pytest.approx(1.0) and ppsd_curve.y[-1] == pytest.approx(4.0)
     assert fig.data[1].y[0] < 1.0  # EESD below 1x at a = 0
     assert list(fig.data[2].x) == [0.8] and list(fig.data[2].y) == [2.1]
     assert fig.layout.shapes[0].x1 == pytest.approx(0.44, abs=0.01)  # the shaded EESD < 1x region
-    alone = render.render_theory(stages=4, slot_fraction=0.25, draft_len=4, exit_fraction=0.25,
+    alone = render.render_theory(num_stages=4, slot_fraction=0.25, draft_len=4, exit_fraction=0.25,
                                  eesd=False)  # EESD did not run
     assert [t.name for t in alone.data] == ["ideal PPSD, K=4"]
     assert not any("EESD" in str(a.text) for a in alone.layout.annotations)
@@ -196,7 +196,7 @@ def test_the_plot_passes_through_the_ideal_the_headline_and_the_table_quote(tiny
     so s = 6/8, and the equal-stage 1 / (a/K + 1 - a) would overstate the ideal."""
     from app import view
 
-    request = RunRequest(prompt="def fibonacci(n):", model="tiny", stages=2, exit_layer=2, max_new_tokens=16,
+    request = RunRequest(prompt="def fibonacci(n):", model="tiny", num_stages=2, exit_layer=2, max_new_tokens=16,
                          repeats=1)
     snap = list(run_comparison(request, tiny_cache, throttle=0.0))[-1]
     shown = snap.runs["ppsd"].result.metrics("projected")  # one process: the page leads with projected
@@ -266,7 +266,7 @@ def tiny_cache(tiny_loader):
 
 
 def test_runner_runs_ar_then_ppsd_then_eesd_with_identical_greedy_tokens(tiny_cache):
-    request = RunRequest(prompt="def fibonacci(n):", model="tiny", stages=4, eesd=True, max_new_tokens=16)
+    request = RunRequest(prompt="def fibonacci(n):", model="tiny", num_stages=4, eesd=True, max_new_tokens=16)
     order = []
     for snap in run_comparison(request, tiny_cache, throttle=0.0):
         if snap.active and snap.active not in order:
@@ -282,7 +282,7 @@ def test_runner_runs_ar_then_ppsd_then_eesd_with_identical_greedy_tokens(tiny_ca
 
 @pytest.mark.parametrize("request_, message", [
     (RunRequest(prompt=" ", model="tiny"), "prompt is empty"),
-    (RunRequest(prompt="hi", model="tiny", stages=9), "out of range"),
+    (RunRequest(prompt="hi", model="tiny", num_stages=9), "out of range"),
     (RunRequest(prompt="hi", model="tiny", max_new_tokens=ppsd.MAX_NEW_TOKENS_CAP + 1), "max_new_tokens"),
     (RunRequest(prompt="hi", model="nope"), "'nope' is not a loadable model here"),
 ])
@@ -328,7 +328,7 @@ def test_runner_uses_a_trained_exit_head_and_refuses_one_for_another_e(tiny_cach
     drafts = lambda snap: [d.id for d in snap.runs["ppsd"].result.drafts]  # noqa: E731
     assert drafts(trained) != drafts(shared)  # the drafts came from the trained head
     with pytest.raises(ValueError, match="exit layer E=4, not E=2"):
-        list(run_comparison(RunRequest(prompt="hi", model="tiny", stages=4, exit_head=str(tmp_path)), tiny_cache))
+        list(run_comparison(RunRequest(prompt="hi", model="tiny", num_stages=4, exit_head=str(tmp_path)), tiny_cache))
 
 
 def test_pausable_stopwatch_reads_any_process_stamp_without_the_pauses():

@@ -30,19 +30,19 @@ def _scaled(events, scale):
     return tuple(replace(e, start=e.start * scale, end=e.end * scale) for e in events)
 
 
-def ar_run(scale: float = 1.0, stages: tuple[range, ...] = STAGES) -> Result:
+def ar_run(scale: float = 1.0, partition: tuple[range, ...] = STAGES) -> Result:
     """AR, prompt of 1 token, 3 new tokens: each token passes stage 1 then stage 2, 6 s in all."""
     events = (Event(1, 0, "prefill", 0, 1, 5), Event(2, 0, "prefill", 1, 2, 5),
               Event(1, 1, "verify", 2, 3, 11, from_final=True), Event(2, 1, "verify", 3, 4, 11),
               Event(1, 2, "verify", 4, 5, 12, from_final=True), Event(2, 2, "verify", 5, 6, 12))
     tokens = (Token(1, 11, "verified"), Token(2, 12, "verified"), Token(3, 13, "verified"))
-    trace = Trace(_scaled(events, scale), stages, prompt_len=1, length=4, clock="measured").validate()
-    config = DecodeConfig(method="ar", exit_layer=stages[1].start, stages=2, max_new_tokens=3)
-    config = config.resolved(stages[1].stop)
+    trace = Trace(_scaled(events, scale), partition, prompt_len=1, length=4, clock="measured").validate()
+    config = DecodeConfig(method="ar", exit_layer=partition[1].start, num_stages=2, max_new_tokens=3)
+    config = config.resolved(partition[1].stop)
     return Result((5,), tokens, (), trace, config, 6.0 * scale)
 
 
-def ppsd_run(scale: float = 1.0, stages: tuple[range, ...] = STAGES) -> Result:
+def ppsd_run(scale: float = 1.0, partition: tuple[range, ...] = STAGES) -> Result:
     """PPSD on the same work, both drafts accepted. Run in turn it also takes 6 s; on 2 workers
     stage 1 drafts position 2 while stage 2 verifies position 1, so the projection takes 5 s."""
     events = (Event(1, 0, "prefill", 0, 1, 5), Event(2, 0, "prefill", 1, 2, 5),
@@ -52,9 +52,9 @@ def ppsd_run(scale: float = 1.0, stages: tuple[range, ...] = STAGES) -> Result:
               Event(2, 2, "verify", 5, 6, 12, slot=2, decision="accepted"))
     tokens = (Token(1, 11, "verified"), Token(2, 12, "accepted", 12), Token(3, 13, "accepted", 13))
     drafts = (Draft(2, 12, "accepted"), Draft(3, 13, "accepted"))
-    trace = Trace(_scaled(events, scale), stages, prompt_len=1, length=4, clock="measured").validate()
-    config = DecodeConfig(method="ppsd", exit_layer=stages[1].start, stages=2, max_new_tokens=3)
-    config = config.resolved(stages[1].stop)
+    trace = Trace(_scaled(events, scale), partition, prompt_len=1, length=4, clock="measured").validate()
+    config = DecodeConfig(method="ppsd", exit_layer=partition[1].start, num_stages=2, max_new_tokens=3)
+    config = config.resolved(partition[1].stop)
     return Result((5,), tokens, drafts, trace, config, 6.0 * scale)
 
 
@@ -139,10 +139,10 @@ def test_break_even_acceptance_is_the_ideals_inverse(target, fraction):
 
 
 # (L, E, K) -> layers of the slowest stage / L: it sets the slot, whichever stage it is.
-@pytest.mark.parametrize("layers,exit_layer,stages,expected", [(8, 4, 2, 4 / 8), (8, 2, 4, 2 / 8), (8, 6, 2, 6 / 8),
+@pytest.mark.parametrize("layers,exit_layer,num_stages,expected", [(8, 4, 2, 4 / 8), (8, 2, 4, 2 / 8), (8, 6, 2, 6 / 8),
                                                                (8, 2, 2, 6 / 8), (8, 3, 3, 3 / 8), (8, 1, 8, 1 / 8)])
-def test_slot_is_the_slowest_stage(layers, exit_layer, stages, expected):
-    assert partition_slot_fraction(layers, exit_layer, stages) == pytest.approx(expected)
+def test_slot_is_the_slowest_stage(layers, exit_layer, num_stages, expected):
+    assert partition_slot_fraction(layers, exit_layer, num_stages) == pytest.approx(expected)
 
 
 def test_repeat_drops_warmup_runs():
@@ -164,9 +164,9 @@ SWEEPS = [
 ]
 
 
-@pytest.mark.parametrize("stages,exits,draft_lens,expected", SWEEPS)
-def test_sweep_groups_settings_under_their_baseline(stages, exits, draft_lens, expected):
-    groups = sweep(8, stages=stages, draft_lens=draft_lens, temperatures=[0.0], exit_layers=exits)
+@pytest.mark.parametrize("num_stages,exits,draft_lens,expected", SWEEPS)
+def test_sweep_groups_settings_under_their_baseline(num_stages, exits, draft_lens, expected):
+    groups = sweep(8, num_stages=num_stages, draft_lens=draft_lens, temperatures=[0.0], exit_layers=exits)
     assert [[s.label.removesuffix(" T=0") for s in g] for g in groups] == expected
     assert all(s.baseline() == g[0] for g in groups for s in g)
 

@@ -72,7 +72,7 @@ def test_greedy_ar_eesd_and_ppsd_commit_exactly_hf_generate_tokens(default, ques
     expected = hf_greedy(model, ids)
     drafting = model.with_exit_head(choice.head)
     for method in ("ar", "eesd", "ppsd"):
-        config = DecodeConfig(method=method, exit_layer=exit_layer, stages=2, max_new_tokens=NEW_TOKENS)
+        config = DecodeConfig(method=method, exit_layer=exit_layer, num_stages=2, max_new_tokens=NEW_TOKENS)
         result = generate(drafting, ids, config)
         assert result.token_ids == expected, method
         if method == "ppsd":
@@ -84,7 +84,7 @@ def test_ppsd_on_two_worker_processes_commits_hf_generate_tokens(default):
 
     model, tokenizer, exit_layer, choice = default
     ids = encode_prompt(tokenizer, QUESTIONS[1], chat=True)
-    config = DecodeConfig(method="ppsd", exit_layer=exit_layer, stages=2, max_new_tokens=NEW_TOKENS)
+    config = DecodeConfig(method="ppsd", exit_layer=exit_layer, num_stages=2, max_new_tokens=NEW_TOKENS)
     drafting = model.with_exit_head(choice.head)
     with shared_pipeline(drafting, config) as executor:
         result = generate(drafting, ids, config, executor=executor)

@@ -54,7 +54,7 @@ def model(checkpoint) -> StagedModel:
 @pytest.fixture(scope="module")
 def pool(model):
     close_all()  # one pipeline per process: torch.distributed has one default group
-    executor = shared_pipeline(model, DecodeConfig(stages=2).resolved(model.num_layers), timeout=TIMEOUT)
+    executor = shared_pipeline(model, DecodeConfig(num_stages=2).resolved(model.num_layers), timeout=TIMEOUT)
     yield executor
     executor.close()
 
@@ -66,7 +66,7 @@ class Twin:
 
     def __init__(self, reference, candidate) -> None:
         self.reference, self.candidate = reference, candidate
-        self.stages, self.device, self.concurrent = candidate.stages, candidate.device, candidate.concurrent
+        self.partition, self.device, self.concurrent = candidate.partition, candidate.device, candidate.concurrent
         self.calls = 0
 
     def begin(self, stopwatch):
@@ -105,7 +105,7 @@ class Twin:
 @pytest.mark.parametrize("method", ["ppsd", "eesd", "ar"])
 def test_every_call_returns_what_the_in_process_executor_returns(model, pool, method):
     config = DecodeConfig(method=method, max_new_tokens=NEW_TOKENS).resolved(model.num_layers)
-    reference = InProcessExecutor(model, pool.stages, Stopwatch())
+    reference = InProcessExecutor(model, pool.partition, Stopwatch())
     twin = Twin(reference, pool)
     result = ppsd.generate(model, PROMPTS["short"], config, executor=twin)
     assert twin.calls > NEW_TOKENS
@@ -162,7 +162,7 @@ def test_a_second_run_while_one_holds_the_pipeline_is_refused_and_the_pool_kept(
 
 
 def test_workers_are_reused_while_the_settings_match(model, pool):
-    config = DecodeConfig(method="ar", stages=2).resolved(model.num_layers)
+    config = DecodeConfig(method="ar", num_stages=2).resolved(model.num_layers)
     assert shared_pipeline(model, config, timeout=TIMEOUT) is pool
     assert pool.alive and all(_running(pid) for pid in pool.pids)
 
@@ -186,7 +186,7 @@ def test_workers_holding_other_weights_are_refused(checkpoint):
     checkpoint rewritten between the two loads would silently break exactness otherwise)."""
     close_all()
     other = StagedModel(tiny_llama(seed=1), name=checkpoint)
-    executor = DistributedExecutor(PipelineSpec(model=checkpoint, stages=stage_layers(8, 4, 2)), other)
+    executor = DistributedExecutor(PipelineSpec(model=checkpoint, partition=stage_layers(8, 4, 2)), other)
     with pytest.raises(PipelineError, match="stage 2 loaded other weights"):
         executor.start()
     assert executor.pids and not any(_running(pid) for pid in executor.pids)
@@ -194,9 +194,9 @@ def test_workers_holding_other_weights_are_refused(checkpoint):
 
 def test_three_stages_then_a_killed_worker(checkpoint, model):
     close_all()
-    spec = PipelineSpec(model=checkpoint, stages=stage_layers(8, 3, 3), timeout=TIMEOUT)
+    spec = PipelineSpec(model=checkpoint, partition=stage_layers(8, 3, 3), timeout=TIMEOUT)
     with DistributedExecutor(spec, model) as pool:
-        config = DecodeConfig(method="ppsd", exit_layer=3, stages=3, max_new_tokens=NEW_TOKENS)
+        config = DecodeConfig(method="ppsd", exit_layer=3, num_stages=3, max_new_tokens=NEW_TOKENS)
         expected = ppsd.generate(model, PROMPTS["long"], replace(config, method="ar"))
         assert ppsd.generate(model, PROMPTS["long"], config, executor=pool).token_ids == expected.token_ids
 
@@ -220,7 +220,7 @@ def test_workers_exit_when_the_coordinator_is_killed(checkpoint):
         "from conftest import tiny_llama\n"
         "if __name__ == '__main__':\n"
         f"    model = ppsd.StagedModel(tiny_llama(), name={checkpoint!r})\n"
-        "    config = ppsd.DecodeConfig(stages=3, max_new_tokens=4).resolved(model.num_layers)\n"
+        "    config = ppsd.DecodeConfig(num_stages=3, max_new_tokens=4).resolved(model.num_layers)\n"
         "    pool = shared_pipeline(model, config)\n"
         "    ppsd.generate(model, [1, 2, 3], config, executor=pool)\n"
         "    print('PIDS', *pool.pids, flush=True)\n"

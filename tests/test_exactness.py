@@ -64,14 +64,14 @@ LAYOUTS = [(2, None), (2, 1), (2, 7), (3, None), (3, 5), (4, 2), (8, 1)]
 
 
 @pytest.mark.parametrize("head", ["shared", "perfect", "random"])
-@pytest.mark.parametrize("stages,exit_layer", LAYOUTS)
+@pytest.mark.parametrize("num_stages,exit_layer", LAYOUTS)
 @pytest.mark.parametrize("prompt", list(PROMPTS))
-def test_ppsd_matches_ar_and_hf(head, stages, exit_layer, prompt):
-    exit_layer = exit_layer or balanced_exit_layer(8, stages)
+def test_ppsd_matches_ar_and_hf(head, num_stages, exit_layer, prompt):
+    exit_layer = exit_layer or balanced_exit_layer(8, num_stages)
     model = model_for(head, exit_layer)
-    ar = generate(model, PROMPTS[prompt], DecodeConfig(method="ar", stages=stages, exit_layer=exit_layer,
+    ar = generate(model, PROMPTS[prompt], DecodeConfig(method="ar", num_stages=num_stages, exit_layer=exit_layer,
                                                        max_new_tokens=NEW_TOKENS))
-    result = generate(model, PROMPTS[prompt], DecodeConfig(method="ppsd", stages=stages, exit_layer=exit_layer,
+    result = generate(model, PROMPTS[prompt], DecodeConfig(method="ppsd", num_stages=num_stages, exit_layer=exit_layer,
                                                            max_new_tokens=NEW_TOKENS))
     assert result.token_ids == ar.token_ids == hf_greedy(model, prompt)
     _assert_head_behaviour(result, head)
@@ -79,16 +79,16 @@ def test_ppsd_matches_ar_and_hf(head, stages, exit_layer, prompt):
 
 @pytest.mark.parametrize("head", ["shared", "perfect", "random"])
 @pytest.mark.parametrize("draft_len", [1, 3, 5])
-@pytest.mark.parametrize("stages,exit_layer", [(2, None), (2, 1), (3, 5), (4, 2)])
+@pytest.mark.parametrize("num_stages,exit_layer", [(2, None), (2, 1), (3, 5), (4, 2)])
 @pytest.mark.parametrize("prompt", ["one-token", "short"])
-def test_eesd_matches_ar_and_hf(head, draft_len, stages, exit_layer, prompt):
-    exit_layer = exit_layer or balanced_exit_layer(8, stages)
+def test_eesd_matches_ar_and_hf(head, draft_len, num_stages, exit_layer, prompt):
+    exit_layer = exit_layer or balanced_exit_layer(8, num_stages)
     model = model_for(head, exit_layer)
-    result = generate(model, PROMPTS[prompt], DecodeConfig(method="eesd", stages=stages, exit_layer=exit_layer,
+    result = generate(model, PROMPTS[prompt], DecodeConfig(method="eesd", num_stages=num_stages, exit_layer=exit_layer,
                                                            draft_len=draft_len, max_new_tokens=NEW_TOKENS))
     assert result.token_ids == hf_greedy(model, prompt)
     _assert_head_behaviour(result, head)
-    verify_passes = [e for e in result.trace.events if e.stage == stages and e.kind != "prefill"]
+    verify_passes = [e for e in result.trace.events if e.stage == num_stages and e.kind != "prefill"]
     assert len(verify_passes) >= 3
 
 
@@ -151,7 +151,7 @@ def test_stream_resumed_on_other_threads_matches_generate(llama):
     thread, so it must hold for each resumption, not only the first)."""
     from concurrent.futures import ThreadPoolExecutor
 
-    config = DecodeConfig(method="ppsd", stages=2, exit_layer=4, max_new_tokens=12)
+    config = DecodeConfig(method="ppsd", num_stages=2, exit_layer=4, max_new_tokens=12)
     expected = generate(llama, [1, 2, 3], config).token_ids
     steps = stream(llama, [1, 2, 3], config)
     committed = []

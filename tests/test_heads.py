@@ -157,12 +157,12 @@ def test_another_architecture_round_trips(tmp_path):
         assert torch.equal(load_exit_head(tmp_path, qwen, 2)(hidden, 0, cache), result.head(hidden, 0, cache))
 
 
-@pytest.mark.parametrize("method, stages", [("ppsd", 2), ("ppsd", 3), ("eesd", 2)])
-def test_greedy_decoding_with_a_trained_head_equals_ar(model, trained, method, stages):
+@pytest.mark.parametrize("method, num_stages", [("ppsd", 2), ("ppsd", 3), ("eesd", 2)])
+def test_greedy_decoding_with_a_trained_head_equals_ar(model, trained, method, num_stages):
     staged = model.with_exit_head(trained.head)
     prompt = [1, 5, 9, 3, 7]
-    ar = generate(model, prompt, DecodeConfig(method="ar", exit_layer=EXIT, stages=stages, max_new_tokens=24))
-    spec = generate(staged, prompt, DecodeConfig(method=method, exit_layer=EXIT, stages=stages, max_new_tokens=24))
+    ar = generate(model, prompt, DecodeConfig(method="ar", exit_layer=EXIT, num_stages=num_stages, max_new_tokens=24))
+    spec = generate(staged, prompt, DecodeConfig(method=method, exit_layer=EXIT, num_stages=num_stages, max_new_tokens=24))
     assert spec.token_ids == ar.token_ids
     assert spec.metrics().accepted > 0  # the trained head's drafts are really used and sometimes right
     if trained.head.draft_vocab is not None:  # drafts come from the draft vocabulary alone

@@ -20,9 +20,9 @@ def plan_of(queues, call):
     return slot(queues, call[1])
 
 
-def run(stages: int, calls: list) -> list[list[str]]:
+def run(num_stages: int, calls: list) -> list[list[str]]:
     """Apply `calls` from empty queues, checking every plan; the described actions of each call."""
-    queues, seen = empty(stages), []
+    queues, seen = empty(num_stages), []
     for call in calls:
         plan = plan_of(queues, call)
         check(queues, plan)
@@ -60,8 +60,8 @@ TABLE = {
 
 @pytest.mark.parametrize("name", sorted(TABLE))
 def test_the_schedule_table(name):
-    stages, calls, expected = TABLE[name]
-    assert run(stages, calls) == expected
+    num_stages, calls, expected = TABLE[name]
+    assert run(num_stages, calls) == expected
 
 
 def test_a_slot_is_the_workers_advance_then_stage_1():
@@ -117,15 +117,15 @@ class Worker:
         return ran
 
 
-@pytest.mark.parametrize("stages", [2, 3, 4, 5])
+@pytest.mark.parametrize("num_stages", [2, 3, 4, 5])
 @pytest.mark.parametrize("seed", range(6))
-def test_every_plan_keeps_the_invariants_and_workers_replaying_their_parts_run_its_actions(stages, seed):
+def test_every_plan_keeps_the_invariants_and_workers_replaying_their_parts_run_its_actions(num_stages, seed):
     rng = random.Random(seed)
-    queues, workers, attached = empty(stages), [Worker() for _ in range(stages)], []
+    queues, workers, attached = empty(num_stages), [Worker() for _ in range(num_stages)], []
     for call in random_calls(rng, 60):
         plan = plan_of(queues, call)
         check(queues, plan)
-        for k in range(1, stages):
+        for k in range(1, num_stages):
             part = worker_part(plan, k)
             expected = next(((a.item.position, a.item.width) for a in plan.actions if a.index == k), None)
             if part is None:
@@ -139,7 +139,7 @@ def test_every_plan_keeps_the_invariants_and_workers_replaying_their_parts_run_i
         attached += [a.item for a in plan.actions if a.index == 0]
         queues = plan.queues
         if rng.random() < 0.1:  # a rollback empties everything
-            queues, workers, attached = empty(stages), [Worker() for _ in range(stages)], []
+            queues, workers, attached = empty(num_stages), [Worker() for _ in range(num_stages)], []
 
 
 def test_check_names_a_broken_plan():

@@ -43,7 +43,7 @@ def test_1_the_default_model_drafts_with_its_shipped_head_by_default():
 
 def test_2_other_weights_under_the_default_name_fall_back_to_balanced_and_shared(llama):
     impostor = StagedModel(llama.hf_model, name=DEFAULT_MODEL)
-    setup = set_up(impostor, DecodeConfig(stages=2))
+    setup = set_up(impostor, DecodeConfig(num_stages=2))
     assert setup.config.exit_layer == llama.num_layers // 2  # balanced L/K
     assert setup.head.startswith("shared")
 
@@ -60,9 +60,9 @@ def test_4_resolve_needs_no_weights():
     layers = 30
     assert resolve_config(DEFAULT_MODEL, layers, DecodeConfig()).exit_layer == default_exit_layer(DEFAULT_MODEL, layers, 2)
     assert resolve_config("some/other-model", layers, DecodeConfig()).exit_layer == 15
-    assert resolve_config("some/other-model", layers, DecodeConfig(stages=3)).exit_layer == 10
+    assert resolve_config("some/other-model", layers, DecodeConfig(num_stages=3)).exit_layer == 10
     with pytest.raises(ValueError, match="stages K=31 is out of range"):
-        resolve_config(DEFAULT_MODEL, layers, DecodeConfig(stages=31))
+        resolve_config(DEFAULT_MODEL, layers, DecodeConfig(num_stages=31))
 
 
 def test_5_an_empty_prompt_has_one_message(llama):

@@ -25,9 +25,9 @@ def tiny():
     return model, tokenizer, tokenizer("Once upon a time")["input_ids"]
 
 
-def run(tiny, method: str, stages: int) -> ppsd.Result:
+def run(tiny, method: str, num_stages: int) -> ppsd.Result:
     model, _, prompt = tiny
-    return ppsd.generate(model, prompt, DecodeConfig(method=method, stages=stages, max_new_tokens=NEW_TOKENS))
+    return ppsd.generate(model, prompt, DecodeConfig(method=method, num_stages=num_stages, max_new_tokens=NEW_TOKENS))
 
 
 @pytest.fixture(scope="module", params=[2, 3], ids=lambda k: f"K={k}")
@@ -122,7 +122,7 @@ def test_rows_say_in_plain_words_what_each_stage_does(ppsd_run):
             assert "flushed: ran layers" in pages[s.index]
     drafting = next(s for s in slots if s.work[0] is not None and s.work[0].kind == "draft")
     assert f"drafts token {drafting.work[0].position + 1}" in pages[drafting.index]
-    assert f"layers 0–{trace.stages[0].stop - 1} + exit head" in pages[drafting.index]
+    assert f"layers 0–{trace.partition[0].stop - 1} + exit head" in pages[drafting.index]
 
 
 def test_captions_count_slots_and_what_a_correction_flushes(ppsd_run):
@@ -173,21 +173,21 @@ def test_diagram_names_the_stage_layers_the_exit_head_and_the_verifier():
     assert "<figcaption>" in page
 
 
-@pytest.mark.parametrize("layers,exit_layer,stages", [(30, 18, 3), (30, 10, 5), (4, 2, 3)])
-def test_diagram_follows_stage_layers(layers, exit_layer, stages):
-    page = teach.pipeline_diagram(layers, exit_layer, stages)
-    for k, r in enumerate(stage_layers(layers, exit_layer, stages), start=1):
+@pytest.mark.parametrize("layers,exit_layer,num_stages", [(30, 18, 3), (30, 10, 5), (4, 2, 3)])
+def test_diagram_follows_stage_layers(layers, exit_layer, num_stages):
+    page = teach.pipeline_diagram(layers, exit_layer, num_stages)
+    for k, r in enumerate(stage_layers(layers, exit_layer, num_stages), start=1):
         label = f"layer {r.start}" if len(r) == 1 else f"layers {r.start}–{r.stop - 1}"
         assert f"stage {k}</div><div class=\"teach-stage-layers\">{label}</div>" in page
-    assert page.count("→") == stages - 1
+    assert page.count("→") == num_stages - 1
 
 
-@pytest.mark.parametrize("layers,exit_layer,stages,word", [
+@pytest.mark.parametrize("layers,exit_layer,num_stages,word", [
     (30, 0, 2, "exit layer"),    # stage 1 needs at least one layer
     (30, 30, 2, "exit layer"),   # and must leave some for the stages behind it
     (30, 18, 1, "stages"),       # one stage is no pipeline
     (30, 18, 14, "do not fit"),  # 12 layers after E hold at most 12 more stages
 ])
-def test_diagram_refuses_exit_layers_and_stage_counts_out_of_range(layers, exit_layer, stages, word):
+def test_diagram_refuses_exit_layers_and_stage_counts_out_of_range(layers, exit_layer, num_stages, word):
     with pytest.raises(ValueError, match=word):
-        teach.pipeline_diagram(layers, exit_layer, stages)
+        teach.pipeline_diagram(layers, exit_layer, num_stages)

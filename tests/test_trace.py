@@ -28,15 +28,15 @@ class TickStopwatch:
         return float(self.ticks)
 
 
-def run(model: StagedModel, method: str, *, stages: int = 2, new: int = 24, ticks: bool = False, **kw):
-    config = DecodeConfig(method=method, stages=stages, max_new_tokens=new, **kw)
+def run(model: StagedModel, method: str, *, num_stages: int = 2, new: int = 24, ticks: bool = False, **kw):
+    config = DecodeConfig(method=method, num_stages=num_stages, max_new_tokens=new, **kw)
     return generate(model, PROMPT, config, stopwatch=TickStopwatch() if ticks else None)
 
 
 @pytest.mark.parametrize("method", ["ar", "eesd", "ppsd"])
-@pytest.mark.parametrize("stages", [2, 3, 4])
-def test_real_traces_are_sound_on_both_clocks(llama, method, stages):
-    result = run(llama, method, stages=stages, draft_len=3)
+@pytest.mark.parametrize("num_stages", [2, 3, 4])
+def test_real_traces_are_sound_on_both_clocks(llama, method, num_stages):
+    result = run(llama, method, num_stages=num_stages, draft_len=3)
     assert result.trace.violations() == []
     assert result.trace.project().violations() == []
 
@@ -49,7 +49,7 @@ def broken(trace: Trace, index: int, **changes) -> Trace:
 
 @pytest.fixture(scope="module")
 def ppsd_trace(llama) -> Trace:
-    return run(llama, "ppsd", stages=3, ticks=True).trace
+    return run(llama, "ppsd", num_stages=3, ticks=True).trace
 
 
 def first(trace: Trace, predicate) -> int:
@@ -110,22 +110,22 @@ def test_acceptance_rate_matches_the_token_record(llama, method):
     assert 0 < metrics.acceptance_rate < 1
 
 
-def projected_speedup(model: StagedModel, stages: int, exit_layer: int | None = None) -> float:
-    ar = run(model, "ar", stages=stages, new=64, ticks=True, exit_layer=exit_layer)
-    pp = run(model, "ppsd", stages=stages, new=64, ticks=True, exit_layer=exit_layer)
+def projected_speedup(model: StagedModel, num_stages: int, exit_layer: int | None = None) -> float:
+    ar = run(model, "ar", num_stages=num_stages, new=64, ticks=True, exit_layer=exit_layer)
+    pp = run(model, "ppsd", num_stages=num_stages, new=64, ticks=True, exit_layer=exit_layer)
     assert ar.token_ids == pp.token_ids
     return ar.metrics("projected").wall_seconds / pp.metrics("projected").wall_seconds
 
 
-@pytest.mark.parametrize("stages", [2, 4])
-def test_projected_speedup_is_close_to_k_when_every_draft_is_accepted(stages):
-    model = exit_equals_full(8 // stages)
-    assert projected_speedup(model, stages) >= 0.85 * stages
+@pytest.mark.parametrize("num_stages", [2, 4])
+def test_projected_speedup_is_close_to_k_when_every_draft_is_accepted(num_stages):
+    model = exit_equals_full(8 // num_stages)
+    assert projected_speedup(model, num_stages) >= 0.85 * num_stages
 
 
-@pytest.mark.parametrize("stages", [2, 4])
-def test_projected_speedup_is_not_below_one_when_no_draft_is_accepted(stages):
-    assert projected_speedup(model_for("random", 8 // stages), stages) >= 0.97
+@pytest.mark.parametrize("num_stages", [2, 4])
+def test_projected_speedup_is_not_below_one_when_no_draft_is_accepted(num_stages):
+    assert projected_speedup(model_for("random", 8 // num_stages), num_stages) >= 0.97
 
 
 def test_ideal_formulas_match_the_spec():
@@ -139,7 +139,7 @@ def test_ideal_formulas_match_the_spec():
 
 
 def test_chrome_trace_export(llama):
-    trace = run(llama, "ppsd", stages=2).trace
+    trace = run(llama, "ppsd", num_stages=2).trace
     chrome = json.loads(json.dumps(trace.to_chrome()))
     work = [e for e in chrome["traceEvents"] if e["ph"] == "X"]
     assert len(work) == len(trace.events)
@@ -150,7 +150,7 @@ def test_chrome_trace_export(llama):
 def test_ideal_ppsd_speedup_takes_its_slot_from_the_slowest_stage(llama):
     # L=8, E=2, K=2: stage 2 holds 6 layers, so an accepted token costs 6/8 of AR's time.
     assert ideal_ppsd_speedup_slowest_stage(1.0, 6 / 8) == pytest.approx(8 / 6)
-    result = run(llama, "ppsd", stages=2, exit_layer=2)
+    result = run(llama, "ppsd", num_stages=2, exit_layer=2)
     a = result.metrics().acceptance_rate
     assert result.metrics().ideal_speedup == pytest.approx(1 / (1 - a * (1 - 6 / 8)))
     assert result.metrics().slot_fraction == result.metrics("projected").slot_fraction == 6 / 8
@@ -166,4 +166,4 @@ def test_an_eesd_verification_waits_for_the_last_draft_it_checks():
     projected = trace.project()
     assert projected.events[-1].start == pytest.approx(projected.events[-2].end)
     wrong = replace(events[-1], start=3.5, end=4.5)  # begun while drafts 2 and 3 were still running
-    assert 3 in [n for n, _ in Trace(events[:-1] + (wrong,), trace.stages, 3, 7, "measured").violations()]
+    assert 3 in [n for n, _ in Trace(events[:-1] + (wrong,), trace.partition, 3, 7, "measured").violations()]

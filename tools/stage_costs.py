@@ -52,10 +52,10 @@ def main(argv: list[str] | None = None) -> int:
         for vocab in args.draft_vocab:
             head = build_head("layer", model, exit_layer, draft_vocab=vocab or None)
             drafting = model.with_exit_head(head)
-            config = DecodeConfig(method="ppsd", exit_layer=exit_layer, stages=2, max_new_tokens=args.tokens)
+            config = DecodeConfig(method="ppsd", exit_layer=exit_layer, num_stages=2, max_new_tokens=args.tokens)
             generate(drafting, ids, config)  # warm-up
             ppsd = per_token_ms(generate(drafting, ids, config), ("draft", "verify"))
-            ar = per_token_ms(generate(drafting, ids, DecodeConfig(method="ar", exit_layer=exit_layer, stages=2,
+            ar = per_token_ms(generate(drafting, ids, DecodeConfig(method="ar", exit_layer=exit_layer, num_stages=2,
                                                                   max_new_tokens=args.tokens)), ("verify", "draft"))
             step = sum(ar.values())
             print(f"{exit_layer:<2} {vocab or 'all':>11}  {ppsd[1]:9.2f}  {ppsd[2]:9.2f}  {step:5.2f}  "

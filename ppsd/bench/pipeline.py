@@ -83,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
     model, prompts, source = _model_and_prompts(args)
     # E by the name asked for: the model is loaded from its converted directory, whose path names no shipped head.
     config = resolve_config(args.model, model.num_layers, DecodeConfig(
-        stages=args.stages, exit_layer=args.exit_layer, max_new_tokens=args.new_tokens, draft_len=args.draft_len))
+        num_stages=args.stages, exit_layer=args.exit_layer, max_new_tokens=args.new_tokens, draft_len=args.draft_len))
     setup = set_up(model, config, exit_head=args.exit_head)
     model, config = setup.model, setup.config
     methods = [
@@ -211,7 +211,7 @@ def _report(args, config, methods, prompts, measured: Measured, source, load_bef
     accepted = sum(m.accepted for m in ppsd_metrics)
     verified = accepted + sum(m.rejected for m in ppsd_metrics)
     acceptance = accepted / verified if verified else 0.0
-    slot = slot_fraction(runs[ar_label][0].trace.stages)
+    slot = slot_fraction(runs[ar_label][0].trace.partition)
     ideal = ideal_ppsd_speedup_slowest_stage(acceptance, slot)
     measured = speedup(wall[ar_label], wall[ppsd_label])
     singles = [m.label for m in methods if m.executor == "in-process" and m.clock == "measured" and m.method != "eesd"]
@@ -225,8 +225,8 @@ def _report(args, config, methods, prompts, measured: Measured, source, load_bef
     return {
         "command": "python -m ppsd " + " ".join(sys.argv[1:]),  # argv[1] is the subcommand
         "model": source, "device": args.device, "prompts": len(prompts), "new_tokens": args.new_tokens,
-        "stages": config.stages, "exit_layer": config.exit_layer,
-        "stage_layers": [[r.start, r.stop] for r in runs[ar_label][0].trace.stages],
+        "stages": config.num_stages, "exit_layer": config.exit_layer,
+        "stage_layers": [[r.start, r.stop] for r in runs[ar_label][0].trace.partition],
         "threads_per_worker": args.threads_per_worker, "repeats": args.repeats, "warmup": args.warmup,
         "pool_startup_seconds": startup,
         "tokens_per_second": speed,

@@ -24,7 +24,7 @@ def make_row(setting: Setting, cells: Sequence[Cell], ar_cells: Sequence[Cell], 
     rounds_measured = round_speedups(cells, ar_cells)
     rounds_projected = round_speedups(cells, ar_cells, projected=True)
     s_measured, s_projected = statistics.median(rounds_measured), statistics.median(rounds_projected)
-    slot = partition_slot_fraction(num_layers, setting.exit_layer, setting.stages)
+    slot = partition_slot_fraction(num_layers, setting.exit_layer, setting.num_stages)
     s_ppsd = ideal_ppsd_speedup_slowest_stage(rate or 0.0, slot)
     s_eesd = ideal_eesd_speedup(rate or 0.0, g, fraction)
     own_ideal = {"ppsd": s_ppsd, "eesd": s_eesd}.get(setting.method, 1.0)
@@ -32,7 +32,7 @@ def make_row(setting: Setting, cells: Sequence[Cell], ar_cells: Sequence[Cell], 
     actual, clock = (s_projected, "projected") if setting.method == "ppsd" else (s_measured, "measured")
     utilization = [statistics.fmean(u) for u in zip(*(c.utilization for c in cells))]
     return {
-        "method": setting.method, "exit_layer": setting.exit_layer, "stages": setting.stages,
+        "method": setting.method, "exit_layer": setting.exit_layer, "stages": setting.num_stages,
         "draft_len": setting.draft_len, "temperature": setting.temperature, "label": setting.label,
         "prompts": len(cells), "tokens": measured.tokens, "repeats": len(cells[0].walls),
         "acceptance_rate": rate, "accepted": sum(c.accepted for c in cells),

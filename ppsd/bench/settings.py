@@ -23,26 +23,26 @@ class Setting:
 
     method: str
     exit_layer: int
-    stages: int
+    num_stages: int
     temperature: float
     draft_len: int | None = None
 
     def config(self, max_new_tokens: int, seed: int = 0) -> DecodeConfig:
-        return DecodeConfig(method=self.method, exit_layer=self.exit_layer, stages=self.stages,
+        return DecodeConfig(method=self.method, exit_layer=self.exit_layer, num_stages=self.num_stages,
                             draft_len=self.draft_len or 4, max_new_tokens=max_new_tokens,
                             temperature=self.temperature, seed=seed)
 
     def baseline(self) -> "Setting":
         """AR on the same partition and temperature: the denominator of every speedup."""
-        return Setting("ar", self.exit_layer, self.stages, self.temperature)
+        return Setting("ar", self.exit_layer, self.num_stages, self.temperature)
 
     @property
     def label(self) -> str:
         g = f" g={self.draft_len}" if self.draft_len else ""
-        return f"{self.method} E={self.exit_layer} K={self.stages}{g} T={self.temperature:g}"
+        return f"{self.method} E={self.exit_layer} K={self.num_stages}{g} T={self.temperature:g}"
 
 
-def sweep(num_layers: int, *, stages: Iterable[int], draft_lens: Iterable[int],
+def sweep(num_layers: int, *, num_stages: Iterable[int], draft_lens: Iterable[int],
           temperatures: Iterable[float], exit_layers: Iterable[int] | None = None,
           default_exit: Callable[[int], int] | None = None) -> list[list[Setting]]:
     """The sweep as groups that share one AR baseline (first in each group): per temperature and
@@ -53,7 +53,7 @@ def sweep(num_layers: int, *, stages: Iterable[int], draft_lens: Iterable[int],
     (E, K) pairs are skipped (DecodeConfig decides what is valid).
     """
     default_exit = default_exit or (lambda k: balanced_exit_layer(num_layers, k))
-    layouts = sorted({(e, k) for k in stages
+    layouts = sorted({(e, k) for k in num_stages
                       for e in ([default_exit(k)] if exit_layers is None else exit_layers)
                       if _valid(num_layers, e, k)})
     eesd_home: dict[int, int] = {}
@@ -69,19 +69,19 @@ def sweep(num_layers: int, *, stages: Iterable[int], draft_lens: Iterable[int],
     return groups
 
 
-def _valid(num_layers: int, exit_layer: int, stages: int) -> bool:
+def _valid(num_layers: int, exit_layer: int, num_stages: int) -> bool:
     try:
-        DecodeConfig(exit_layer=exit_layer, stages=stages).resolved(num_layers)
+        DecodeConfig(exit_layer=exit_layer, num_stages=num_stages).resolved(num_layers)
     except ValueError:
         return False
     return True
 
 
-def preset_exit_layers(fractions: Iterable[float] | None, num_layers: int, stages: Iterable[int],
+def preset_exit_layers(fractions: Iterable[float] | None, num_layers: int, num_stages: Iterable[int],
                        default_exit: Callable[[int], int]) -> list[int] | None:
     """The exit layers of a preset: E = f L for each fraction, plus each valid K's default E;
     None (each K its default E) for a preset without fractions."""
     if not fractions:
         return None
     return sorted({max(1, round(f * num_layers)) for f in fractions}
-                  | {default_exit(k) for k in stages if 2 <= k <= num_layers})
+                  | {default_exit(k) for k in num_stages if 2 <= k <= num_layers})

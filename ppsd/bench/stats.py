@@ -78,6 +78,6 @@ def acceptance_rate(cells: Sequence[Cell]) -> float | None:
     return accepted / (accepted + rejected) if accepted + rejected else None
 
 
-def partition_slot_fraction(num_layers: int, exit_layer: int, stages: int) -> float:
+def partition_slot_fraction(num_layers: int, exit_layer: int, num_stages: int) -> float:
     """Layers of the largest stage of the (L, E, K) partition, over all layers."""
-    return slot_fraction(stage_layers(num_layers, exit_layer, stages))
+    return slot_fraction(stage_layers(num_layers, exit_layer, num_stages))

@@ -138,7 +138,7 @@ def _plan(args: argparse.Namespace) -> Plan:
     default_exit = lambda k: default_exit_layer(args.model, model.num_layers, k)  # noqa: E731
     exit_layers = args.exit_layers or preset_exit_layers(preset["exit_fractions"], model.num_layers,
                                                          pick("stages"), default_exit)
-    groups = sweep(model.num_layers, stages=pick("stages"), draft_lens=pick("draft_lens"),
+    groups = sweep(model.num_layers, num_stages=pick("stages"), draft_lens=pick("draft_lens"),
                    temperatures=pick("temperatures"), exit_layers=exit_layers, default_exit=default_exit)
     if not groups:
         raise ValueError(f"no valid (exit layer, stages) pair for a {model.num_layers}-layer model")
@@ -185,7 +185,7 @@ def _pipeline(args: argparse.Namespace) -> Callable | None:
 
     def make(model: StagedModel, config: DecodeConfig):
         # K processes sharing fewer cores run in turn again: not a K-worker measurement.
-        if mode == "auto" and model.info.device == "cpu" and config.stages * args.threads > cores:
+        if mode == "auto" and model.info.device == "cpu" and config.num_stages * args.threads > cores:
             return None
         return shared_pipeline(model, config, threads_per_worker=args.threads)
     return make

@@ -39,20 +39,20 @@ def add_decoding(parser: argparse.ArgumentParser, *, sampling: bool = True) -> N
 
 def add_stages(parser: argparse.ArgumentParser) -> None:
     """--stages, --exit-layer, --draft-len: how the layers split and how far EESD drafts."""
-    parser.add_argument("--stages", type=int, default=DEFAULTS.stages,
-                        help=f"K pipeline stages (default {DEFAULTS.stages})")
+    parser.add_argument("--stages", type=int, default=DEFAULTS.num_stages,
+                        help=f"K pipeline stages (default {DEFAULTS.num_stages})")
     parser.add_argument("--exit-layer", type=int, default=None,
                         help="E (default: the shipped head's E for this model and K, else balanced, L/K)")
     parser.add_argument("--draft-len", type=int, default=DEFAULTS.draft_len,
                         help=f"EESD draft length g (default {DEFAULTS.draft_len})")
 
 
-def decode_config(args: argparse.Namespace, num_layers: int, *, stages: int | None = None) -> DecodeConfig:
+def decode_config(args: argparse.Namespace, num_layers: int, *, num_stages: int | None = None) -> DecodeConfig:
     """The run `args` ask for on a model of `num_layers` layers, resolved (ValueError if invalid).
-    `stages` overrides --stages (under torchrun the world size decides)."""
-    stages = args.stages if stages is None else stages
+    `num_stages` overrides --stages (under torchrun the world size decides)."""
+    num_stages = args.stages if num_stages is None else num_stages
     sampled = {name: getattr(args, name) for name in ("temperature", "top_p", "seed") if hasattr(args, name)}
     return resolve_config(args.model, num_layers, DecodeConfig(
-        method=args.method, stages=stages, draft_len=args.draft_len, max_new_tokens=args.max_new_tokens,
+        method=args.method, num_stages=num_stages, draft_len=args.draft_len, max_new_tokens=args.max_new_tokens,
         exit_layer=args.exit_layer, **sampled,
     ))

@@ -35,9 +35,9 @@ def run(args: argparse.Namespace) -> int:
     rank = int(os.environ.get("RANK", "0"))
     torchrun = "RANK" in os.environ
     layers = model_config(args.model).num_hidden_layers
-    config = options.decode_config(args, layers, stages=int(os.environ["WORLD_SIZE"]) if torchrun else None)
+    config = options.decode_config(args, layers, num_stages=int(os.environ["WORLD_SIZE"]) if torchrun else None)
     # Every torchrun rank builds the same spec (dtype: the device's default, as load_model's).
-    spec = PipelineSpec(model=args.model, stages=config.partition(layers), device=args.device,
+    spec = PipelineSpec(model=args.model, partition=config.partition(layers), device=args.device,
                         threads_per_worker=args.threads_per_worker, timeout=args.timeout)
     if rank > 0:
         run_worker(spec, rank, local_rank=int(os.environ.get("LOCAL_RANK", "0")))
@@ -59,6 +59,6 @@ def run(args: argparse.Namespace) -> int:
 def summary(result: Result, device: str) -> str:
     m = result.metrics()
     rate = "n/a" if m.acceptance_rate is None else f"{m.acceptance_rate:.2f}"
-    return (f"[{result.config.method}, {result.config.stages}-stage pipeline, {device}] {m.tokens} tokens, "
+    return (f"[{result.config.method}, {result.config.num_stages}-stage pipeline, {device}] {m.tokens} tokens, "
             f"{m.tokens_per_second:.1f} tok/s ({m.clock} clock), acceptance {rate}, "
             f"stage utilization {', '.join(f'{u:.2f}' for u in m.stage_utilization)}")

@@ -47,7 +47,7 @@ class Executor(Protocol):
     shared between threads admits one run at a time there (`begin` waits for, or refuses, a
     second), so its callers need no lock of their own."""
 
-    stages: tuple[range, ...]
+    partition: tuple[range, ...]
     device: str
     concurrent: bool  # do the stages run at the same time (so the measured clock shows overlap)?
 

@@ -22,14 +22,14 @@ class InProcessExecutor:
 
     concurrent = False
 
-    def __init__(self, model: StagedModel, stages: tuple[range, ...], stopwatch: Stopwatch) -> None:
+    def __init__(self, model: StagedModel, partition: tuple[range, ...], stopwatch: Stopwatch) -> None:
         self.model = model
-        self.stages = stages
+        self.partition = partition
         self.device = model.info.device
         self.cache = KVCache()
         self._clock = stopwatch
-        self._queues = schedule.empty(len(stages))
-        self._hidden: list[deque[torch.Tensor]] = [deque() for _ in stages]  # beside each queue's items
+        self._queues = schedule.empty(len(partition))
+        self._hidden: list[deque[torch.Tensor]] = [deque() for _ in partition]  # beside each queue's items
 
     def begin(self, stopwatch: Stopwatch) -> None:
         self._clock = stopwatch
@@ -48,8 +48,8 @@ class InProcessExecutor:
         return self._execute(schedule.flow(self._queues), None, None)
 
     def rollback(self, length: int) -> None:
-        self._queues = schedule.empty(len(self.stages))
-        self._hidden = [deque() for _ in self.stages]
+        self._queues = schedule.empty(len(self.partition))
+        self._hidden = [deque() for _ in self.partition]
         self.cache.truncate(length)
 
     def _execute(self, plan: schedule.Plan, feed: Feed | None, slot: int | None) -> Output:
@@ -58,13 +58,13 @@ class InProcessExecutor:
             start = self._clock.now()
             k = action.index
             if k == 0:
-                hidden, results["exit_logits"] = first_stage(self.model, self.stages[0], feed, self.cache)
+                hidden, results["exit_logits"] = first_stage(self.model, self.partition[0], feed, self.cache)
             else:
                 taken = [self._hidden[k].popleft() for _ in range(action.take)]
                 merged = taken[0] if len(taken) == 1 else torch.cat(taken, dim=1)
-                hidden = self.model.run_layers(merged, self.stages[k],
+                hidden = self.model.run_layers(merged, self.partition[k],
                                                position=action.item.position, cache=self.cache)
-            if k + 1 < len(self.stages):
+            if k + 1 < len(self.partition):
                 self._hidden[k + 1].append(hidden)
             else:
                 results["final_logits"] = final_logits(self.model, hidden, action.item.kind)

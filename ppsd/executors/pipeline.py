@@ -73,15 +73,15 @@ class DistributedExecutor:
 
     def __init__(self, spec: PipelineSpec, model: StagedModel) -> None:
         self.spec, self.model = spec, model
-        self.stages, self.device = spec.stages, spec.device
+        self.partition, self.device = spec.partition, spec.device
         self._run_lock = threading.Lock()  # held from `begin` to `end`: one run at a time
         self.cache = KVCache()  # stage 1's layers and a stateful exit head's entries
         self.runs = 0  # runs begun on this pool
         self._workers = WorkerProcesses()
         self._control = Control(model.hf_model.config.hidden_size, next(model.hf_model.parameters()).dtype)
-        self._outbox = Outbox(range(1, len(spec.stages)))
-        self._offsets = [0.0] * len(spec.stages)  # rank k's clock minus ours
-        self._queues = schedule.empty(len(spec.stages))
+        self._outbox = Outbox(range(1, len(spec.partition)))
+        self._offsets = [0.0] * len(spec.partition)  # rank k's clock minus ours
+        self._queues = schedule.empty(len(spec.partition))
         self._attached: list[torch.Tensor] = []  # stage 1's output rank 1 has not got yet
         self._ahead: _Call | None = None  # the next slot's worker work, launched early (`slot`)
         self._discarded: list[tuple[object, torch.Tensor]] = []  # reports of run-ahead work a rollback dropped
@@ -99,11 +99,11 @@ class DistributedExecutor:
             raise PipelineError("torch.distributed is already initialised in this process: "
                                 "close the other pipeline first (one pool per process)")
         self._open()
-        store = dist.TCPStore("127.0.0.1", 0, len(self.stages), is_master=True,
+        store = dist.TCPStore("127.0.0.1", 0, len(self.partition), is_master=True,
                               timeout=timedelta(seconds=self.spec.startup_timeout), wait_for_workers=False)
         try:
             self._workers.start(self.spec, store.port)
-            init_group(self.spec, rank=0, world=len(self.stages), store=store)
+            init_group(self.spec, rank=0, world=len(self.partition), store=store)
             self._hello()
         except BaseException:
             self.close()
@@ -114,7 +114,7 @@ class DistributedExecutor:
         """Become rank 0 of a group that torchrun started (env:// rendezvous); ranks >= 1 call
         `worker.run_worker`. The workers are not our children: `close()` shuts them down by message."""
         self._open()
-        init_group(self.spec, rank=0, world=len(self.stages))
+        init_group(self.spec, rank=0, world=len(self.partition))
         self._hello()
         return self
 
@@ -193,7 +193,7 @@ class DistributedExecutor:
         if self._ahead is not None:  # run-ahead work behind a correction: flushed, its reports dropped
             self._discarded.extend(self._ahead.reports.values())
             self._ahead = None
-        self._queues = schedule.empty(len(self.stages))
+        self._queues = schedule.empty(len(self.partition))
         self._attached = []
         self.cache.truncate(length)
         self._guarded(lambda: self._broadcast(Header(ROLLBACK, length=length)))
@@ -237,7 +237,7 @@ class DistributedExecutor:
 
     def _launch(self, call: _Call) -> _Call:
         """Send the workers of `call` their parts of its plan and await their reports."""
-        for k in range(1, len(self.stages)):
+        for k in range(1, len(self.partition)):
             part = schedule.worker_part(call.plan, k)
             if part is not None:
                 self._post_control(Header.work(part), k)
@@ -255,7 +255,7 @@ class DistributedExecutor:
         for work, _ in self._discarded:
             work.wait()
         self._discarded = []
-        last = len(self.stages) - 1
+        last = len(self.partition) - 1
         for action in call.plan.actions:
             k = action.index
             work, report = call.reports[k]
@@ -271,7 +271,7 @@ class DistributedExecutor:
         """Stage 1 here; its hidden state goes on to rank 1 with rank 1's next control message.
         Returns (start, end) in `time.perf_counter()` time."""
         start = time.perf_counter()
-        hidden, results["exit_logits"] = first_stage(self.model, self.stages[0], feed, self.cache)
+        hidden, results["exit_logits"] = first_stage(self.model, self.partition[0], feed, self.cache)
         sync_device(self.device)
         end = time.perf_counter()
         self._attached.append(hidden)
@@ -296,12 +296,12 @@ class DistributedExecutor:
 
     def _payload(self, action: schedule.Action) -> int:
         """Number of logits in a worker's report: T x V at the last stage, else none."""
-        if action.index < len(self.stages) - 1:
+        if action.index < len(self.partition) - 1:
             return 0
         return self.model.info.vocab_size * logit_width(action.item.kind, action.item.width)
 
     def _broadcast(self, header: Header) -> None:
-        for k in range(1, len(self.stages)):
+        for k in range(1, len(self.partition)):
             self._outbox.post(self._control.pack(header), k)
 
     def _guarded(self, action):
@@ -325,10 +325,10 @@ class DistributedExecutor:
 
     def _hello(self) -> None:
         """Check every worker holds the caller's weights; measure remote hosts' clock offsets."""
-        hellos: list = [None] * len(self.stages)
+        hellos: list = [None] * len(self.partition)
         dist.all_gather_object(hellos, {"host": socket.gethostname()})
-        for k in range(1, len(self.stages)):
-            mine = weights_fingerprint(self.model, self.stages[k])
+        for k in range(1, len(self.partition)):
+            mine = weights_fingerprint(self.model, self.partition[k])
             if not math.isclose(hellos[k]["weights"], mine, rel_tol=1e-6):
                 raise PipelineError(
                     f"stage {k + 1} loaded other weights from {self.spec.model!r} than the caller's model "

@@ -26,7 +26,7 @@ def shared_pipeline(model: StagedModel, config: DecodeConfig, *, threads_per_wor
     stages 2..K in workers that load `model.info.name` (a local directory or hub id). Started
     once and reused while the settings and weights match (the exit head may change: only stage 1
     uses it); otherwise the old pool is closed and a new one started."""
-    spec = PipelineSpec(model=model.info.name, stages=config.partition(model.num_layers),
+    spec = PipelineSpec(model=model.info.name, partition=config.partition(model.num_layers),
                         device=model.info.device.split(":")[0], dtype=model.info.dtype,
                         threads_per_worker=threads_per_worker, timeout=timeout)
     global _current

@@ -38,7 +38,7 @@ class WorkerProcesses:
         """Start a worker per stage 2..K that meets rank 0 at `port`; return once each has loaded."""
         context = _process_context()
         pipes = []
-        for k in range(1, len(spec.stages)):
+        for k in range(1, len(spec.partition)):
             receiver, sender = context.Pipe(duplex=False)
             process = context.Process(target=spawned_worker, name=f"ppsd-stage-{k + 1}", daemon=True,
                                       args=(k, spec, port, sender))

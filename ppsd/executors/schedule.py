@@ -69,8 +69,8 @@ class Plan:
         return Plan(self.actions + other.actions, other.queues)
 
 
-def empty(stages: int) -> Queues:
-    return ((),) * stages
+def empty(num_stages: int) -> Queues:
+    return ((),) * num_stages
 
 
 def enter(queues: Queues, feed: Feed) -> Plan:
@@ -142,9 +142,9 @@ def check(before: Queues, plan: Plan) -> None:
     1. each stage acts at most once per call;
     2. a stage takes only what waited before it, oldest first, and positions stay contiguous;
     3. the queues after are the queues before, minus what was taken, plus what was produced."""
-    stages = [a.index for a in plan.actions]
-    if len(set(stages)) != len(stages):
-        raise ValueError(f"a stage acts twice: {stages}")
+    indices = [a.index for a in plan.actions]
+    if len(set(indices)) != len(indices):
+        raise ValueError(f"a stage acts twice: {indices}")
     waiting = [list(q) for q in before]
     for a in plan.actions:
         if a.index > 0:

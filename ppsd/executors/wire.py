@@ -51,7 +51,7 @@ class PipelineSpec:
     """
 
     model: str  # path or hub id the workers load (stage 1 uses the caller's StagedModel)
-    stages: tuple[range, ...]
+    partition: tuple[range, ...]
     device: str = "cpu"
     dtype: str | None = None  # None: the library default for the device
     threads_per_worker: int = 1

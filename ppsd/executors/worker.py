@@ -33,15 +33,15 @@ def spawned_worker(rank: int, spec: PipelineSpec, port: int, pipe) -> None:
     """Entry point of a locally started worker: pin, load, report, then serve until shut down."""
     _die_with_parent(os.getppid())
     try:
-        worker = _Worker(spec, rank, len(spec.stages))
+        worker = _Worker(spec, rank, len(spec.partition))
     except ValueError as error:  # a bad model path or head: the coordinator shows the reason
         pipe.send(f"error: {error}")
         sys.exit(1)
     pipe.send("loaded")
     pipe.close()
-    store = dist.TCPStore("127.0.0.1", port, len(spec.stages), is_master=False,
+    store = dist.TCPStore("127.0.0.1", port, len(spec.partition), is_master=False,
                           timeout=timedelta(seconds=spec.startup_timeout))
-    init_group(spec, rank=rank, world=len(spec.stages), store=store)
+    init_group(spec, rank=rank, world=len(spec.partition), store=store)
     _serve_quietly(worker, rank)
 
 
@@ -61,20 +61,20 @@ def _serve_quietly(worker: "_Worker", rank: int) -> None:
 def run_worker(spec: PipelineSpec, rank: int, *, local_rank: int) -> None:
     """Entry point of torchrun rank k >= 1, stage k+1 (rank 0 is the coordinator, `join`);
     `local_rank` (this host's) picks the GPU or the cores."""
-    worker = _Worker(spec, rank, len(spec.stages), local_rank=local_rank)
-    init_group(spec, rank=rank, world=len(spec.stages))
+    worker = _Worker(spec, rank, len(spec.partition), local_rank=local_rank)
+    init_group(spec, rank=rank, world=len(spec.partition))
     _serve_quietly(worker, rank)
 
 
 class _Worker:
     """Stage k+1 (rank k >= 1): its layers, its KV cache, the hidden states waiting for it."""
 
-    def __init__(self, spec: PipelineSpec, rank: int, stages: int, *, local_rank: int | None = None) -> None:
+    def __init__(self, spec: PipelineSpec, rank: int, num_stages: int, *, local_rank: int | None = None) -> None:
         from transformers.utils import logging
 
         logging.disable_progress_bar()  # K workers drawing bars over each other helps nobody
-        self.k, self.last = rank, rank == stages - 1
-        self.layers = spec.stages[rank]
+        self.k, self.last = rank, rank == num_stages - 1
+        self.layers = spec.partition[rank]
         self.device = place(spec, rank if local_rank is None else local_rank)
         model = load_stage_weights(spec, self.device)
         self.weights = weights_fingerprint(model, self.layers)

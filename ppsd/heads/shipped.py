@@ -42,12 +42,12 @@ def shipped_exit_layers(model_name: str, root: Path = SHIPPED_HEADS) -> dict[int
     return chosen
 
 
-def default_exit_layer(model_name: str, num_layers: int, stages: int) -> int:
+def default_exit_layer(model_name: str, num_layers: int, num_stages: int) -> int:
     """The E a run of `model_name` with K stages uses when none is given: the shipped head's for
     that K (its E was chosen by measured speed), else the balanced L/K."""
-    shipped = shipped_exit_layers(model_name).get(stages)
-    if shipped is None or not 1 <= shipped < num_layers or stages > max_stages(num_layers, shipped):
-        return balanced_exit_layer(num_layers, stages)  # none, or made for a model of other depth
+    shipped = shipped_exit_layers(model_name).get(num_stages)
+    if shipped is None or not 1 <= shipped < num_layers or num_stages > max_stages(num_layers, shipped):
+        return balanced_exit_layer(num_layers, num_stages)  # none, or made for a model of other depth
     return shipped
 
 

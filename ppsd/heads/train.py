@@ -163,7 +163,7 @@ def decode_acceptance(model: StagedModel, head, prompts: list[list[int]], exit_l
     from ..generate import generate
 
     stages = stages or pipeline_stages(model.num_layers, exit_layer)
-    config = DecodeConfig(method="ppsd", exit_layer=exit_layer, stages=stages, max_new_tokens=max_new_tokens)
+    config = DecodeConfig(method="ppsd", exit_layer=exit_layer, num_stages=stages, max_new_tokens=max_new_tokens)
     rates = {"stages": stages, "prompts": len(prompts), "max_new_tokens": max_new_tokens}
     for name, staged in (("shared", model.with_exit_head(shared_head(model))), ("head", model.with_exit_head(head))):
         accepted = verified = 0
