@@ -10,20 +10,16 @@ import sys
 import threading
 import time
 from collections import OrderedDict
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from functools import lru_cache
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
 import ppsd
-from ppsd import DecodeConfig, StagedModel
+from ppsd import StagedModel
 from ppsd.chat import encode_prompt, has_chat_template
 from ppsd.heads import HeadChoice, choose_exit_head
+from ppsd.generate import warm_up
 from ppsd.model_source import UNREACHABLE, Progress, is_default, resolve
-
-if TYPE_CHECKING:
-    from ppsd.executors.pipeline import DistributedExecutor
-
-WARMUP_TOKENS = 4
 
 
 @dataclass(frozen=True)
@@ -196,12 +192,3 @@ def _free_memory() -> None:
 
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
-
-
-def warm_up(model: StagedModel, prompt_ids: list[int], config: DecodeConfig = DecodeConfig(), *,
-            executor: DistributedExecutor | None = None) -> None:
-    """A few untimed tokens of every method (on `executor` when given), so lazy initialisation
-    (kernels, allocator, first calls and messages) does not land in AR's timing, which runs first."""
-    for method in ("ar", "ppsd", "eesd"):
-        ppsd.generate(model, prompt_ids, replace(config, method=method, max_new_tokens=WARMUP_TOKENS),
-                      executor=executor)

@@ -12,7 +12,6 @@ and no HTML here; tensors stay inside `ppsd`.
 
 from __future__ import annotations
 
-import importlib.util
 import threading
 import time
 from dataclasses import dataclass, field, fields
@@ -21,19 +20,15 @@ from typing import Any, Callable, Generator, Iterator
 import ppsd
 from ppsd import DecodeConfig, Result, StagedModel, Trace
 from ppsd.config import DEFAULTS, real_number, whole_number
-from ppsd.executors.pipeline import DistributedExecutor
-from ppsd.executors.pool import current_pool, shared_pipeline
-from ppsd.executors.wire import PipelineError
+from ppsd.executors.pool import DistributedExecutor, PipelineError, ready_pipeline
 from ppsd.chat import check_text
 from ppsd.generate import Recording, decode_steps, device_sync
 from ppsd.metrics import speedup
-from ppsd.model_source import Progress
 from ppsd.setup import RunSetup, set_up_text
-from ppsd.executors.placement import usable_cores
 from ppsd.trace import Stopwatch
 
 from .line import Background
-from .models import Loaded, ModelCache, warm_up
+from .models import Loaded, ModelCache
 
 THROTTLE_SECONDS = 0.25  # live UI refresh period; the final snapshot always follows
 DEFAULT_REPEATS = 3  # timed runs of each method: the page shows their median speedup and its range
@@ -225,46 +220,12 @@ def run_comparison(request: RunRequest, cache: ModelCache, *, throttle: float = 
     yield snapshot
 
 
-def workers_available(num_stages: int, device: str) -> str | None:
-    """None when K worker processes can run here, else why not (shown to the user)."""
-    if device.startswith("cuda"):
-        if importlib.util.find_spec("spaces") is None:
-            return None
-        # ZeroGPU lends the GPU to one function call of one process, not to worker processes.
-        return "on ZeroGPU the GPU is lent to one process for one call: worker processes cannot share it"
-    cores = usable_cores()
-    if cores < num_stages:
-        return (f"K = {num_stages} worker processes need {num_stages} CPU cores, one each; this machine gives "
-                f"{cores}: lower K, or run in one process (projected clock)")
-    return None
-
-
-def start_pipeline(model: StagedModel, config: DecodeConfig, *,
-                   progress: Progress | None = None) -> DistributedExecutor:
-    """The process's K-worker pipeline for `model` and `config`'s stages (started and warmed up
-    untimed on first use, reused while the settings match). ValueError says why it cannot run."""
-    reason = workers_available(config.num_stages, model.info.device)
-    if reason is not None:
-        raise ValueError(reason)
-    tell = progress or (lambda message: None)
-    try:
-        if current_pool() is None or current_pool().runs == 0:
-            tell(f"Starting {config.num_stages} worker processes, one per stage, and loading the weights in each")
-        pipeline = shared_pipeline(model, config)
-        if pipeline.runs == 0:
-            tell("Warming up the worker processes (untimed)")
-            warm_up(model, [0], config, executor=pipeline)
-    except PipelineError as error:
-        raise ValueError(f"the worker processes failed: {error}") from None
-    return pipeline
-
-
 def _start_workers(model: StagedModel, config: DecodeConfig, snapshot: Snapshot,
                    stop: threading.Event) -> Generator[Snapshot, None, DistributedExecutor | None]:
     """The K workers for `config`, saying what they are doing as they start (it takes seconds);
     None once `stop` is set."""
     snapshot.active = "workers"
-    starting = Background(lambda tell: start_pipeline(model, config, progress=tell), "workers-start")
+    starting = Background(lambda tell: ready_pipeline(model, config, progress=tell), "workers-start")
     for snapshot.status in starting.progress(stop, "Starting the worker processes"):
         yield snapshot
     if stop.is_set():

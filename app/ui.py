@@ -19,6 +19,7 @@ import gradio as gr
 
 import ppsd
 from ppsd.config import DEFAULTS, MAX_DRAFT_LEN
+from ppsd.executors.pool import workers_unavailable
 from ppsd.heads import default_exit_layer
 from ppsd.model import resolve_device
 
@@ -27,7 +28,7 @@ from .handlers import (DEFAULT_LAYERS, model_status, on_eesd, after_run, idle_ou
                        max_tokens_update, on_diagram, on_exit, on_load, on_page_load, on_replay, on_run,
                        on_settings, on_stages, on_step, on_steps_ready, on_stop)
 from .page_text import INTRO, TIMELINE_CAPTION, load_examples
-from .runner import DEFAULT_REPEATS, FORM, MAX_REPEATS, workers_available
+from .runner import DEFAULT_REPEATS, FORM, MAX_REPEATS
 from .state import AppState
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -76,7 +77,7 @@ def create_controls() -> dict[str, Any]:
                                      info="The first is shown live; the rest run back to back, AR and PPSD "
                                           "interleaved, and the headline gives the median speedup and its range.")
             c["workers"] = gr.Checkbox(
-                value=workers_available(DEFAULTS.num_stages, resolve_device("auto")) is None, elem_id="workers",
+                value=workers_unavailable(DEFAULTS.num_stages, resolve_device("auto")) is None, elem_id="workers",
                 label="Run on K worker processes, one per stage (measured clock)",
                 info="Real pipeline parallelism: each stage in its own process on its own cores (or GPU), "
                      "started once and reused. Off: one process runs the stages in turn and the page "

@@ -9,7 +9,7 @@ out: tokenizers stay with the caller.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Iterator
 
 import torch
@@ -149,3 +149,14 @@ def device_sync(model: StagedModel) -> Callable[[], None] | None:
 
 def _stopwatch(model: StagedModel) -> Stopwatch:
     return Stopwatch(device_sync(model))
+
+
+WARMUP_TOKENS = 4
+
+
+def warm_up(model: StagedModel, prompt_ids: list[int], config: DecodeConfig = DecodeConfig(), *,
+            executor: Executor | None = None) -> None:
+    """A few untimed tokens of every method (on `executor` when given), so lazy initialisation
+    (kernels, allocator, first calls and messages) does not land in the first timed run."""
+    for method in ("ar", "ppsd", "eesd"):
+        generate(model, prompt_ids, replace(config, method=method, max_new_tokens=WARMUP_TOKENS), executor=executor)

@@ -70,7 +70,7 @@ def _page(page_url):
 
 def test_page_runs_an_example_and_shows_tokens_timeline_and_headline(page_url, tmp_path):
     from app.page_text import load_examples
-    from app.runner import workers_available
+    from ppsd.executors.pool import workers_unavailable
     from ppsd.model import resolve_device
 
     real = page_url[2]
@@ -83,7 +83,7 @@ def test_page_runs_an_example_and_shows_tokens_timeline_and_headline(page_url, t
         page.wait_for_function("(el) => el.value.length > 0", arg=prompt.element_handle(), timeout=10_000)
         assert prompt.input_value() == example["prompt"]
         # Asked before the run: while one runs, stage 1's pinning narrows this process's cores.
-        workers = workers_available(2, resolve_device("auto")) is None
+        workers = workers_unavailable(2, resolve_device("auto")) is None
         page.locator("#run").click()
         # The default model's first use converts its GGUF (about 20 s) before the run; the
         # agreement note comes with the last snapshot, after every timed run.

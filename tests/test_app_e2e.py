@@ -351,6 +351,8 @@ def test_ten_visitors_at_once_are_queued_see_their_place_and_all_finish(server):
 
 @pytest.mark.skipif(len(__import__("os").sched_getaffinity(0)) < 2, reason="K = 2 workers need 2 cores")
 def test_a_killed_worker_is_a_message_within_seconds_and_the_next_run_starts_fresh_ones(server):
+    """Killed during a run: that run ends with the reason. Killed while idle: the next run starts
+    fresh workers and succeeds."""
     import os
     import signal
     import time
@@ -374,6 +376,12 @@ def test_a_killed_worker_is_a_message_within_seconds_and_the_next_run_starts_fre
     outputs = client.predict(*run_args(model, max_new_tokens=3, workers=True), api_name="/run")
     assert len(outputs[-1]["ppsd"]["token_ids"]) == 3 and current_pool().pids != pids  # fresh workers
     assert not any(_running(pid) for pid in pids)
+
+    idle = current_pool().pids  # a worker that dies between visitors costs the next one nothing
+    os.kill(idle[0], signal.SIGKILL)
+    outputs = client.predict(*run_args(model, max_new_tokens=3, workers=True), api_name="/run")
+    assert "error" not in outputs[-1] and len(outputs[-1]["ppsd"]["token_ids"]) == 3
+    assert current_pool().pids != idle and not any(_running(pid) for pid in idle)
 
 
 def _children(pid: int) -> list[int]:

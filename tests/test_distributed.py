@@ -25,7 +25,7 @@ from ppsd import DecodeConfig, StagedModel
 from ppsd.config import stage_layers
 from ppsd.executors import InProcessExecutor
 from ppsd.executors.pipeline import DistributedExecutor
-from ppsd.executors.pool import shared_pipeline
+from ppsd.executors.pool import current_pool, shared_pipeline, workers_unavailable
 from ppsd.executors.processes import close_all
 from ppsd.executors.wire import PipelineBusy, PipelineError, PipelineSpec
 from ppsd.trace import Stopwatch
@@ -210,6 +210,44 @@ def test_three_stages_then_a_killed_worker(checkpoint, model):
             list(stream)
         assert time.monotonic() - started < TIMEOUT  # a death is seen at once, not at the timeout
         assert not any(_running(pid) for pid in pids)
+
+
+def test_a_worker_that_dies_while_the_pool_idles_is_replaced_by_the_next_caller(model):
+    """The next run must not inherit a dead pool: `shared_pipeline` starts fresh workers."""
+    close_all()
+    config = DecodeConfig(method="ppsd", num_stages=2, max_new_tokens=NEW_TOKENS).resolved(model.num_layers)
+    first = shared_pipeline(model, config, timeout=TIMEOUT)
+    try:
+        pids = first.pids
+        os.kill(pids[0], signal.SIGKILL)
+        deadline = time.monotonic() + TIMEOUT
+        while _running(pids[0]) and time.monotonic() < deadline:
+            time.sleep(0.02)  # the kernel reaps it; the pool only sees it when asked
+        assert current_pool() is None and not first.alive
+        second = shared_pipeline(model, config, timeout=TIMEOUT)
+        assert second is not first and second.alive and second.pids != pids
+        expected = ppsd.generate(model, PROMPTS["short"], replace(config, method="ar"))
+        assert ppsd.generate(model, PROMPTS["short"], config, executor=second).token_ids == expected.token_ids
+    finally:
+        close_all()
+
+
+def _unavailable_in_a_daemon(answer) -> None:
+    answer.put(workers_unavailable(2, "cpu"))
+
+
+def test_a_daemonic_process_is_told_it_cannot_start_workers():
+    """As a ZeroGPU call runs: a daemonic process may not have children, so say so up front."""
+    import multiprocessing
+
+    context = multiprocessing.get_context("spawn")
+    answer = context.Queue()
+    child = context.Process(target=_unavailable_in_a_daemon, args=(answer,), daemon=True)
+    child.start()
+    try:
+        assert "daemonic" in answer.get(timeout=60)
+    finally:
+        child.join(timeout=10)
 
 
 def test_workers_exit_when_the_coordinator_is_killed(checkpoint):

@@ -34,7 +34,7 @@ from ..model_source import resolve
 from ..config import DEFAULTS, DecodeConfig, balanced_exit_layer
 from ..generate import Result, generate
 from ..metrics import break_even_acceptance, ideal_ppsd_speedup_slowest_stage, slot_fraction, speedup
-from ..model import DEFAULT_MODEL, StagedModel, load_model
+from ..model import StagedModel, load_model
 from ..setup import resolve_config, set_up
 from .baselines import hf_generate
 from .prompts import CHAT_PROMPTS_FILE, load_prompts, spread

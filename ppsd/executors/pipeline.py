@@ -137,7 +137,8 @@ class DistributedExecutor:
 
     @property
     def alive(self) -> bool:
-        return self._state == "open"
+        """Open, and every worker it started still running (one may die while the pool idles)."""
+        return self._state == "open" and self._workers.all_alive()
 
     @property
     def pids(self) -> list[int]:
@@ -211,7 +212,7 @@ class DistributedExecutor:
     # Running a call --------------------------------------------------------------------------
 
     def _check_alive(self) -> None:
-        if not self.alive:
+        if self._state != "open":  # a dead worker is named by the exchange that finds it
             raise PipelineError("the pipeline is not running: start() it (or make a new one)")
 
     def _run(self, call: _Call, feed: Feed | None, slot: int | None) -> Output:

@@ -1,16 +1,25 @@
 """The process's shared pipeline: started on first use, reused by every run whose stages and
-weights match, replaced when they do not.
+weights match, replaced when they do not or when a worker has died.
 
-Boundary: which `DistributedExecutor` a caller gets (the CLI, the app, the benchmarks); the
-executor itself and its processes live in `pipeline` and `processes`.
+Boundary: the K-worker pipeline as its callers (the CLI, the app, the benchmarks) see it: whether
+it can run here, the one they get, and the error it raises. The executor itself and its
+processes live in `pipeline` and `processes`.
 """
 
 from __future__ import annotations
 
+import importlib.util
+import multiprocessing
+from typing import Callable
+
 from ..config import DecodeConfig
 from ..model import StagedModel
 from .pipeline import DistributedExecutor
-from .wire import PipelineSpec
+from .placement import usable_cores
+from .wire import PipelineBusy, PipelineError, PipelineSpec
+
+__all__ = ["DistributedExecutor", "PipelineBusy", "PipelineError", "current_pool", "ready_pipeline",
+           "shared_pipeline", "workers_unavailable"]
 
 _current: DistributedExecutor | None = None  # the one `shared_pipeline` hands out
 
@@ -34,7 +43,45 @@ def shared_pipeline(model: StagedModel, config: DecodeConfig, *, threads_per_wor
     if current is not None and current.spec == spec and current.model.hf_model is model.hf_model:
         current.model = model
         return current
-    if current is not None:
-        current.close()
+    if _current is not None:
+        _current.close()  # other settings, or a worker died while idle: its group goes too
     _current = DistributedExecutor(spec, model).start()
     return _current
+
+
+def workers_unavailable(num_stages: int, device: str) -> str | None:
+    """None when K worker processes can run here, else why not (said to the user)."""
+    if multiprocessing.current_process().daemon:
+        return "this process is daemonic (as a ZeroGPU call is) and cannot start worker processes"
+    if device.startswith("cuda"):
+        if importlib.util.find_spec("spaces") is None:
+            return None
+        # ZeroGPU lends the GPU to one function call of one process, not to worker processes.
+        return "on ZeroGPU the GPU is lent to one process for one call: worker processes cannot share it"
+    cores = usable_cores()
+    if cores < num_stages:
+        return (f"K = {num_stages} worker processes need {num_stages} CPU cores, one each; this machine gives "
+                f"{cores}: lower K, or run in one process (projected clock)")
+    return None
+
+
+def ready_pipeline(model: StagedModel, config: DecodeConfig, *,
+                   progress: Callable[[str], None] | None = None) -> DistributedExecutor:
+    """`shared_pipeline`, started and warmed up (untimed) on first use, saying what it does to
+    `progress` (it takes seconds). ValueError says why it cannot run here or failed to start."""
+    from ..generate import warm_up  # generate decodes on executors: imported when first needed
+
+    reason = workers_unavailable(config.num_stages, model.info.device)
+    if reason is not None:
+        raise ValueError(reason)
+    tell = progress or (lambda message: None)
+    try:
+        if current_pool() is None or current_pool().runs == 0:
+            tell(f"Starting {config.num_stages} worker processes, one per stage, and loading the weights in each")
+        pipeline = shared_pipeline(model, config)
+        if pipeline.runs == 0:
+            tell("Warming up the worker processes (untimed)")
+            warm_up(model, [0], config, executor=pipeline)
+    except PipelineError as error:
+        raise ValueError(f"the worker processes failed: {error}") from None
+    return pipeline

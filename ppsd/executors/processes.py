@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import atexit
 import multiprocessing.connection
+import os
 import signal
 import time
 
@@ -32,7 +33,7 @@ class WorkerProcesses:
         return [p.pid for p in self.processes]
 
     def all_alive(self) -> bool:
-        return all(p.is_alive() for p in self.processes)
+        return all(p.is_alive() and _exists(p.pid) for p in self.processes)
 
     def start(self, spec: PipelineSpec, port: int) -> None:
         """Start a worker per stage 2..K that meets rank 0 at `port`; return once each has loaded."""
@@ -130,3 +131,15 @@ def _process_context():
     context.set_forkserver_preload(["ppsd.executors.worker", "torch.distributed",
                                     "transformers.models.llama.modeling_llama", "transformers.models.auto.modeling_auto"])
     return context
+
+
+def _exists(pid: int) -> bool:
+    """Whether `pid` is still a process: `is_alive` alone says yes when someone else has already
+    reaped a dead child (its waitpid then fails and multiprocessing reads that as running)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
