@@ -88,30 +88,32 @@ class DeviceLine:
 
 
 class StopRegistry:
-    """Each session's Stop for the comparison it is running. Stop arrives as a request of its own,
-    so it finds the run's Event here by session. A session's new run replaces its Event; a run
-    that ends removes its own, never a newer one's."""
+    """The Stop of every run in progress, by session. Stop arrives as a request of its own, so it
+    finds the runs' Events here by session and stops them all: a client may have several runs
+    going (the page allows one, the API any number), and none of them may be left unstoppable."""
 
     def __init__(self) -> None:
-        self._stops: dict[str, threading.Event] = {}
-        self._lock = threading.Lock()  # a run's end checks and deletes in one step, racing a new run
+        self._stops: dict[str, set[threading.Event]] = {}
+        self._lock = threading.Lock()  # a run's end removes its Event while Stop may be reading the set
 
     @contextmanager
     def running(self, session: str) -> Iterator[threading.Event]:
-        """A fresh Stop for `session`'s run, held here until the run leaves the block."""
+        """A fresh Stop for one run of `session`, held here until the run leaves the block."""
         stop = threading.Event()
         with self._lock:
-            self._stops[session] = stop
+            self._stops.setdefault(session, set()).add(stop)
         try:
             yield stop
         finally:
             with self._lock:
-                if self._stops.get(session) is stop:
-                    del self._stops[session]
+                runs = self._stops.get(session, set())
+                runs.discard(stop)
+                if not runs:
+                    self._stops.pop(session, None)
 
     def stop(self, session: str) -> None:
-        """Set `session`'s Stop, if it is running anything."""
+        """Set the Stop of each run `session` has going."""
         with self._lock:
-            stop = self._stops.get(session)
-        if stop is not None:
+            runs = list(self._stops.get(session, ()))
+        for stop in runs:
             stop.set()

@@ -210,6 +210,26 @@ def test_stop_ends_a_run_and_leaves_nothing_running(server, decodes):
     assert len(outputs[-1]["ppsd"]["token_ids"]) == 3
 
 
+def test_stop_reaches_both_runs_one_client_has_going(server, decodes):
+    """Two submits from one API client (one session): Stop ends both, the one decoding and the
+    one waiting in line for the device."""
+    import time
+
+    client, model = server
+    jobs = [client.submit(*run_args(model, max_new_tokens=240, repeats=3), api_name="/run") for _ in range(2)]
+    deadline = time.monotonic() + 60
+    while decodes.open == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert decodes.open == 1
+    while not all(job.outputs() for job in jobs) and time.monotonic() < deadline:
+        time.sleep(0.05)  # both have started: one decodes, the other waits in line
+    client.predict(api_name="/stop")
+    for job in jobs:
+        headline = job.result(timeout=15)[0]
+        assert "Stopped" in headline, headline[:300]
+    assert decodes.open == 0
+
+
 def _running(pid: int) -> bool:
     import os
 

@@ -390,19 +390,19 @@ def test_a_space_offers_only_the_models_its_owner_allows(monkeypatch, tiny_loade
         cache.get("/etc/passwd")
 
 
-def test_stop_reaches_its_sessions_latest_run_only():
+def test_stop_reaches_every_run_of_its_session_and_no_other():
     from app.line import StopRegistry
 
     stops = StopRegistry()
-    older, newer = stops.running("a"), stops.running("a")
-    first = older.__enter__()
-    second = newer.__enter__()  # the session pressed Run again before its first run ended
-    older.__exit__(None, None, None)  # the first run ends: it must not take the newer one's Stop along
-    stops.stop("b")
-    assert not second.is_set()
+    older, newer, other = stops.running("a"), stops.running("a"), stops.running("b")
+    first, second, third = older.__enter__(), newer.__enter__(), other.__enter__()  # "a" ran twice
     stops.stop("a")
-    assert second.is_set() and not first.is_set()
+    assert first.is_set() and second.is_set() and not third.is_set()
+    older.__exit__(None, None, None)
     newer.__exit__(None, None, None)
+    with stops.running("a") as fresh:  # a run after Stop starts unstopped
+        assert not fresh.is_set()
+    other.__exit__(None, None, None)
     stops.stop("a")  # nothing running: nothing to stop
 
 
