@@ -1,6 +1,6 @@
 """Launch the PPSD demo: `python app.py [--host H] [--port P]` (also GRADIO_SERVER_NAME /
-GRADIO_SERVER_PORT). The composition root: reads arguments and the environment (also PPSD_MODELS /
-SPACE_ID, through `AppState.from_environment`), builds the server's state and hands it to the page."""
+GRADIO_SERVER_PORT). The composition root: reads arguments and the environment (also PPSD_MODELS,
+PPSD_HEADS, SPACE_ID, through `AppState.from_environment`), builds the server's state and hands it to the page."""
 
 from __future__ import annotations
 

@@ -12,14 +12,16 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Callable
+from contextlib import contextmanager
+from typing import Callable, Iterator
 
 import ppsd
-from ppsd import StagedModel
+from ppsd import DecodeConfig, StagedModel
 from ppsd.chat import encode_prompt, has_chat_template
-from ppsd.heads import HeadChoice, choose_exit_head
+from ppsd.heads import AUTO_HEAD, SHARED_HEAD, HeadChoice, NotAHead, choose_exit_head
 from ppsd.generate import warm_up
-from ppsd.model_source import UNREACHABLE, Progress, is_default, resolve
+from ppsd.model_source import UNREACHABLE, Progress, is_default, resolve, shown
+from ppsd.setup import RunSetup, set_up_text
 
 
 @dataclass(frozen=True)
@@ -69,19 +71,24 @@ def _piece_function(tokenizer) -> Callable[[int], str]:
 
 NOT_LOADABLE = ("is not a loadable model here: give the default ({default}), a model directory or "
                 ".gguf file on this server, or a Hugging Face hub id")
+NOT_A_HEAD = ("is not a usable exit head here: leave the box empty (the shipped head, if one fits), "
+              "write 'shared', or give a directory written by `python -m ppsd train-head`")
+ALWAYS_OFFERED_HEADS = ("", AUTO_HEAD, SHARED_HEAD)
 
 
 class ModelCache:
     """Loaded models, shared by every visitor: keyed by what a name resolves to (a directory
     however it is spelled, a hub id), at most `capacity` of them, the least recently used
     evicted first and the default model last. `allowed` (None: any name) limits which names may
-    load at all, for a public Space. A failed load leaves the cache unchanged and says only that
-    the name is not loadable: the reason (which paths exist) goes to the server's log."""
+    load at all, for a public Space, and `allowed_heads` which exit-head directories may (the
+    shipped and shared heads always may). A failed load leaves the cache unchanged and says only
+    that the name is not loadable: the reason (which paths exist) goes to the server's log.
+    Exit heads get the same treatment (`set_up`)."""
 
     def __init__(self, *, device: str | None = "auto",
                  loader: Callable[..., tuple[StagedModel, object]] = ppsd.load_model,
                  key: Callable[[str], str] = resolve, capacity: int = 2,
-                 allowed: tuple[str, ...] | None = None) -> None:
+                 allowed: tuple[str, ...] | None = None, allowed_heads: tuple[str, ...] | None = None) -> None:
         if capacity < 1:
             raise ValueError(f"capacity={capacity}: the cache must hold at least one model")
         self._device = device
@@ -89,6 +96,7 @@ class ModelCache:
         self._key = key
         self.capacity = capacity
         self.allowed = allowed
+        self.allowed_heads = allowed_heads
         self._models: OrderedDict[str, Loaded] = OrderedDict()  # key -> model, least recent first
         self._aliases: dict[str, str] = {}  # name as typed -> key
         self._heads: dict[tuple[str, str, int], HeadChoice] = {}
@@ -118,13 +126,30 @@ class ModelCache:
 
     def exit_head(self, spec: str, loaded: "Loaded", exit_layer: int) -> HeadChoice:
         """The exit head `spec` names for `loaded` at `exit_layer` ("" or "auto": the shipped one
-        when it fits, else shared), loaded once; ValueError when a given head was made for
-        another model or another E (`ppsd.heads.load_exit_head` says which)."""
-        key = (spec.strip(), loaded.key, exit_layer)
+        when it fits, else shared), loaded once; ValueError when it is not offered here, is not a
+        head (neutrally) or was made for another model or another E (saying which)."""
+        key = (self.head_spec(spec), loaded.key, exit_layer)
         with self._lock:
             if key not in self._heads:
-                self._heads[key] = choose_exit_head(loaded.model, exit_layer, key[0])
+                with _neutral_head_errors(key[0]):
+                    self._heads[key] = choose_exit_head(loaded.model, exit_layer, key[0])
             return self._heads[key]
+
+    def head_spec(self, spec: str) -> str:
+        """`spec` stripped, when this server offers it; ValueError naming what it offers when not."""
+        spec = (spec or "").strip()
+        if self.allowed_heads is not None and spec not in ALWAYS_OFFERED_HEADS + self.allowed_heads:
+            offered = ", ".join(repr(h) for h in (SHARED_HEAD, *self.allowed_heads))
+            raise ValueError(f"exit head {shown(spec)} is not offered here: leave the box empty for the shipped "
+                             f"head, or give one of {offered}")
+        return spec
+
+    def set_up(self, loaded: "Loaded", text: str, config: DecodeConfig, *, exit_head: str,
+               chat: bool) -> RunSetup:
+        """`ppsd.setup.set_up_text` on `loaded`, with the exit head checked as `exit_head` does."""
+        spec = self.head_spec(exit_head)
+        with _neutral_head_errors(spec):
+            return set_up_text(loaded.model, loaded.tokenizer, text, config, exit_head=spec, chat=chat)
 
     def get(self, name: str, *, progress: Progress | None = None) -> Loaded:
         """The loaded model `name`, loading and warming it up on first use (ValueError if it may
@@ -181,6 +206,17 @@ class ModelCache:
             self._heads = {h: v for h, v in self._heads.items() if h[1] != victim}
             print(f"model cache: evicted {victim} (holds at most {self.capacity})", file=sys.stderr, flush=True)
             _free_memory()
+
+
+@contextmanager
+def _neutral_head_errors(spec: str) -> Iterator[None]:
+    """A path that names no readable head becomes one message, whatever the reason (missing, not
+    a head, unreadable): the reason, which tells what exists on this server, goes to its log."""
+    try:
+        yield
+    except NotAHead as error:
+        print(f"exit head {spec!r} refused: {error}", file=sys.stderr, flush=True)
+        raise ValueError(f"{shown(spec)} {NOT_A_HEAD}") from None
 
 
 def _free_memory() -> None:

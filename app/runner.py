@@ -24,7 +24,7 @@ from ppsd.executors.pool import DistributedExecutor, PipelineError, ready_pipeli
 from ppsd.chat import check_text
 from ppsd.generate import Recording, decode_steps, device_sync
 from ppsd.metrics import speedup
-from ppsd.setup import RunSetup, set_up_text
+from ppsd.setup import RunSetup
 from ppsd.trace import Stopwatch
 
 from .line import Background
@@ -186,8 +186,8 @@ def run_comparison(request: RunRequest, cache: ModelCache, *, throttle: float = 
     is set the running method ends at its next step and a last snapshot says so (`stopped`)."""
     check_text(request.prompt)  # before a load: an empty prompt is refused at once
     loaded = cache.get(request.model)
-    setup = set_up_text(loaded.model, loaded.tokenizer, request.prompt, request.settings(),
-                        exit_head=request.exit_head, chat=request.chat and loaded.chat)
+    setup = cache.set_up(loaded, request.prompt, request.settings(), exit_head=request.exit_head,
+                         chat=request.chat and loaded.chat)
     rounds = request.rounds()
     model, prompt_ids, partition = setup.model, setup.prompt_ids, setup.partition
     configs = {m: setup.with_method(m).config for m in request.methods}

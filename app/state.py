@@ -3,7 +3,7 @@ each session's Stop, in one object that the entry point builds and hands to the 
 (`create_demo(state)`), which hands it to every handler. Nothing here is made at import, so a
 test or a second page builds its own and no two share by accident.
 
-The environment (PPSD_MODELS, SPACE_ID) is read only by `AppState.from_environment`, when called.
+The environment (PPSD_MODELS, PPSD_HEADS, SPACE_ID) is read only by `AppState.from_environment`, when called.
 """
 
 from __future__ import annotations
@@ -23,11 +23,22 @@ def allowed_models() -> tuple[str, ...] | None:
     """Which model names the page may load: PPSD_MODELS, comma-separated, or "*" for any name a
     visitor types. Unset: any, except on a Hugging Face Space (SPACE_ID is set), where only the
     default model loads unless the owner sets PPSD_MODELS."""
-    setting = os.environ.get("PPSD_MODELS", "").strip()
+    return _allowed("PPSD_MODELS", (ppsd.DEFAULT_MODEL,))
+
+
+def allowed_heads() -> tuple[str, ...] | None:
+    """Which exit-head directories the page may load, besides the shipped and the shared heads
+    (always offered): PPSD_HEADS, comma-separated, or "*" for any. Unset: any, except on a
+    Space, where none does unless the owner sets PPSD_HEADS."""
+    return _allowed("PPSD_HEADS", ())
+
+
+def _allowed(variable: str, on_a_space: tuple[str, ...]) -> tuple[str, ...] | None:
+    setting = os.environ.get(variable, "").strip()
     if setting == "*" or (not setting and not os.environ.get("SPACE_ID")):
         return None
     names = tuple(n.strip() for n in setting.split(",") if n.strip())
-    return names or (ppsd.DEFAULT_MODEL,)
+    return names or on_a_space
 
 
 @dataclass(frozen=True)
@@ -40,5 +51,6 @@ class AppState:
 
     @classmethod
     def from_environment(cls) -> AppState:
-        """The state a deployed server runs with: the models PPSD_MODELS / SPACE_ID allow."""
-        return cls(cache=ModelCache(allowed=allowed_models()))
+        """The state a deployed server runs with: the models and heads PPSD_MODELS, PPSD_HEADS and
+        SPACE_ID allow."""
+        return cls(cache=ModelCache(allowed=allowed_models(), allowed_heads=allowed_heads()))

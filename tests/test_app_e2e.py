@@ -116,6 +116,40 @@ def test_bad_settings_give_an_error_and_the_server_keeps_serving(server, args, m
     assert len(outputs[-1]["ppsd"]["token_ids"]) == 4
 
 
+def test_the_exit_head_box_tells_no_server_path_apart(server, tmp_path):
+    """A missing path, a directory that is no head and a stranger head_config.json get one
+    message, the reasons going to the server's log; the server keeps serving."""
+    client, model = server
+    stranger = tmp_path / "stranger"
+    stranger.mkdir()
+    (stranger / "head_config.json").write_bytes(b"\xff\xfe not json")
+    said = {}
+    for name, path in {"missing": "/nonexistent", "not a head": str(tmp_path), "stranger": str(stranger)}.items():
+        error = client.predict(*run_args(model, exit_head=path), api_name="/run")[-1]["error"]
+        said[name] = error.replace(repr(path), "PATH")
+        assert "head_config" not in error and "codec" not in error and "not found" not in error, error
+    assert len(set(said.values())) == 1 and "is not a usable exit head here" in said["missing"], said
+    outputs = client.predict(*run_args(model, max_new_tokens=3), api_name="/run")
+    assert len(outputs[-1]["ppsd"]["token_ids"]) == 3
+
+
+def test_a_space_offers_only_the_shipped_and_shared_heads_unless_the_owner_allows_more(saved_model, tmp_path):
+    from app import AppState
+    from app.models import ModelCache
+
+    state = AppState(cache=ModelCache(allowed_heads=(str(tmp_path),)))  # a Space with PPSD_HEADS set
+    try:
+        with serving(state) as client:
+            refused = client.predict(*run_args(saved_model, exit_head="/root"), api_name="/run")[-1]["error"]
+            assert refused.startswith("exit head '/root' is not offered here") and str(tmp_path) in refused
+            allowed = client.predict(*run_args(saved_model, exit_head=str(tmp_path)), api_name="/run")[-1]["error"]
+            assert "is not a usable exit head here" in allowed  # offered, but no head there: said neutrally
+            shared = client.predict(*run_args(saved_model, exit_head="shared", max_new_tokens=3), api_name="/run")
+            assert len(shared[-1]["ppsd"]["token_ids"]) == 3
+    finally:
+        state.cache.clear()
+
+
 def raw_run(client: Client, args: tuple) -> dict:
     """Call `run` over plain HTTP, as any script can: Python's JSON writes NaN, which the Gradio
     client refuses to send. Returns the summary (over HTTP the race's gr.State comes after it)."""

@@ -390,6 +390,25 @@ def test_a_space_offers_only_the_models_its_owner_allows(monkeypatch, tiny_loade
         cache.get("/etc/passwd")
 
 
+def test_a_space_offers_only_the_shipped_and_shared_heads_unless_its_owner_sets_ppsd_heads(monkeypatch):
+    from app.state import AppState, allowed_heads
+
+    for env, expected in [({}, None), ({"SPACE_ID": "me/ppsd"}, ()),
+                          ({"SPACE_ID": "me/ppsd", "PPSD_HEADS": "*"}, None),
+                          ({"SPACE_ID": "me/ppsd", "PPSD_HEADS": "heads/a, heads/b"}, ("heads/a", "heads/b"))]:
+        monkeypatch.delenv("SPACE_ID", raising=False)
+        monkeypatch.delenv("PPSD_HEADS", raising=False)
+        for key, value in env.items():
+            monkeypatch.setenv(key, value)
+        assert allowed_heads() == expected, env
+        cache = AppState.from_environment().cache
+        assert cache.allowed_heads == expected, env
+        assert [cache.head_spec(h) for h in ("", " auto ", "shared")] == ["", "auto", "shared"]  # always offered
+        if expected is not None:
+            with pytest.raises(ValueError, match="'/root' is not offered here"):
+                cache.head_spec("/root")
+
+
 def test_stop_reaches_every_run_of_its_session_and_no_other():
     from app.line import StopRegistry
 

@@ -7,9 +7,9 @@ train-head`); `corpus` is the built-in training text.
 """
 
 from .exits import HEAD_TYPES, TRAINED_HEAD_TYPES, build_head
-from .files import HeadConfig, fingerprint, load_exit_head, save_exit_head
-from .shipped import AUTO_HEAD, HeadChoice, choose_exit_head, default_exit_layer, pipeline_stages, shipped_head
+from .files import HeadConfig, NotAHead, fingerprint, load_exit_head, save_exit_head
+from .shipped import AUTO_HEAD, SHARED_HEAD, HeadChoice, choose_exit_head, default_exit_layer, pipeline_stages, shipped_head
 
-__all__ = ["AUTO_HEAD", "HEAD_TYPES", "TRAINED_HEAD_TYPES", "HeadChoice", "HeadConfig", "build_head",
+__all__ = ["AUTO_HEAD", "HEAD_TYPES", "TRAINED_HEAD_TYPES", "HeadChoice", "HeadConfig", "NotAHead", "SHARED_HEAD", "build_head",
            "choose_exit_head", "default_exit_layer", "fingerprint", "load_exit_head",
            "pipeline_stages", "save_exit_head", "shipped_head"]

@@ -95,6 +95,12 @@ def fingerprint_matches(saved: dict, current: dict) -> bool:
 # --- saving and loading ----------------------------------------------------------------------------
 
 
+class NotAHead(ValueError):
+    """The path names no readable head (missing, not a head, unreadable, another format): what a
+    server shows a visitor neutrally, as it says nothing a visitor should learn of its files. A
+    readable head that does not fit the model or E raises plain ValueError, with what it was made for."""
+
+
 @dataclass(frozen=True)
 class HeadConfig:
     """Everything `head_config.json` holds: what the head is, for which model and E, how made."""
@@ -114,12 +120,12 @@ class HeadConfig:
     def read(cls, directory: Path) -> "HeadConfig":
         path = directory / CONFIG_FILE
         if not path.is_file():
-            raise ValueError(f"{directory} is not a saved exit head: {CONFIG_FILE} is missing")
+            raise NotAHead(f"{directory} is not a saved exit head: {CONFIG_FILE} is missing")
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
             return cls(**data)
         except (json.JSONDecodeError, UnicodeDecodeError, TypeError) as error:
-            raise ValueError(f"{path} is not a valid head config: {error}") from None
+            raise NotAHead(f"{path} is not a valid head config: {error}") from None
 
 
 def save_exit_head(head: nn.Module, directory: str | Path, config: HeadConfig, *,
@@ -143,8 +149,8 @@ def save_exit_head(head: nn.Module, directory: str | Path, config: HeadConfig, *
 def load_exit_head(path: str | Path, model: StagedModel, exit_layer: int) -> nn.Module:
     """Load a saved head for `model` at `exit_layer`, in the model's device and dtype.
 
-    Raises ValueError, with the reason and what the head was made for, if the directory is not a
-    head, or the head was made for another model (architecture or weights fingerprint differ: a
+    Raises NotAHead (a ValueError) if the path is not a readable head, and ValueError, with what
+    the head was made for, if it was made for another model (architecture or weights fingerprint differ: a
     head only helps the weights it was distilled from) or for another exit layer E.
     """
     from safetensors.torch import load_file
@@ -155,14 +161,14 @@ def load_exit_head(path: str | Path, model: StagedModel, exit_layer: int) -> nn.
             directory = directory.parent
         found = directory.is_dir()
     except OSError as error:  # a name the file system refuses (too long, say) is a bad name
-        raise ValueError(f"exit head {shown(str(path))} is not a usable path: {error.strerror or error}") from None
+        raise NotAHead(f"exit head {shown(str(path))} is not a usable path: {error.strerror or error}") from None
     if not found:
-        raise ValueError(f"exit head {shown(str(path))} not found: give the directory train-head wrote")
+        raise NotAHead(f"exit head {shown(str(path))} not found: give the directory train-head wrote")
     config = HeadConfig.read(directory)
     if config.format_version != FORMAT_VERSION:
-        raise ValueError(f"exit head {directory} has format {config.format_version}; this version reads {FORMAT_VERSION}")
+        raise NotAHead(f"exit head {directory} has format {config.format_version}; this version reads {FORMAT_VERSION}")
     if config.head_type not in TRAINED_HEAD_TYPES:
-        raise ValueError(f"exit head {directory} has unknown type {config.head_type!r}")
+        raise NotAHead(f"exit head {directory} has unknown type {config.head_type!r}")
     current = fingerprint(model)
     if not fingerprint_matches(config.base_fingerprint, current):
         raise ValueError(
@@ -178,11 +184,11 @@ def load_exit_head(path: str | Path, model: StagedModel, exit_layer: int) -> nn.
     head = build_head(config.head_type, model, exit_layer, rank=config.rank or 1, draft_vocab=config.draft_vocab)
     weights_path = directory / WEIGHTS_FILE
     if not weights_path.is_file():
-        raise ValueError(f"exit head {directory} has no weights ({WEIGHTS_FILE} is missing)")
+        raise NotAHead(f"exit head {directory} has no weights ({WEIGHTS_FILE} is missing)")
     try:
         head.adapter.load_state_dict(load_file(str(weights_path)))
     except RuntimeError as error:
-        raise ValueError(f"exit head {directory} has weights that do not fit its config: {str(error)[:200]}") from None
+        raise NotAHead(f"exit head {directory} has weights that do not fit its config: {str(error)[:200]}") from None
     return head.to(device=model.hf_model.device, dtype=model.hf_model.dtype).eval()
 
 
