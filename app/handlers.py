@@ -143,7 +143,7 @@ def on_run(state: AppState, request: gr.Request | None, *form: Any) -> Iterator[
                 if stop.is_set():
                     yield ordered(view.status("Stopped before decoding began. Press Run to start again."))
                     return
-                yield from _updates(run_comparison(run, state.cache, stop=stop))
+                yield from _updates(run_comparison(run, state.cache, stop=stop, time_limit=state.run_seconds))
         except ValueError as error:
             yield ordered(view.failed(str(error)))
 

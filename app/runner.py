@@ -33,6 +33,7 @@ from .models import Loaded, ModelCache
 THROTTLE_SECONDS = 0.25  # live UI refresh period; the final snapshot always follows
 DEFAULT_REPEATS = 3  # timed runs of each method: the page shows their median speedup and its range
 MAX_REPEATS = 9
+MAX_RUN_SECONDS = 300.0  # how long one comparison may hold the device; past it, it ends with what it has
 
 class PausableStopwatch(Stopwatch):
     """A `ppsd.trace.Stopwatch` that does not count the time spent paused (handing snapshots to
@@ -161,7 +162,8 @@ class Snapshot:
     num_stages: int  # K, validated
     done: bool = False
     head: str = "shared"  # which exit head drafted, in words
-    stopped: bool = False  # the user pressed Stop: `active` is the method that was cut short
+    stopped: bool = False  # Stop or the time limit: `active` is the method that was cut short
+    time_limit: float | None = None  # the seconds a run may hold the device, when it was what stopped it
     status: str = ""  # what a long preparation (starting the workers, timing again) is doing now
     walls: dict[str, list[float]] = field(default_factory=dict)  # method -> wall of each timed run, page's clock
 
@@ -180,10 +182,29 @@ class Snapshot:
 
 
 def run_comparison(request: RunRequest, cache: ModelCache, *, throttle: float = THROTTLE_SECONDS,
-                   stop: threading.Event | None = None) -> Iterator[Snapshot]:
+                   stop: threading.Event | None = None,
+                   time_limit: float | None = MAX_RUN_SECONDS) -> Iterator[Snapshot]:
     """Validate everything first, then run AR, PPSD (and EESD) in turn, yielding snapshots at
     most every `throttle` seconds of wall time and once when each method finishes. Once `stop`
-    is set the running method ends at its next step and a last snapshot says so (`stopped`)."""
+    is set, or `time_limit` seconds have passed since this call, the running method ends at its
+    next step and a last snapshot says so (`stopped`, and `time_limit` when it was the limit)."""
+    stop = stop or threading.Event()
+    timer = None
+    if time_limit is not None:
+        timer = threading.Timer(time_limit, stop.set)
+        timer.daemon = True
+        timer.start()
+    try:
+        for snapshot in _compare(request, cache, throttle, stop):
+            if timer is not None and timer.finished.is_set() and not timer.is_alive() and stop.is_set():
+                snapshot.time_limit = time_limit  # the timer fired: the limit, not a user, stopped it
+            yield snapshot
+    finally:
+        if timer is not None:
+            timer.cancel()
+
+
+def _compare(request: RunRequest, cache: ModelCache, throttle: float, stop: threading.Event) -> Iterator[Snapshot]:
     check_text(request.prompt)  # before a load: an empty prompt is refused at once
     loaded = cache.get(request.model)
     setup = cache.set_up(loaded, request.prompt, request.settings(), exit_head=request.exit_head,
@@ -193,7 +214,6 @@ def run_comparison(request: RunRequest, cache: ModelCache, *, throttle: float = 
     configs = {m: setup.with_method(m).config for m in request.methods}
     runs: dict[str, MethodRun] = {}
     snapshot = Snapshot(request, loaded, runs, active=None, num_stages=setup.config.num_stages, head=setup.head)
-    stop = stop or threading.Event()
     pipeline = None
     if request.workers:
         pipeline = yield from _start_workers(model, configs["ar"], snapshot, stop)
@@ -214,9 +234,7 @@ def run_comparison(request: RunRequest, cache: ModelCache, *, throttle: float = 
             return
         snapshot.walls[method] = [run.wall()]
     yield from _time_again(snapshot, model, rounds, pipeline, stop)
-    timed = len(snapshot.speedups())
     snapshot.active, snapshot.done = None, True
-    snapshot.status = "" if timed == rounds else f"Stopped while timing again: the spread is over {timed} runs."
     yield snapshot
 
 

@@ -15,6 +15,7 @@ import ppsd
 
 from .line import DeviceLine, StopRegistry
 from .models import ModelCache
+from .runner import MAX_RUN_SECONDS
 
 QUEUE_SIZE = 16  # runs that may wait for the device; one more is told the demo is busy
 
@@ -47,7 +48,8 @@ class AppState:
 
     cache: ModelCache = field(default_factory=ModelCache)  # every visitor shares the loaded models
     line: DeviceLine = field(default_factory=lambda: DeviceLine(QUEUE_SIZE))  # one decode at a time
-    stops: StopRegistry = field(default_factory=StopRegistry)  # session -> its running comparison's Stop
+    stops: StopRegistry = field(default_factory=StopRegistry)  # session -> its running comparisons' Stops
+    run_seconds: float = MAX_RUN_SECONDS  # how long one comparison may hold the device
 
     @classmethod
     def from_environment(cls) -> AppState:

@@ -37,8 +37,9 @@ CSS = ROOT / "assets" / "styles" / "app.css"
 # --------------------------------------------------------------------------- panels
 
 
-def create_controls() -> dict[str, Any]:
-    """Prompt, examples, model box and every decoding setting, with Run and Stop."""
+def create_controls(run_seconds: float) -> dict[str, Any]:
+    """Prompt, examples, model box and every decoding setting, with Run and Stop; `run_seconds`
+    is how long a run may hold the device (said beside the timed runs)."""
     c: dict[str, Any] = {}
     with gr.Row(equal_height=False):
         with gr.Column(scale=3, min_width=320):
@@ -75,7 +76,9 @@ def create_controls() -> dict[str, Any]:
             c["repeats"] = gr.Slider(1, MAX_REPEATS, value=DEFAULT_REPEATS, step=1, elem_id="repeats",
                                      label="Timed runs of each method",
                                      info="The first is shown live; the rest run back to back, AR and PPSD "
-                                          "interleaved, and the headline gives the median speedup and its range.")
+                                          "interleaved, and the headline gives the median speedup and its range. "
+                                          f"A run may hold the device {run_seconds:g} s; past that it ends with "
+                                          "what it has.")
             c["workers"] = gr.Checkbox(
                 value=workers_unavailable(DEFAULTS.num_stages, resolve_device("auto")) is None, elem_id="workers",
                 label="Run on K worker processes, one per stage (measured clock)",
@@ -191,9 +194,10 @@ def create_demo(state: AppState | None = None) -> gr.Blocks:
             with gr.Column(scale=3):
                 gr.Markdown(INTRO, elem_id="intro")
             with gr.Column(scale=2, min_width=300):
-                diagram = gr.HTML(view.diagram(DEFAULT_LAYERS, default_exit_layer(ppsd.DEFAULT_MODEL, DEFAULT_LAYERS, 2),
-                                               2), elem_id="diagram")
-        c = create_controls()
+                k = DEFAULTS.num_stages
+                diagram = gr.HTML(view.diagram(DEFAULT_LAYERS, default_exit_layer(ppsd.DEFAULT_MODEL, DEFAULT_LAYERS, k),
+                                               k), elem_id="diagram")
+        c = create_controls(state.run_seconds)
         c["diagram"] = diagram
         r, eesd_column = create_results()
         race, replay = create_race()

@@ -72,7 +72,7 @@ def snapshot(snap: Snapshot, *, figures: bool = True) -> dict[str, Any]:
     if figures:
         values.update(timeline=_timeline(snap), theory=_theory(snap, finished))
     values.update(metrics=numbers.render_metrics_table(finished, workers=snap.concurrent), message=message(),
-                  summary=_summary(snap, finished) if snap.done else None,
+                  summary=_summary(snap, finished) if snap.done else _stopped(snap),
                   race=_race_state(snap) if snap.done else None)
     return values
 
@@ -99,11 +99,17 @@ def _column(snap: Snapshot, method: str, finished: dict[str, Clocks]) -> tuple[s
 
 
 def _status_line(snap: Snapshot) -> str:
+    ended = ("Stopped" if snap.time_limit is None else
+             f"Ended by the time limit (a run may hold the device {snap.time_limit:g} s)")
     if snap.stopped:
         run = snap.runs.get(snap.active or "")
         where = (f" during {render.METHOD_NAMES[snap.active]}, after {len(run.recorder.tokens)} tokens"
                  if run is not None else " before decoding began")
-        return f"Stopped{where}. Press Run to start again."
+        return f"{ended}{where}. " + ("Press Run to start again." if snap.time_limit is None else
+                                      "Ask for fewer new tokens or fewer timed runs.")
+    timed, rounds = len(snap.speedups()), snap.request.rounds()
+    if snap.done and timed < rounds:
+        return f"{ended} while timing again: the spread is over {timed} run{'s' * (timed != 1)}."
     if snap.status:
         return snap.status
     if snap.active == "workers":
@@ -188,7 +194,17 @@ def _summary(snap: Snapshot, finished: dict[str, Clocks]) -> dict:
     # Every timed round on the page's clock (the first is the live run above); the headline's median.
     out["timed_runs"] = {"clock": "measured" if snap.concurrent else "projected", "speedups": snap.speedups(),
                          **{f"{m}_wall_seconds": walls for m, walls in snap.walls.items()}}
+    if len(snap.speedups()) < snap.request.rounds():  # Stop or the time limit cut the timing again short
+        out["stopped"] = _status_line(snap)
     return out
+
+
+def _stopped(snap: Snapshot) -> dict | None:
+    """The API's last output for a run that ended before its results: why, and where."""
+    if not snap.stopped:
+        return None
+    return {"stopped": _status_line(snap),
+            "finished": {m: {"token_ids": r.result.token_ids} for m, r in snap.runs.items() if r.done}}
 
 
 def _race_state(snap: Snapshot) -> dict:

@@ -264,6 +264,26 @@ def test_stop_reaches_both_runs_one_client_has_going(server, decodes):
     assert decodes.open == 0
 
 
+def test_a_run_past_the_time_limit_ends_with_what_it_has_and_says_why(saved_model):
+    """A legal but long request (many tokens, many timed runs) may hold the device only so long."""
+    import time
+
+    from app import AppState
+
+    state = AppState(run_seconds=2.0)
+    try:
+        with serving(state) as client:
+            started = time.monotonic()
+            outputs = client.predict(*run_args(saved_model, max_new_tokens=240, repeats=9, eesd=True), api_name="/run")
+            assert time.monotonic() - started < 30
+            assert "Ended by the time limit (a run may hold the device 2 s)" in outputs[0], outputs[-1]
+            assert outputs[-1]["stopped"].startswith("Ended by the time limit") and "error" not in outputs[-1]
+            short = client.predict(*run_args(saved_model, max_new_tokens=3), api_name="/run")  # and it still serves
+            assert len(short[-1]["ppsd"]["token_ids"]) == 3
+    finally:
+        state.cache.clear()
+
+
 def _running(pid: int) -> bool:
     import os
 
