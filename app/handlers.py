@@ -202,8 +202,9 @@ def on_load(state: AppState, name: str) -> Iterator[tuple]:
         loaded = state.cache.get(name)
     except ValueError as error:
         gr.Warning(str(error), title="Model not loaded")
-        kept = ", ".join(state.cache.names()) or "none"
-        yield (model_status(f"{error} · still loaded: {kept}", "error"), gr.skip(), gr.skip(), gr.skip(), ready)
+        # which models other visitors loaded is theirs to know: say only that nothing was dropped
+        yield (model_status(f"{error} · the models loaded before stay loaded", "error"),
+               gr.skip(), gr.skip(), gr.skip(), ready)
         return
     info = loaded.model.info
     e_update, k_update = stage_updates(info.num_layers, 2, model=name)
@@ -229,8 +230,7 @@ def after_run(state: AppState, name: str, exit_layer: float, num_stages: float, 
     cache = state.cache
     name = (name or "").strip() or ppsd.DEFAULT_MODEL
     if name not in cache:
-        kept = ", ".join(cache.names()) or "none"
-        return model_status(f"{name} is not loaded (loaded: {kept})", "idle"), gr.skip(), gr.skip(), gr.skip()
+        return model_status(f"{name} is not loaded", "idle"), gr.skip(), gr.skip(), gr.skip()
     loaded = cache.get(name)
     info = loaded.model.info
     e_update, k_update = stage_updates(info.num_layers, int(num_stages), int(exit_layer))

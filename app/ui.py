@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import sys
 from functools import partial
 from pathlib import Path
 from typing import Any, Callable
@@ -35,6 +36,19 @@ ROOT = Path(__file__).resolve().parent.parent
 CSS = ROOT / "assets" / "styles" / "app.css"
 
 # --------------------------------------------------------------------------- panels
+
+
+class Slider(gr.Slider):
+    """A slider whose refusal of an out-of-range value (sent through the API) logs one line, not
+    Gradio's traceback: a visitor's bad value is no fault of the server's."""
+
+    def preprocess(self, payload: float) -> float:
+        try:
+            return super().preprocess(payload)
+        except gr.Error as error:
+            print(f"refused {self.label!r}: {error.message}", file=sys.stderr, flush=True)
+            raise gr.Error(error.message, print_exception=False) from None
+
 
 
 def create_controls(run_seconds: float) -> dict[str, Any]:
@@ -66,14 +80,14 @@ def create_controls(run_seconds: float) -> dict[str, Any]:
             c["layers"] = gr.State(DEFAULT_LAYERS)
             e_default = default_exit_layer(ppsd.DEFAULT_MODEL, DEFAULT_LAYERS, DEFAULTS.num_stages)
             with gr.Row():
-                c["num_stages"] = gr.Slider(2, DEFAULT_LAYERS, value=DEFAULTS.num_stages, step=1, label="Stages K", elem_id="stages")
-                c["exit_layer"] = gr.Slider(1, DEFAULT_LAYERS - 1, value=e_default, step=1, label="Exit layer E",
+                c["num_stages"] = Slider(2, DEFAULT_LAYERS, value=DEFAULTS.num_stages, step=1, label="Stages K", elem_id="stages")
+                c["exit_layer"] = Slider(1, DEFAULT_LAYERS - 1, value=e_default, step=1, label="Exit layer E",
                                             elem_id="exit-layer")
             with gr.Row():
-                c["max_new_tokens"] = gr.Slider(1, ppsd.MAX_NEW_TOKENS_CAP, value=DEFAULTS.max_new_tokens, step=1,
+                c["max_new_tokens"] = Slider(1, ppsd.MAX_NEW_TOKENS_CAP, value=DEFAULTS.max_new_tokens, step=1,
                                                 label="Max new tokens", elem_id="max-new-tokens")
                 c["eesd"] = gr.Checkbox(value=False, label="Also run EESD (draft then verify)", elem_id="eesd")
-            c["repeats"] = gr.Slider(1, MAX_REPEATS, value=DEFAULT_REPEATS, step=1, elem_id="repeats",
+            c["repeats"] = Slider(1, MAX_REPEATS, value=DEFAULT_REPEATS, step=1, elem_id="repeats",
                                      label="Timed runs of each method",
                                      info="The first is shown live; the rest run back to back, AR and PPSD "
                                           "interleaved, and the headline gives the median speedup and its range. "
@@ -87,12 +101,12 @@ def create_controls(run_seconds: float) -> dict[str, Any]:
                      "shows their costs replayed on K workers (projected clock).")
             with gr.Accordion("Sampling and EESD settings", open=False):
                 with gr.Row():
-                    c["draft_len"] = gr.Slider(1, MAX_DRAFT_LEN, value=DEFAULTS.draft_len, step=1,
+                    c["draft_len"] = Slider(1, MAX_DRAFT_LEN, value=DEFAULTS.draft_len, step=1,
                                                 label="EESD draft length g")
-                    c["temperature"] = gr.Slider(0.0, 2.0, value=DEFAULTS.temperature, step=0.05,
+                    c["temperature"] = Slider(0.0, 2.0, value=DEFAULTS.temperature, step=0.05,
                                                   label="Temperature (0 = greedy)")
                 with gr.Row():
-                    c["top_p"] = gr.Slider(0.05, 1.0, value=DEFAULTS.top_p, step=0.05, label="Top-p")
+                    c["top_p"] = Slider(0.05, 1.0, value=DEFAULTS.top_p, step=0.05, label="Top-p")
                     c["seed"] = gr.Number(value=DEFAULTS.seed, step=1, label="Seed", info="a whole number, 0 to 2^63 − 1")
                 c["exit_head"] = gr.Textbox(
                     label="Exit head", value="", elem_id="exit-head",
@@ -144,7 +158,7 @@ def create_steps() -> dict[str, Any]:
     with gr.Accordion("Step through PPSD, slot by slot", open=True, elem_id="steps"):
         with gr.Row():
             s["previous"] = gr.Button("◀ Previous", size="sm", scale=1, elem_id="step-previous")
-            s["slot"] = gr.Slider(1, 2, value=1, step=1, label="Slot", scale=6, elem_id="step-slot")
+            s["slot"] = Slider(1, 2, value=1, step=1, label="Slot", scale=6, elem_id="step-slot")
             s["next"] = gr.Button("Next ▶", size="sm", scale=1, elem_id="step-next")
         s["view"] = gr.HTML(view.step(None, 0), elem_id="step-view")
     return s

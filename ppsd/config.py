@@ -76,6 +76,9 @@ class DecodeConfig:
         if self.method not in METHODS:
             raise ValueError(f"method {self.method!r} is unknown; choose one of: {', '.join(METHODS)}")
         exits, counts = stage_bounds(num_layers)
+        if num_layers < 2:
+            raise ValueError(f"a model of {num_layers} layer{'s' * (num_layers != 1)} cannot be split into "
+                             "pipeline stages: PPSD needs at least 2 layers")
         if self.num_stages not in counts:
             raise ValueError(f"stages K={self.num_stages} is out of range: {counts.start} <= K <= {num_layers} (layers)")
         exit_layer = balanced_exit_layer(num_layers, self.num_stages) if self.exit_layer is None else self.exit_layer

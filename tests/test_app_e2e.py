@@ -150,6 +150,16 @@ def test_a_space_offers_only_the_shipped_and_shared_heads_unless_the_owner_allow
         state.cache.clear()
 
 
+def test_a_slider_refusal_logs_one_line_not_a_traceback(server, capfd):
+    client, model = server
+    capfd.readouterr()
+    with pytest.raises(Exception, match="Value 10 is greater than maximum value 9"):
+        client.predict(*run_args(model, repeats=10), api_name="/run")
+    logged = capfd.readouterr().err
+    assert "refused 'Timed runs of each method': Value 10 is greater than maximum value 9" in logged
+    assert "Traceback" not in logged
+
+
 def raw_run(client: Client, args: tuple) -> dict:
     """Call `run` over plain HTTP, as any script can: Python's JSON writes NaN, which the Gradio
     client refuses to send. Returns the summary (over HTTP the race's gr.State comes after it)."""

@@ -173,8 +173,9 @@ def test_a_hung_worker_fails_the_call_within_the_timeout_and_is_cleaned_up(model
     next(stream)
     os.kill(pids[0], signal.SIGSTOP)  # stage 2, alive but silent: only the timeout can tell
     started = time.monotonic()
-    with pytest.raises(PipelineError, match="did not answer within 5 s"):
+    with pytest.raises(PipelineError, match="did not answer within 5 s") as failed:
         list(stream)
+    assert ".cc:" not in str(failed.value)  # gloo's source file is no user's business
     assert time.monotonic() - started < TIMEOUT + 5.0
     assert not pool.alive and not any(_running(pid) for pid in pids)
     with pytest.raises(PipelineError, match="not running"):

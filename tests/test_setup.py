@@ -71,3 +71,9 @@ def test_5_an_empty_prompt_has_one_message(llama):
         set_up_text(llama, tokenizer, "   ", chat=False)
     with pytest.raises(ValueError, match="^prompt is empty: give some text to continue$"):
         generate(llama, [], DecodeConfig(method="ar"))
+
+
+@pytest.mark.parametrize("layers", [0, 1])
+def test_a_model_too_shallow_to_split_is_refused_in_words(layers):
+    with pytest.raises(ValueError, match=f"a model of {layers} layers? cannot be split into pipeline stages"):
+        DecodeConfig().resolved(layers)

@@ -33,6 +33,7 @@ their messages `wire`, their cores and weights `placement`, the worker's side `w
 from __future__ import annotations
 
 import math
+import re
 import socket
 import threading
 import time
@@ -311,7 +312,8 @@ class DistributedExecutor:
             return action()
         except Exception as error:  # noqa: BLE001 - gloo raises RuntimeError subclasses
             culprit = self._workers.culprit()
-            first = (str(error).strip().splitlines() or [type(error).__name__])[0][:200]
+            first = (str(error).strip().splitlines() or [type(error).__name__])[0]
+            first = re.sub(r"^\[[^\]]*\.(cc|cpp|h):\d+\]\s*", "", first)[:200]  # gloo's source file: not the user's business
             reason = culprit or (f"a pipeline worker did not answer within {self.spec.timeout:g} s "
                                  f"or failed ({first})")
             self._state = "broken"

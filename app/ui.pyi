@@ -1,0 +1,291 @@
+"""The Gradio page: `create_*` panels and the wiring of their events to `app.handlers`, bound
+to the server's `AppState` that `create_demo` is given (or builds from the environment, when
+called: importing this reads nothing).
+
+Nothing here decodes, times or renders a result: `app.runner` and `app.view` do. Nothing loads a
+model before a user asks for one (a Run or a Load click), so building the page is cheap and safe
+to import.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import sys
+from functools import partial
+from pathlib import Path
+from typing import Any, Callable
+
+import gradio as gr
+
+import ppsd
+from ppsd.config import DEFAULTS, MAX_DRAFT_LEN
+from ppsd.executors.pool import workers_unavailable
+from ppsd.heads import default_exit_layer
+from ppsd.model import resolve_device
+
+from . import render, view
+from .handlers import (DEFAULT_LAYERS, model_status, on_eesd, after_run, idle_outputs,
+                       max_tokens_update, on_diagram, on_exit, on_load, on_page_load, on_replay, on_run,
+                       on_settings, on_stages, on_step, on_steps_ready, on_stop)
+from .page_text import INTRO, TIMELINE_CAPTION, load_examples
+from .runner import DEFAULT_REPEATS, FORM, MAX_REPEATS
+from .state import AppState
+
+ROOT = Path(__file__).resolve().parent.parent
+CSS = ROOT / "assets" / "styles" / "app.css"
+
+# --------------------------------------------------------------------------- panels
+
+from gradio.events import Dependency
+
+class Slider(gr.Slider):
+    """A slider whose refusal of an out-of-range value (sent through the API) logs one line, not
+    Gradio's traceback: a visitor's bad value is no fault of the server's."""
+
+    def preprocess(self, payload: float) -> float:
+        try:
+            return super().preprocess(payload)
+        except gr.Error as error:
+            print(f"refused {self.label!r}: {error.message}", file=sys.stderr, flush=True)
+            raise gr.Error(error.message, print_exception=False) from None
+    from typing import Callable, Literal, Sequence, Any, TYPE_CHECKING
+    from gradio.blocks import Block
+    if TYPE_CHECKING:
+        from gradio.components import Timer
+        from gradio.components.base import Component
+
+
+
+def create_controls(run_seconds: float) -> dict[str, Any]:
+    """Prompt, examples, model box and every decoding setting, with Run and Stop; `run_seconds`
+    is how long a run may hold the device (said beside the timed runs)."""
+    c: dict[str, Any] = {}
+    with gr.Row(equal_height=False):
+        with gr.Column(scale=3, min_width=320):
+            c["prompt"] = gr.Textbox(label="Prompt", lines=4, placeholder="Type a prompt, or click an example below",
+                                     elem_id="prompt")
+            c["chat"] = gr.Checkbox(value=True, label="Chat: ask the model (its chat template)", elem_id="chat",
+                                    info="Off: raw completion, the model continues the text. Models without a "
+                                         "chat template always continue the text.")
+            examples = load_examples()
+            gr.Examples(examples=[[e["prompt"]] for e in examples], inputs=[c["prompt"]], cache_examples=False,
+                        example_labels=[f"{e['category']} · {e['name']}" for e in examples],
+                        label="Examples (never cached: every timing is live)", elem_id="examples")
+            with gr.Row():
+                c["run"] = gr.Button("▶ Run AR vs PPSD", variant="primary", elem_id="run", scale=3)
+                c["stop"] = gr.Button("■ Stop", variant="stop", elem_id="stop", scale=1)
+            c["message"] = gr.HTML(view.message(), elem_id="run-message")
+        with gr.Column(scale=2, min_width=300):
+            with gr.Row(equal_height=True):
+                c["model"] = gr.Textbox(label="Model (the default, a local directory, a .gguf file or a hub id)",
+                                        value=ppsd.DEFAULT_MODEL,
+                                        scale=4, elem_id="model")
+                c["load"] = gr.Button("Load", scale=1, min_width=80, elem_id="load")
+            c["model_status"] = gr.HTML(model_status("Model not loaded yet: it loads on the first Run.", "idle"))
+            c["layers"] = gr.State(DEFAULT_LAYERS)
+            e_default = default_exit_layer(ppsd.DEFAULT_MODEL, DEFAULT_LAYERS, DEFAULTS.num_stages)
+            with gr.Row():
+                c["num_stages"] = Slider(2, DEFAULT_LAYERS, value=DEFAULTS.num_stages, step=1, label="Stages K", elem_id="stages")
+                c["exit_layer"] = Slider(1, DEFAULT_LAYERS - 1, value=e_default, step=1, label="Exit layer E",
+                                            elem_id="exit-layer")
+            with gr.Row():
+                c["max_new_tokens"] = Slider(1, ppsd.MAX_NEW_TOKENS_CAP, value=DEFAULTS.max_new_tokens, step=1,
+                                                label="Max new tokens", elem_id="max-new-tokens")
+                c["eesd"] = gr.Checkbox(value=False, label="Also run EESD (draft then verify)", elem_id="eesd")
+            c["repeats"] = Slider(1, MAX_REPEATS, value=DEFAULT_REPEATS, step=1, elem_id="repeats",
+                                     label="Timed runs of each method",
+                                     info="The first is shown live; the rest run back to back, AR and PPSD "
+                                          "interleaved, and the headline gives the median speedup and its range. "
+                                          f"A run may hold the device {run_seconds:g} s; past that it ends with "
+                                          "what it has.")
+            c["workers"] = gr.Checkbox(
+                value=workers_unavailable(DEFAULTS.num_stages, resolve_device("auto")) is None, elem_id="workers",
+                label="Run on K worker processes, one per stage (measured clock)",
+                info="Real pipeline parallelism: each stage in its own process on its own cores (or GPU), "
+                     "started once and reused. Off: one process runs the stages in turn and the page "
+                     "shows their costs replayed on K workers (projected clock).")
+            with gr.Accordion("Sampling and EESD settings", open=False):
+                with gr.Row():
+                    c["draft_len"] = Slider(1, MAX_DRAFT_LEN, value=DEFAULTS.draft_len, step=1,
+                                                label="EESD draft length g")
+                    c["temperature"] = Slider(0.0, 2.0, value=DEFAULTS.temperature, step=0.05,
+                                                  label="Temperature (0 = greedy)")
+                with gr.Row():
+                    c["top_p"] = Slider(0.05, 1.0, value=DEFAULTS.top_p, step=0.05, label="Top-p")
+                    c["seed"] = gr.Number(value=DEFAULTS.seed, step=1, label="Seed", info="a whole number, 0 to 2^63 − 1")
+                c["exit_head"] = gr.Textbox(
+                    label="Exit head", value="", elem_id="exit-head",
+                    placeholder="empty: the shipped trained head for this model and E if any, else the shared head; "
+                                "'shared'; or a directory written by `python -m ppsd train-head`",
+                    info="Made for this model and this E, or refused with the reason. Output stays the "
+                         "full model's either way; only the drafts (and so the speed) change.")
+    return c
+
+
+def create_results() -> tuple[dict[str, Any], gr.Column]:
+    """Headline, the method columns with their token streams, timeline, theory and numbers.
+    Returns the components by name and the EESD column (shown when EESD is enabled)."""
+    r: dict[str, Any] = {"headline": gr.HTML(elem_id="headline")}
+    gr.HTML(render.render_legend())
+    titles = {"ar": ("AR", "autoregressive, the reference"),
+              "ppsd": ("PPSD", "verify while drafting, K stages"),
+              "eesd": ("EESD", "draft g tokens, then verify")}
+    columns = {}
+    r["drafts"] = gr.Checkbox(value=False, label="Show the drafts inline (rejected ones struck through, in-flight ones dashed)", elem_id="drafts",
+                              info="Off: each stream shows only its committed text, so AR's and PPSD's can be compared "
+                                   "word for word. Hover a token for its draft either way.")
+    with gr.Row(equal_height=False, elem_id="columns"):
+        for method, (name, sub) in titles.items():
+            with gr.Column(min_width=260, visible=method != "eesd", elem_id=f"col-{method}") as columns[method]:
+                gr.HTML(f'<div class="col-title">{name} <span>{sub}</span></div>')
+                r[method] = (gr.HTML(elem_id=f"stats-{method}"), gr.HTML(elem_id=f"stream-{method}"))
+    r["timeline"] = gr.Plot(label="Pipeline timeline", elem_id="timeline", show_label=False)
+    gr.Markdown(TIMELINE_CAPTION, elem_classes=["caption"])
+    with gr.Row(equal_height=False):
+        with gr.Column(scale=2, min_width=320):
+            r["theory"] = gr.Plot(label="Theory", elem_id="theory", show_label=False)
+        with gr.Column(scale=3, min_width=320):
+            r["metrics"] = gr.HTML(elem_id="metrics")
+    return r, columns["eesd"]
+
+
+def create_race() -> tuple[gr.HTML, gr.Button]:
+    """The race replay: lanes that commit tokens at their recorded pace."""
+    with gr.Accordion("Race replay: the streams side by side at their recorded pace", open=True):
+        race = gr.HTML('<div class="race-note">Run a comparison; its race replays here.</div>', elem_id="race")
+        replay = gr.Button("↻ Replay the race", size="sm")
+    return race, replay
+
+
+def create_steps() -> dict[str, Any]:
+    """The step-through: the finished PPSD run, one pipeline slot at a time."""
+    s: dict[str, Any] = {}
+    with gr.Accordion("Step through PPSD, slot by slot", open=True, elem_id="steps"):
+        with gr.Row():
+            s["previous"] = gr.Button("◀ Previous", size="sm", scale=1, elem_id="step-previous")
+            s["slot"] = Slider(1, 2, value=1, step=1, label="Slot", scale=6, elem_id="step-slot")
+            s["next"] = gr.Button("Next ▶", size="sm", scale=1, elem_id="step-next")
+        s["view"] = gr.HTML(view.step(None, 0), elem_id="step-view")
+    return s
+
+
+SHOW_DRAFTS_JS = "(on) => { document.querySelector('#columns').classList.toggle('show-drafts', on); }"
+QUIET = dict(api_visibility="private", show_progress="hidden")  # the page's own events, kept out of the API
+
+
+def _gpu(fn: Callable) -> Callable:
+    """`spaces.GPU` on Hugging Face ZeroGPU (only when the package is importable), else as is."""
+    try:
+        import spaces  # noqa: PLC0415 - optional, present only on Spaces
+    except ImportError:
+        return fn
+    return spaces.GPU(duration=120)(fn)
+
+
+def _bind(handler: Callable, state: AppState) -> Callable:
+    """`handler` with `state` as its first argument, shown to Gradio as the handler itself: its
+    name, its docstring (an endpoint's API description), its signature less `state` (Gradio finds
+    a `gr.Request` parameter by its annotation) and a generator function when the handler is one
+    (Gradio streams only those). A `functools.partial` would hide all four."""
+    if inspect.isgeneratorfunction(handler):
+        def bound(*args: Any, **kwargs: Any) -> Any:
+            yield from handler(state, *args, **kwargs)
+    else:
+        def bound(*args: Any, **kwargs: Any) -> Any:
+            return handler(state, *args, **kwargs)
+    functools.update_wrapper(bound, handler)  # its __wrapped__ also resolves the annotations in the handler's module
+    signature = inspect.signature(handler)
+    first, *rest = signature.parameters
+    if first != "state":
+        raise TypeError(f"{handler.__name__} does not take the state as its first argument")
+    bound.__signature__ = signature.replace(parameters=[signature.parameters[name] for name in rest])
+    bound.__annotations__ = {k: v for k, v in handler.__annotations__.items() if k != "state"}
+    return bound
+
+
+def create_demo(state: AppState | None = None) -> gr.Blocks:
+    """The whole page, its handlers sharing `state` (None: `AppState.from_environment()`, built
+    now). Builds components and wires events; loads no model."""
+    if state is None:
+        state = AppState.from_environment()
+    with gr.Blocks(title="PPSD: pipeline-parallel self-speculative decoding") as demo:
+        with gr.Row(equal_height=False):
+            with gr.Column(scale=3):
+                gr.Markdown(INTRO, elem_id="intro")
+            with gr.Column(scale=2, min_width=300):
+                k = DEFAULTS.num_stages
+                diagram = gr.HTML(view.diagram(DEFAULT_LAYERS, default_exit_layer(ppsd.DEFAULT_MODEL, DEFAULT_LAYERS, k),
+                                               k), elem_id="diagram")
+        c = create_controls(state.run_seconds)
+        c["diagram"] = diagram
+        r, eesd_column = create_results()
+        race, replay = create_race()
+        steps = create_steps()
+        with gr.Accordion("Raw numbers (JSON; also the last output of the `run` API)", open=False):
+            r["summary"] = gr.JSON(show_label=False, elem_id="summary")
+        r["message"], r["race"] = c["message"], gr.State(None)
+        for method in ("ar", "ppsd", "eesd"):
+            r[f"stats_{method}"], r[f"stream_{method}"] = r.pop(method)
+        run_handlers = _wire_runs(state, c, r, race, replay, steps)
+        _wire_settings(state, c, r, eesd_column)
+        r["drafts"].change(None, r["drafts"], None, js=SHOW_DRAFTS_JS)  # in the browser: no server call
+        demo.load(idle_outputs, None, [r[name] for name in view.OUTPUTS], **QUIET)
+        demo.load(_bind(on_page_load, state), c["model"], [c["exit_layer"], c["num_stages"], c["layers"],
+                                                             c["model_status"]], **QUIET)
+    # Gradio's own queue is a backstop far above the device line's bound, which answers "busy" in words.
+    demo.queue(max_size=4 * run_handlers)
+    return demo
+
+
+def _wire_runs(state: AppState, c: dict[str, Any], r: dict[str, Any], race: gr.HTML, replay: gr.Button,
+               steps: dict[str, Any]) -> int:
+    """Run, Stop, Load, the race replay and the step-through. Returns how many run handlers may
+    run at once: every run that may wait in line and a few refused ones, below Gradio's 40 threads."""
+    run_handlers = state.line.max_waiting + 4
+    # Bound before `spaces.GPU` wraps it: ZeroGPU hands the wrapped function's arguments to its GPU
+    # process, and the state (locks, loaded models) must stay out of them, as it did as a global.
+    run_event = c["run"].click(
+        _gpu(_bind(on_run, state)), [c[name] for name in FORM], [r[name] for name in view.OUTPUTS], api_name="run",
+        concurrency_limit=run_handlers, concurrency_id="run", show_progress="hidden", trigger_mode="once",
+    )
+    run_event.then(_bind(after_run, state), [c["model"], c["exit_layer"], c["num_stages"], c["exit_head"]],
+                   [c["model_status"], c["exit_layer"], c["num_stages"], c["layers"]], **QUIET)
+    run_event.then(_bind(max_tokens_update, state), [c["prompt"], c["model"], c["chat"], c["max_new_tokens"]],
+                   c["max_new_tokens"], **QUIET)
+    replay_after = run_event.success(on_replay, r["race"], race, **QUIET)
+    run_event.success(on_steps_ready, r["race"], [steps["slot"], steps["view"]], **QUIET)
+    for name, move in (("previous", -1), ("next", +1)):
+        steps[name].click(partial(on_step, move=move), [r["race"], steps["slot"]], [steps["slot"], steps["view"]],
+                          **QUIET)
+    steps["slot"].input(on_step, [r["race"], steps["slot"]], [steps["slot"], steps["view"]], **QUIET)
+    replay_event = replay.click(on_replay, r["race"], race, api_name="replay", show_progress="hidden")
+    c["stop"].click(_bind(on_stop, state), None, None, cancels=[replay_after, replay_event], api_name="stop",
+                    concurrency_limit=None, show_progress="hidden")
+    c["load"].click(_bind(on_load, state), c["model"],
+                    [c["model_status"], c["exit_layer"], c["num_stages"], c["layers"], c["load"]],
+                    api_name="load", concurrency_limit=2, concurrency_id="load", show_progress="hidden")
+    return run_handlers
+
+
+def _wire_settings(state: AppState, c: dict[str, Any], r: dict[str, Any], eesd_column: gr.Column) -> None:
+    """The settings' own rules: slider ranges and pairs, the theory curves, the diagram, EESD's column."""
+    for name in ("prompt", "chat"):
+        c[name].change(_bind(max_tokens_update, state), [c["prompt"], c["model"], c["chat"], c["max_new_tokens"]],
+                       c["max_new_tokens"], trigger_mode="always_last", **QUIET)
+    c["num_stages"].input(on_stages, [c["num_stages"], c["layers"], c["model"]], [c["exit_layer"], c["num_stages"]], **QUIET)
+    c["exit_layer"].input(on_exit, [c["exit_layer"], c["num_stages"], c["layers"]], c["num_stages"], **QUIET)
+    settings = [c["exit_layer"], c["num_stages"], c["draft_len"], c["layers"], c["eesd"]]
+    for name in ("exit_layer", "num_stages", "draft_len"):
+        c[name].release(on_settings, settings, r["theory"], **QUIET)
+    c["eesd"].change(on_settings, settings, r["theory"], **QUIET)
+    for name in ("exit_layer", "num_stages", "layers"):
+        c[name].change(on_diagram, [c["exit_layer"], c["num_stages"], c["layers"]], c["diagram"], **QUIET)
+    c["eesd"].change(on_eesd, c["eesd"], [eesd_column, c["run"]], **QUIET)
+
+
+def launch_kwargs() -> dict[str, Any]:
+    """What Gradio 6 takes at launch rather than in Blocks: theme and CSS, and `show_error`, so
+    input Gradio itself refuses (a value past a slider's maximum) reaches an API client in words."""
+    return {"theme": gr.themes.Soft(primary_hue="emerald", secondary_hue="blue"), "css_paths": [CSS],
+            "show_error": True}
