@@ -158,7 +158,7 @@ class ModelCache:
         if not name:
             raise ValueError("model name is empty: give a local directory or a Hugging Face hub id")
         if self.allowed is not None and name not in self.allowed:
-            raise ValueError(f"{name!r} is not offered here: choose one of {', '.join(self.allowed)}")
+            raise ValueError(f"{shown(name)} is not offered here: choose one of {', '.join(self.allowed)}")
         found = self._touch(name)
         if found is not None:
             return found
@@ -173,7 +173,7 @@ class ModelCache:
                 print(f"model {name!r} not loaded: {error}", file=sys.stderr, flush=True)
                 if UNREACHABLE in str(error):  # says nothing of this server's files
                     raise
-                raise ValueError(f"{name!r} " + NOT_LOADABLE.format(default=ppsd.DEFAULT_MODEL)) from None
+                raise ValueError(f"{shown(name)} " + NOT_LOADABLE.format(default=ppsd.DEFAULT_MODEL)) from None
             with self._lock:
                 self._models[key] = loaded
                 self._aliases[name] = key

@@ -16,6 +16,7 @@ from gradio_client import Client
 
 from app import AppState, create_demo, launch_kwargs
 from app import handlers
+from ppsd.model_source import shown
 
 
 def free_port() -> int:
@@ -124,9 +125,11 @@ def test_the_exit_head_box_tells_no_server_path_apart(server, tmp_path):
     stranger.mkdir()
     (stranger / "head_config.json").write_bytes(b"\xff\xfe not json")
     said = {}
-    for name, path in {"missing": "/nonexistent", "not a head": str(tmp_path), "stranger": str(stranger)}.items():
+    paths = {"missing": "/nonexistent", "not a head": str(tmp_path), "stranger": str(stranger),
+             "too long": "/tmp/" + "y" * 300}
+    for name, path in paths.items():
         error = client.predict(*run_args(model, exit_head=path), api_name="/run")[-1]["error"]
-        said[name] = error.replace(repr(path), "PATH")
+        said[name] = error.replace(shown(path), "PATH")
         assert "head_config" not in error and "codec" not in error and "not found" not in error, error
     assert len(set(said.values())) == 1 and "is not a usable exit head here" in said["missing"], said
     outputs = client.predict(*run_args(model, max_new_tokens=3), api_name="/run")
@@ -186,7 +189,8 @@ def test_nan_through_the_raw_api_is_named_and_the_workers_stay(server, field):
     assert current_pool() is before  # bad input is refused before any worker is asked
 
 
-@pytest.mark.parametrize("name", ["no/such-model", "__NOT_A_MODEL_DIR__"])
+@pytest.mark.parametrize("name", ["no/such-model", "__NOT_A_MODEL_DIR__", "/etc/passwd", "/dev/zero",
+                                  "/tmp/" + "x" * 300])  # a file, a device, a name too long for the file system
 def test_unloadable_model_keeps_the_loaded_one(server, app_state, name, tmp_path):
     client, model = server
     client.predict(*run_args(model, max_new_tokens=2), api_name="/run")
@@ -195,8 +199,9 @@ def test_unloadable_model_keeps_the_loaded_one(server, app_state, name, tmp_path
     if name == "no/such-model":  # a hub id, and tests run offline: said at once, and it names no server file
         assert error == "cannot load model 'no/such-model': cannot reach the model hub; give a local directory, or connect"
     else:  # whatever is wrong with a path, the page does not tell which server paths exist
-        assert error == f"{bad!r} is not a loadable model here: give the default ({handlers.ppsd.DEFAULT_MODEL}), a " \
-                        "model directory or .gguf file on this server, or a Hugging Face hub id"
+        assert error == f"{shown(bad)} is not a loadable model here: give the default ({handlers.ppsd.DEFAULT_MODEL}), " \
+                        "a model directory or .gguf file on this server, or a Hugging Face hub id"
+        assert client.predict(bad, api_name="/load")[0].count(html.escape(shown(bad))) == 1  # so does Load
     assert model in app_state.cache and bad not in app_state.cache
     outputs = client.predict(*run_args(model, max_new_tokens=3), api_name="/run")
     assert len(outputs[-1]["ar"]["token_ids"]) == 3
