@@ -38,17 +38,22 @@ CSS = ROOT / "assets" / "styles" / "app.css"
 # --------------------------------------------------------------------------- panels
 
 
-class Slider(gr.Slider):
-    """A slider whose refusal of an out-of-range value (sent through the API) logs one line, not
-    Gradio's traceback: a visitor's bad value is no fault of the server's."""
+def Slider(*args: Any, **kwargs: Any) -> gr.Slider:  # noqa: N802 - stands where gr.Slider would
+    """A gr.Slider whose refusal of an out-of-range value (sent through the API) logs one line,
+    not Gradio's traceback: a visitor's bad value is no fault of the server's. (Patched on the
+    instance: a subclass of a Gradio component makes Gradio write a .pyi beside this module.)"""
+    slider = gr.Slider(*args, **kwargs)
+    checked = slider.preprocess
 
-    def preprocess(self, payload: float) -> float:
+    def preprocess(payload: float) -> float:
         try:
-            return super().preprocess(payload)
+            return checked(payload)
         except gr.Error as error:
-            print(f"refused {self.label!r}: {error.message}", file=sys.stderr, flush=True)
+            print(f"refused {slider.label!r}: {error.message}", file=sys.stderr, flush=True)
             raise gr.Error(error.message, print_exception=False) from None
 
+    slider.preprocess = preprocess
+    return slider
 
 
 def create_controls(run_seconds: float) -> dict[str, Any]:
