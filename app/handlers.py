@@ -17,7 +17,7 @@ import gradio as gr
 
 import ppsd
 from ppsd.config import fit_stages, stage_bounds
-from ppsd.metrics import slot_fraction
+from ppsd.metrics import exit_fraction, slot_fraction
 from ppsd.heads import default_exit_layer
 from ppsd.model import model_config
 from ppsd.model_source import needs_preparing
@@ -260,9 +260,9 @@ def on_settings(exit_layer: float, num_stages: float, draft_len: float, layers: 
     """Redraw the theory curves when E, K, g or the EESD choice change (no run needed: it is a
     formula); EESD's curve only when EESD will run."""
     exit_layer, num_stages = fit_stages(int(layers), int(exit_layer), int(num_stages))
-    slot = slot_fraction(ppsd.stage_layers(int(layers), exit_layer, num_stages))  # the run's own s, as after a run
-    return render.render_theory(num_stages=num_stages, slot_fraction=slot, draft_len=int(draft_len),
-                                exit_fraction=exit_layer / layers, eesd=bool(eesd))
+    partition = ppsd.stage_layers(int(layers), exit_layer, num_stages)  # the run's own, as after a run
+    return render.render_theory(num_stages=num_stages, slot_fraction=slot_fraction(partition), draft_len=int(draft_len),
+                                exit_fraction=exit_fraction(partition), eesd=bool(eesd))
 
 
 def on_step(race: dict | None, slot: float, move: int = 0) -> tuple:

@@ -11,7 +11,7 @@ import html
 import statistics
 from typing import Any
 
-from ppsd.metrics import slot_fraction, speedup
+from ppsd.metrics import exit_fraction, slot_fraction, speedup
 
 from . import numbers, render, teach
 from .numbers import Clocks
@@ -161,11 +161,11 @@ def _theory(snap: Snapshot, finished: dict[str, Clocks]):
         ar_m, eesd_m = finished["ar"].measured, finished["eesd"].measured
         points.append(render.TheoryPoint("EESD measured (measured clock)", eesd_m.acceptance_rate,
                                          speedup(ar_m.wall_seconds, eesd_m.wall_seconds)))
-    layers = snap.loaded.model.num_layers
     # The slot of the run's own partition, from the trace its metrics came from: the curve then
     # passes through the ideal the headline and the metrics table quote.
-    return render.render_theory(num_stages=config.num_stages, slot_fraction=slot_fraction(first.trace().partition),
-                                draft_len=config.draft_len, exit_fraction=config.exit_layer / layers, points=points,
+    partition = first.trace().partition
+    return render.render_theory(num_stages=config.num_stages, slot_fraction=slot_fraction(partition),
+                                draft_len=config.draft_len, exit_fraction=exit_fraction(partition), points=points,
                                 eesd=snap.request.eesd)
 
 

@@ -17,7 +17,7 @@ import torch
 from .config import DecodeConfig
 from .decoders import DECODERS
 from .executors import Executor, InProcessExecutor
-from .metrics import Metrics, summarize
+from .metrics import Metrics, exit_fraction, summarize
 from .model import StagedModel
 from .setup import RunSetup, set_up
 from .steps import Draft, Recorder, Step, Token
@@ -52,7 +52,7 @@ class Result:
         return summarize(
             method=self.config.method, tokens=list(self.tokens), drafts=list(self.drafts), trace=trace,
             measured_wall_seconds=self.measured_wall_seconds, draft_len=self.config.draft_len,
-            exit_fraction=self.config.exit_layer / trace.num_layers,
+            exit_fraction=exit_fraction(trace.partition),
         )
 
 

@@ -54,6 +54,11 @@ def slot_fraction(partition: tuple[range, ...] | list[range]) -> float:
     return max(len(r) for r in partition) / sum(len(r) for r in partition)
 
 
+def exit_fraction(partition: tuple[range, ...] | list[range]) -> float:
+    """E/L: stage 1's layers (those the draft sees) over all layers."""
+    return len(partition[0]) / sum(len(r) for r in partition)
+
+
 def ideal_eesd_speedup(acceptance: float, draft_len: int, exit_fraction: float) -> float:
     """S_EESD(a, g, E/L) = tau / (g E/L + 1 - E/L), tau = (1 - a^(g+1)) / (1 - a)."""
     tau = draft_len + 1.0 if acceptance >= 1.0 else (1.0 - acceptance ** (draft_len + 1)) / (1.0 - acceptance)

@@ -8,8 +8,9 @@ import itertools
 import statistics
 from typing import Sequence
 
-from ..metrics import ideal_eesd_speedup, ideal_ppsd_speedup_slowest_stage
-from .stats import Cell, acceptance_rate, partition_slot_fraction, round_speedups, speed
+from ..config import stage_layers
+from ..metrics import exit_fraction, ideal_eesd_speedup, ideal_ppsd_speedup_slowest_stage, slot_fraction
+from .stats import Cell, acceptance_rate, round_speedups, speed
 from .settings import Setting
 
 
@@ -17,14 +18,15 @@ def make_row(setting: Setting, cells: Sequence[Cell], ar_cells: Sequence[Cell], 
              draft_len_for_ideal: int = 4) -> dict:
     """The JSON object of one setting: its cells against the cells of its AR baseline."""
     rate = acceptance_rate(cells)
-    fraction = setting.exit_layer / num_layers
+    partition = stage_layers(num_layers, setting.exit_layer, setting.num_stages)
+    fraction = exit_fraction(partition)
     g = setting.draft_len or draft_len_for_ideal
     measured, projected = speed(cells), speed(cells, projected=True)
     # Headline speedups are medians of the paired per-round ratios, so they sit inside their range.
     rounds_measured = round_speedups(cells, ar_cells)
     rounds_projected = round_speedups(cells, ar_cells, projected=True)
     s_measured, s_projected = statistics.median(rounds_measured), statistics.median(rounds_projected)
-    slot = partition_slot_fraction(num_layers, setting.exit_layer, setting.num_stages)
+    slot = slot_fraction(partition)
     s_ppsd = ideal_ppsd_speedup_slowest_stage(rate or 0.0, slot)
     s_eesd = ideal_eesd_speedup(rate or 0.0, g, fraction)
     own_ideal = {"ppsd": s_ppsd, "eesd": s_eesd}.get(setting.method, 1.0)
