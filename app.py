@@ -27,6 +27,8 @@ def main(argv: list[str] | None = None) -> None:
     # A container (a Space) stops with SIGTERM: exit as on Ctrl-C, so the worker pipelines are
     # closed in order at exit instead of finding their coordinator gone.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    # Started from a background job, a process inherits SIGINT ignored: Ctrl-C must still stop it.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     demo = create_demo(AppState.from_environment())
     demo.launch(server_name=args.host, server_port=args.port, **launch_kwargs())
 
