@@ -50,6 +50,8 @@ def test_methods_agree_and_text_mode_prints_a_summary(saved_model, capsys):
         assert code == 0
         text, summary = out.rstrip("\n").rsplit("\n", 1)
         assert summary.startswith(f"[{method}] 10 tokens")
+        # both clocks for every method, so AR's line and PPSD's compare like with like
+        assert "tok/s measured (stages in turn, one process)" in summary and "tok/s projected" in summary
         texts.add(text)
     assert len(texts) == 1
 

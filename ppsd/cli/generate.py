@@ -69,11 +69,15 @@ def _tell(message: str) -> None:
 
 
 def summary_line(result: Result) -> str:
-    m = result.metrics()
-    rate = "n/a" if m.acceptance_rate is None else f"{m.acceptance_rate:.2f}"
-    return (f"[{result.config.method}] {m.tokens} tokens, {m.tokens_per_second:.1f} tok/s ({m.clock} clock), "
-            f"acceptance {rate}, ideal speedup {m.ideal_speedup:.2f}x, "
-            f"measured wall {m.measured_wall_seconds:.3f}s")
+    """One line: both clocks, so that two methods' lines compare like with like (in one process
+    the measured clock runs the stages in turn; the projected one replays their costs on K devices)."""
+    measured, projected = result.metrics("measured"), result.metrics("projected")
+    rate = "n/a" if measured.acceptance_rate is None else f"{measured.acceptance_rate:.2f}"
+    where = "K worker processes at once" if result.trace.concurrent else "stages in turn, one process"
+    return (f"[{result.config.method}] {measured.tokens} tokens, {measured.tokens_per_second:.1f} tok/s measured "
+            f"({where}), {projected.tokens_per_second:.1f} tok/s projected (each stage on its own device), "
+            f"acceptance {rate}, ideal speedup {measured.ideal_speedup:.2f}x, "
+            f"measured wall {measured.measured_wall_seconds:.3f}s")
 
 
 def to_json(result: Result, tokenizer, info, *, chat: bool, exit_head: str) -> dict:
