@@ -87,6 +87,17 @@ class Metrics:
     def to_dict(self) -> dict:
         return asdict(self)
 
+    def __str__(self) -> str:
+        """A few readable lines (`print(result.metrics())`); the repr keeps every field."""
+        rate = ("no drafts" if self.acceptance_rate is None else
+                f"{self.acceptance_rate:.2f} ({self.accepted} accepted, {self.rejected} corrected, "
+                f"{self.flushed} flushed)")
+        slot = "" if self.slot_fraction is None else f" (slowest stage {self.slot_fraction:.0%} of the layers)"
+        busy = ", ".join(f"{u:.2f}" for u in self.stage_utilization)
+        return (f"{self.tokens} tokens in {self.wall_seconds:.2f} s: {self.tokens_per_second:.1f} tok/s "
+                f"({self.clock} clock)\nacceptance {rate}\nstage utilization {busy} · bubbles "
+                f"{self.bubble_fraction:.0%}\nideal speedup {self.ideal_speedup:.2f}x{slot}")
+
 
 def summarize(
     *, method: str, tokens: list[Token], drafts: list[Draft], trace: Trace,

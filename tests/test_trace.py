@@ -167,3 +167,10 @@ def test_an_eesd_verification_waits_for_the_last_draft_it_checks():
     assert projected.events[-1].start == pytest.approx(projected.events[-2].end)
     wrong = replace(events[-1], start=3.5, end=4.5)  # begun while drafts 2 and 3 were still running
     assert 3 in [n for n, _ in Trace(events[:-1] + (wrong,), trace.partition, 3, 7, "measured").violations()]
+
+
+def test_metrics_print_as_a_few_readable_lines(llama):
+    text = str(run(llama, "ppsd", new=8).metrics())
+    assert text.startswith("8 tokens in ") and "tok/s (projected clock)" in text
+    assert "\nacceptance " in text and "\nstage utilization " in text and "\nideal speedup " in text
+    assert "Metrics(" not in text
