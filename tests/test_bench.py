@@ -114,8 +114,10 @@ def test_the_bench_bench_pipeline_and_the_run_quote_one_ideal():
 
     methods = [pipeline.Method(label, method, executor, threads) for label, method, executor, threads in (
         ("ar1", "ar", "in-process", 1), ("ar2", "ar", "in-process", 2), ("hf", "hf", "in-process", 1),
-        ("hf2", "hf", "in-process", 2), ("ar pipe", "ar", "pipeline", 1), ("ppsd pipe", "ppsd", "pipeline", 1))]
-    walls = {(m.label, 0): [6.0, 12.0] for m in methods} | {("ppsd pipe", 0): [5.0, 7.5], ("hf2", 0): [4.0, 5.0]}
+        ("hf2", "hf", "in-process", 2), ("ar pipe", "ar", "pipeline", 1), ("ppsd pipe", "ppsd", "pipeline", 1),
+        ("ar threads", "ar", "threads", 1), ("ppsd threads", "ppsd", "threads", 1))]
+    walls = {(m.label, 0): [6.0, 12.0] for m in methods} | {("ppsd pipe", 0): [5.0, 7.5], ("hf2", 0): [4.0, 5.0],
+                                                          ("ar threads", 0): [10.0, 12.0]}
     args = SimpleNamespace(new_tokens=3, device="cpu", threads_per_worker=1, repeats=2, warmup=0)
     report = pipeline._report(args, pp[0].config, methods, [[5]], pipeline.Measured(walls, {"ar pipe": ar,
                                                                                           "ppsd pipe": pp}),
@@ -128,6 +130,9 @@ def test_the_bench_bench_pipeline_and_the_run_quote_one_ideal():
     assert report["best_single_process"] == "hf2"
     assert report["ppsd_speedup_vs_best_single_process_ar"] == pytest.approx(4.5 / 6.25)
     assert report["break_even_acceptance"] == pytest.approx(1.5)
+    # the overhead each pipeline puts on plain AR: its AR over 1-thread single-process AR (9 s)
+    assert report["pipeline_ar_over_ar_1_thread"] == {"processes": pytest.approx(1.0), "threads": pytest.approx(9 / 11)}
+    assert report["measured_ppsd_speedup_vs_threads_ar"] == pytest.approx(11 / 9)
 
 
 @pytest.mark.parametrize("target,fraction", [(1.2, 0.5), (1.5, 0.6), (2.0, 0.25), (0.9, 0.5)])

@@ -47,7 +47,7 @@ class Method:
 
     label: str
     method: str
-    executor: str  # "in-process" or "pipeline"
+    executor: str  # "in-process", "pipeline" (worker processes) or "threads" (ThreadedExecutor)
     threads: int  # torch threads of this (coordinator) process
     clock: str = "measured"
 
@@ -93,10 +93,13 @@ def run(args: argparse.Namespace) -> int:
         Method("HF generate(), 2 threads", "hf", "in-process", 2),
         Method(f"AR, {args.stages}-worker pipeline", "ar", "pipeline", 1),
         Method(f"PPSD, {args.stages}-worker pipeline", "ppsd", "pipeline", 1),
+        Method(f"AR, {args.stages} threads in 1 process", "ar", "threads", 1),
+        Method(f"PPSD, {args.stages} threads in 1 process", "ppsd", "threads", 1),
         Method("PPSD, 1 process, projected", "ppsd", "in-process", 1, clock="projected"),
         Method(f"EESD g={config.draft_len}, 1 process, 1 thread", "eesd", "in-process", 1),
     ]
     from ..executors.pool import shared_pipeline
+    from ..executors.threads import ThreadedExecutor
 
     load_before = os.getloadavg()
     started = time.perf_counter()
@@ -105,7 +108,8 @@ def run(args: argparse.Namespace) -> int:
     print(f"model: {source}; {len(prompts)} prompts x {args.new_tokens} tokens; K={args.stages}, "
           f"E={config.exit_layer}, exit head {setup.head}; pool started in {startup:.1f} s (pids {pool.pids})",
           flush=True)
-    measured = _measure(args, model, config, methods, prompts, pool)
+    with ThreadedExecutor(model, setup.partition) as threads:
+        measured = _measure(args, model, config, methods, prompts, {"pipeline": pool, "threads": threads})
     pool.close()
     report = _report(args, config, methods, prompts, measured, source, load_before, startup)
     report["exit_head"] = setup.head
@@ -116,7 +120,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _measure(args, model: StagedModel, config: DecodeConfig, methods: list[Method], prompts: list[list[int]],
-             pool) -> Measured:
+             executors: dict) -> Measured:
     """Every method on every prompt, interleaved, warm-up repeats first; each output checked
     against the first method's (AR)."""
     measured = Measured({}, {})
@@ -130,7 +134,7 @@ def _measure(args, model: StagedModel, config: DecodeConfig, methods: list[Metho
                     _check(m, i, token_ids, outputs[(methods[0].label, i)], model.hf_model)
                 else:
                     result = generate(model, prompt, replace(config, method=m.method),
-                                      executor=pool if m.executor == "pipeline" else None)
+                                      executor=executors.get(m.executor))
                     outputs.setdefault((m.label, i), result.token_ids)
                     _check(m, i, result.token_ids, outputs[(methods[0].label, i)], None)
                     wall = result.metrics(m.clock).wall_seconds
@@ -207,6 +211,7 @@ def _report(args, config, methods, prompts, measured: Measured, source, load_bef
     ar1, ar2, hf = by[("ar", "in-process", 1, "measured")], by[("ar", "in-process", 2, "measured")], \
         by[("hf", "in-process", 1, "measured")]
     ppsd_label, ar_label = by[("ppsd", "pipeline", 1, "measured")], by[("ar", "pipeline", 1, "measured")]
+    ppsd_threads, ar_threads = by[("ppsd", "threads", 1, "measured")], by[("ar", "threads", 1, "measured")]
     ppsd_metrics = [r.metrics("measured") for r in runs[ppsd_label]]
     accepted = sum(m.accepted for m in ppsd_metrics)
     verified = accepted + sum(m.rejected for m in ppsd_metrics)
@@ -237,6 +242,11 @@ def _report(args, config, methods, prompts, measured: Measured, source, load_bef
         "measured_over_ideal": measured / ideal,
         "best_single_process": min(singles, key=wall.get),
         "ppsd_speedup_vs_best_single_process_ar": speedup(best_single, wall[ppsd_label]),
+        "ppsd_threads_speedup_vs_best_single_process_ar": speedup(best_single, wall[ppsd_threads]),
+        "measured_ppsd_speedup_vs_threads_ar": speedup(wall[ar_threads], wall[ppsd_threads]),
+        # what the pipeline costs plain AR: its AR over 1-thread single-process AR (1.0: nothing)
+        "pipeline_ar_over_ar_1_thread": {"processes": speedup(wall[ar1], wall[ar_label]),
+                                         "threads": speedup(wall[ar1], wall[ar_threads])},
         "ppsd_speedup_vs_single_process_ar_1_thread": speedup(wall[ar1], wall[ppsd_label]),
         "ar_two_thread_gain_T": threads_gain,
         "break_even_acceptance": break_even,
@@ -259,6 +269,11 @@ def _table(report: dict) -> str:
         f"-> {report['measured_over_ideal']:.3f} of ideal",
         f"PPSD over best single-process AR = {report['ppsd_speedup_vs_best_single_process_ar']:.3f}; "
         f"over 1-thread AR = {report['ppsd_speedup_vs_single_process_ar_1_thread']:.3f}",
+        f"on threads in 1 process: PPSD over its AR = {report['measured_ppsd_speedup_vs_threads_ar']:.3f}, over "
+        f"best single-process AR = {report['ppsd_threads_speedup_vs_best_single_process_ar']:.3f}",
+        "pipeline AR / 1-thread AR (overhead; 1.0 is none): processes "
+        f"{report['pipeline_ar_over_ar_1_thread']['processes']:.3f}, threads "
+        f"{report['pipeline_ar_over_ar_1_thread']['threads']:.3f}",
         f"AR 2 threads / 1 thread T = {report['ar_two_thread_gain_T']:.3f}; best single process: "
         f"{report['best_single_process']}",
         f"break-even acceptance a* (ideal S_PPSD(a*, s) = best single process / pipeline AR) = "

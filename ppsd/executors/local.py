@@ -53,22 +53,40 @@ class InProcessExecutor:
         self.cache.truncate(length)
 
     def _execute(self, plan: schedule.Plan, feed: Feed | None, slot: int | None) -> Output:
-        events, results = [], {}
-        for action in plan.actions:
-            start = self._clock.now()
-            k = action.index
-            if k == 0:
-                hidden, results["exit_logits"] = first_stage(self.model, self.partition[0], feed, self.cache)
-            else:
-                taken = [self._hidden[k].popleft() for _ in range(action.take)]
-                merged = taken[0] if len(taken) == 1 else torch.cat(taken, dim=1)
-                hidden = self.model.run_layers(merged, self.partition[k],
-                                               position=action.item.position, cache=self.cache)
-            if k + 1 < len(self.partition):
-                self._hidden[k + 1].append(hidden)
-            else:
-                results["final_logits"] = final_logits(self.model, hidden, action.item.kind)
-                results["final_position"] = final_position(action.item)
-            events.append(action.event(start, self._clock.now(), slot))
+        results: dict = {}
+        events = [self._deliver(action, self._compute(action, self._input(action), feed, slot), results)
+                  for action in plan.actions]
         self._queues = plan.queues
         return Output(tuple(events), **results)
+
+    def _input(self, action: schedule.Action) -> torch.Tensor | None:
+        """Stage k's input for `action`, taken off its queue (stage 1's is the call's feed)."""
+        if action.index == 0:
+            return None
+        taken = [self._hidden[action.index].popleft() for _ in range(action.take)]
+        return taken[0] if len(taken) == 1 else torch.cat(taken, dim=1)
+
+    def _compute(self, action: schedule.Action, hidden: torch.Tensor | None, feed: Feed | None,
+                 slot: int | None) -> tuple:
+        """One stage's layers for `action`: (hidden, exit logits or None, event timed where it ran)."""
+        start = self._clock.now()
+        logits = None
+        if action.index == 0:
+            hidden, logits = first_stage(self.model, self.partition[0], feed, self.cache)
+        else:
+            hidden = self.model.run_layers(hidden, self.partition[action.index],
+                                           position=action.item.position, cache=self.cache)
+        return hidden, logits, action.event(start, self._clock.now(), slot)
+
+    def _deliver(self, action: schedule.Action, done: tuple, results: dict):
+        """`action`'s output onto the next stage's queue, or, from the last stage, into `results`
+        as final logits (stage 1's exit logits too); its event."""
+        hidden, logits, event = done
+        if action.index == 0:
+            results["exit_logits"] = logits
+        if action.index + 1 < len(self.partition):
+            self._hidden[action.index + 1].append(hidden)
+        else:
+            results["final_logits"] = final_logits(self.model, hidden, action.item.kind)
+            results["final_position"] = final_position(action.item)
+        return event
