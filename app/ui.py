@@ -105,20 +105,25 @@ def create_controls(run_seconds: float) -> dict[str, Any]:
                      "started once and reused. Off: one process runs the stages in turn and the page "
                      "shows their costs replayed on K workers (projected clock).")
             with gr.Accordion("Sampling and EESD settings", open=False):
-                with gr.Row():
-                    c["draft_len"] = Slider(1, MAX_DRAFT_LEN, value=DEFAULTS.draft_len, step=1,
-                                                label="EESD draft length g")
-                    c["temperature"] = Slider(0.0, 2.0, value=DEFAULTS.temperature, step=0.05,
-                                                  label="Temperature (0 = greedy)")
-                with gr.Row():
-                    c["top_p"] = Slider(0.05, 1.0, value=DEFAULTS.top_p, step=0.05, label="Top-p")
-                    c["seed"] = gr.Number(value=DEFAULTS.seed, step=1, label="Seed", info="a whole number, 0 to 2^63 − 1")
-                c["exit_head"] = gr.Textbox(
-                    label="Exit head", value="", elem_id="exit-head",
-                    placeholder="empty: the shipped trained head for this model and E if any, else the shared head; "
-                                "'shared'; or a directory written by `python -m ppsd train-head`",
-                    info="Made for this model and this E, or refused with the reason. Output stays the "
-                         "full model's either way; only the drafts (and so the speed) change.")
+                c.update(_sampling_controls())
+    return c
+
+
+def _sampling_controls() -> dict[str, Any]:
+    """EESD's draft length, sampling and the exit head: what a first visit leaves as it is."""
+    c: dict[str, Any] = {}
+    with gr.Row():
+        c["draft_len"] = Slider(1, MAX_DRAFT_LEN, value=DEFAULTS.draft_len, step=1, label="EESD draft length g")
+        c["temperature"] = Slider(0.0, 2.0, value=DEFAULTS.temperature, step=0.05, label="Temperature (0 = greedy)")
+    with gr.Row():
+        c["top_p"] = Slider(0.05, 1.0, value=DEFAULTS.top_p, step=0.05, label="Top-p")
+        c["seed"] = gr.Number(value=DEFAULTS.seed, step=1, label="Seed", info="a whole number, 0 to 2^63 − 1")
+    c["exit_head"] = gr.Textbox(
+        label="Exit head", value="", elem_id="exit-head",
+        placeholder="empty: the shipped trained head for this model and E if any, else the shared head; "
+                    "'shared'; or a directory written by `python -m ppsd train-head`",
+        info="Made for this model and this E, or refused with the reason. Output stays the "
+             "full model's either way; only the drafts (and so the speed) change.")
     return c
 
 
