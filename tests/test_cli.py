@@ -112,15 +112,16 @@ def test_real_process_exit_status_and_no_traceback(saved_model):
     assert "Traceback" not in done.stderr
 
 
-def test_distributed_executor_gives_the_same_tokens_on_the_measured_clock(saved_model, capsys):
+@pytest.mark.parametrize("executor", ["distributed", "threads"])
+def test_concurrent_executors_give_the_same_tokens_on_the_measured_clock(saved_model, capsys, executor):
     base = ["generate", "--model", saved_model, "--prompt", "def fibonacci(n):", "--max-new-tokens", "12", "--json"]
     _, local, _ = cli(capsys, *base)
-    code, distributed, err = cli(capsys, *base, "--executor", "distributed")
+    code, concurrent, err = cli(capsys, *base, "--executor", executor)
     assert code == 0, err
-    local, distributed = json.loads(local), json.loads(distributed)
-    assert distributed["token_ids"] == local["token_ids"]
-    assert distributed["metrics"]["clock"] == "measured"  # stages really ran at the same time
-    assert distributed["trace"]["events"] and local["metrics"]["clock"] == "projected"
+    local, concurrent = json.loads(local), json.loads(concurrent)
+    assert concurrent["token_ids"] == local["token_ids"]
+    assert concurrent["metrics"]["clock"] == "measured"  # stages really ran at the same time
+    assert concurrent["trace"]["events"] and local["metrics"]["clock"] == "projected"
 
 
 SHARED_BAD_INPUTS = [  # values both entry points take: one validation, one message

@@ -23,8 +23,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="cpu", help="cpu, cuda or auto (default cpu)")
     parser.add_argument("--threads", type=thread_count, default=None,
                         help="CPU threads for torch (default: torch's choice; 1 is faster on a busy shared CPU)")
-    parser.add_argument("--executor", default="in-process", choices=("in-process", "distributed"),
+    parser.add_argument("--executor", default="in-process", choices=("in-process", "threads", "distributed"),
                         help="in-process: stages in turn, PPSD's overlap projected (default); "
+                             "threads: one thread per stage in this process (CPU), measured; "
                              "distributed: one process per stage over torch.distributed, measured")
     parser.add_argument("--chrome-trace", default=None, help="also write the trace here (Chrome JSON)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
@@ -51,6 +52,11 @@ def run(args: argparse.Namespace) -> int:
         except PipelineError as error:  # a worker died or hung: not bad input, so status 1
             print(f"error: the pipeline failed: {error}", file=sys.stderr)
             return 1
+    elif args.executor == "threads":
+        from ..executors.threads import ThreadedExecutor
+
+        with ThreadedExecutor(setup.model, setup.partition) as executor:
+            result = decode(setup, executor=executor)
     else:
         result = decode(setup)
     if args.chrome_trace:
