@@ -221,10 +221,10 @@ def test_a_worker_that_dies_while_the_pool_idles_is_replaced_by_the_next_caller(
     try:
         pids = first.pids
         os.kill(pids[0], signal.SIGKILL)
-        deadline = time.monotonic() + TIMEOUT
-        while _running(pids[0]) and time.monotonic() < deadline:
-            time.sleep(0.02)  # the kernel reaps it; the pool only sees it when asked
-        assert current_pool() is None and not first.alive
+        deadline = time.monotonic() + 30.0  # a loaded machine may take a while to let it die
+        while first.alive and time.monotonic() < deadline:
+            time.sleep(0.02)  # nothing tells the pool: it finds out when asked
+        assert not first.alive and current_pool() is None
         second = shared_pipeline(model, config, timeout=TIMEOUT)
         assert second is not first and second.alive and second.pids != pids
         expected = ppsd.generate(model, PROMPTS["short"], replace(config, method="ar"))
