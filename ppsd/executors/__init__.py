@@ -2,8 +2,9 @@
 
 A pipeline of K stages: stage 1 is layers [0, E) plus the exit head, stage K ends with the final
 head. `base` holds the protocol and the compute at both ends, `schedule` which stage computes
-what in each call (as data), `local` the in-process executor. The K-process pipeline is
-`pipeline` (the coordinator), `worker`, `wire`, `placement`, `processes` and `pool`; import
+what in each call (as data), `local` the in-process executor (stages in turn), `threads` the
+same with a slot's stages at once on a thread each. The K-process pipeline is `pipeline` (the
+coordinator), `worker`, `wire`, `placement`, `processes` and `pool` (what callers use); import
 those only when wanted (they bring torch.distributed).
 """
 
