@@ -58,9 +58,12 @@ def _piece_function(tokenizer) -> Callable[[int], str]:
     # after a fixed anchor token and cutting the anchor off keeps the space.
     anchor = tokenizer("a", add_special_tokens=False)["input_ids"][-1:] or []
     anchor_text = tokenizer.decode(anchor) if anchor else ""
+    special = set(getattr(tokenizer, "all_special_ids", ()))  # an end-of-turn is a token, not text
 
     @lru_cache(maxsize=65536)
     def piece(token_id: int) -> str:
+        if token_id in special:
+            return ""
         both = tokenizer.decode(anchor + [token_id])
         if anchor and both.startswith(anchor_text):
             return both[len(anchor_text):]

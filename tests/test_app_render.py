@@ -265,6 +265,16 @@ def tiny_cache(tiny_loader):
     return cache
 
 
+def test_special_tokens_are_never_shown_as_text(tiny_cache):
+    """An end-of-text or end-of-turn token is committed like any other, but its text (say
+    "<|endoftext|>") is markup of the tokenizer's, not part of the answer."""
+    loaded = tiny_cache.get("tiny")
+    eos = loaded.tokenizer.eos_token_id
+    assert loaded.piece(eos) == "" and loaded.tokenizer.decode([eos]) == "<|endoftext|>"
+    stream = render.render_tokens([Token(0, eos, "accepted", eos)], loaded.piece)
+    assert "endoftext" not in stream and "∅" in stream
+
+
 def test_runner_runs_ar_then_ppsd_then_eesd_with_identical_greedy_tokens(tiny_cache):
     request = RunRequest(prompt="def fibonacci(n):", model="tiny", num_stages=4, eesd=True, max_new_tokens=16)
     order = []
