@@ -189,15 +189,20 @@ def run_comparison(request: RunRequest, cache: ModelCache, *, throttle: float = 
     is set, or `time_limit` seconds have passed since this call, the running method ends at its
     next step and a last snapshot says so (`stopped`, and `time_limit` when it was the limit)."""
     stop = stop or threading.Event()
-    timer = None
-    if time_limit is not None:
-        timer = threading.Timer(time_limit, stop.set)
+    expired = threading.Event()  # the limit, not a user, stopped it
+
+    def expire() -> None:
+        expired.set()
+        stop.set()
+
+    timer = threading.Timer(time_limit, expire) if time_limit is not None else None
+    if timer is not None:
         timer.daemon = True
         timer.start()
     try:
         for snapshot in _compare(request, cache, throttle, stop):
-            if timer is not None and timer.finished.is_set() and not timer.is_alive() and stop.is_set():
-                snapshot.time_limit = time_limit  # the timer fired: the limit, not a user, stopped it
+            if expired.is_set():
+                snapshot.time_limit = time_limit
             yield snapshot
     finally:
         if timer is not None:
