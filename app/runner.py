@@ -22,9 +22,9 @@ from ppsd import DecodeConfig, Result, StagedModel, Trace
 from ppsd.config import DEFAULTS, real_number, whole_number
 from ppsd.executors.pool import DistributedExecutor, PipelineError, ready_pipeline
 from ppsd.chat import check_text
-from ppsd.generate import Recording, decode_steps, device_sync
+from ppsd.generate import Recording
 from ppsd.metrics import speedup
-from ppsd.setup import RunSetup
+from ppsd.setup import RunSetup, device_sync
 from ppsd.trace import Stopwatch
 
 from .line import Background
@@ -128,8 +128,17 @@ FORM = tuple(f.name for f in fields(RunRequest))  # the page's run inputs, in th
 class MethodRun(Recording):
     """One method's run, live: the folded steps so far, and the Result once it has finished."""
 
-    method: str = field(kw_only=True)
+    setup: RunSetup = field(kw_only=True)
     result: Result | None = field(default=None, kw_only=True)
+
+    @classmethod
+    def of(cls, setup: RunSetup, *, concurrent: bool) -> "MethodRun":
+        return cls(setup.prompt_ids, setup.config, setup.partition, setup.model.info.device, concurrent=concurrent,
+                   setup=setup)
+
+    @property
+    def method(self) -> str:
+        return self.config.method
 
     @property
     def done(self) -> bool:
@@ -214,31 +223,26 @@ def _compare(request: RunRequest, cache: ModelCache, throttle: float, stop: thre
     loaded = cache.get(request.model)
     setup = cache.set_up(loaded, request.prompt, request.settings(), exit_head=request.exit_head,
                          chat=request.chat and loaded.chat)
-    rounds = request.rounds()
-    model, prompt_ids, partition = setup.model, setup.prompt_ids, setup.partition
-    configs = {m: setup.with_method(m).config for m in request.methods}
     runs: dict[str, MethodRun] = {}
     snapshot = Snapshot(request, loaded, runs, active=None, num_stages=setup.config.num_stages, head=setup.head)
     pipeline = None
     if request.workers:
-        pipeline = yield from _start_workers(model, configs["ar"], snapshot, stop)
+        pipeline = yield from _start_workers(setup.model, setup.config, snapshot, stop)
         if pipeline is None:  # stopped: the workers keep starting, for the next run
             snapshot.stopped = True
             yield snapshot
             return
-    for method, config in configs.items():
-        run = MethodRun(tuple(prompt_ids), config, partition, model.info.device, concurrent=pipeline is not None,
-                        method=method)
-        runs[method] = run
+    for method in request.methods:
+        run = runs[method] = MethodRun.of(setup.with_method(method), concurrent=pipeline is not None)
         snapshot.active = method
         yield snapshot
-        yield from _decode(run, model, snapshot, throttle, pipeline, stop)
+        yield from _decode(run, snapshot, throttle, pipeline, stop)
         if stop.is_set():
             snapshot.stopped = True
             yield snapshot
             return
         snapshot.walls[method] = [run.wall()]
-    yield from _time_again(snapshot, model, rounds, pipeline, stop)
+    yield from _time_again(snapshot, request.rounds(), pipeline, stop)
     snapshot.active, snapshot.done = None, True
     yield snapshot
 
@@ -257,7 +261,7 @@ def _start_workers(model: StagedModel, config: DecodeConfig, snapshot: Snapshot,
     return starting.value()
 
 
-def _time_again(snapshot: Snapshot, model: StagedModel, rounds: int, pipeline: DistributedExecutor | None,
+def _time_again(snapshot: Snapshot, rounds: int, pipeline: DistributedExecutor | None,
                 stop: threading.Event) -> Iterator[Snapshot]:
     """Rounds 2..`rounds` of every method, untimed on screen, their walls into the snapshot;
     interleaved, so a slow spell of the machine hits every method alike."""
@@ -266,20 +270,18 @@ def _time_again(snapshot: Snapshot, model: StagedModel, rounds: int, pipeline: D
             snapshot.active = "repeats"
             snapshot.status = f"Timing again for the spread: run {round_} of {rounds}, {method.upper()}"
             yield snapshot
-            again = MethodRun(run.prompt_ids, run.config, run.partition, run.device, concurrent=run.concurrent,
-                              method=method)
-            for _ in _decode(again, model, snapshot, float("inf"), pipeline, stop):
+            again = MethodRun.of(run.setup, concurrent=run.concurrent)
+            for _ in _decode(again, snapshot, float("inf"), pipeline, stop):
                 pass
             if again.result is None:  # stopped: the runs timed so far stand
                 return
             snapshot.walls[method].append(again.wall())
 
 
-def _decode(run: MethodRun, model: StagedModel, snapshot: Snapshot, throttle: float,
-            pipeline: DistributedExecutor | None, stop: threading.Event) -> Iterator[Snapshot]:
-    stopwatch = PausableStopwatch(device_sync(model))
-    setup = RunSetup(model, run.config, head="", prompt_ids=run.prompt_ids)  # set up once, in run_comparison
-    steps = decode_steps(setup, stopwatch=stopwatch, executor=pipeline)
+def _decode(run: MethodRun, snapshot: Snapshot, throttle: float, pipeline: DistributedExecutor | None,
+            stop: threading.Event) -> Iterator[Snapshot]:
+    stopwatch = PausableStopwatch(device_sync(run.setup.model))
+    steps = run.setup.steps(stopwatch=stopwatch, executor=pipeline)
     shown = time.perf_counter()
     try:
         for step in steps:

@@ -2,7 +2,7 @@
 
 `stream` yields the decoder's steps live (for UIs); `generate` runs to the end and returns a
 `Result` with tokens, drafts, trace and metrics. Both set the run up first (`ppsd.setup`);
-`decode_steps` and `decode` take a `RunSetup` an entry point made once. Token ids in, token ids
+`decode` takes a `RunSetup` an entry point made once (`RunSetup.steps` is its live form). Token ids in, token ids
 out: tokenizers stay with the caller.
 """
 
@@ -10,16 +10,14 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field, replace
-from typing import Callable, Iterator
+from typing import Iterator
 
-import torch
 
 from .config import DecodeConfig
-from .decoders import DECODERS
 from .executors import Executor, InProcessExecutor
 from .metrics import Metrics, exit_fraction, summarize
 from .model import StagedModel
-from .setup import RunSetup, set_up
+from .setup import RunSetup, device_sync, set_up
 from .steps import Draft, Recorder, Step, Token
 from .trace import Stopwatch, Trace
 
@@ -90,38 +88,7 @@ def stream(model: StagedModel, prompt_ids: list[int], config: DecodeConfig | Non
            executor: Executor | None = None, stopwatch: Stopwatch | None = None) -> Iterator[Step]:
     """Set up the run (`ppsd.setup.set_up`: the model's default E and exit head when not given),
     then yield its steps live."""
-    yield from decode_steps(set_up(model, config, prompt_ids=prompt_ids), executor=executor, stopwatch=stopwatch)
-
-
-def decode_steps(setup: RunSetup, *, executor: Executor | None = None,
-               stopwatch: Stopwatch | None = None) -> Iterator[Step]:
-    """Yield the steps of a run already set up, live (in process unless `executor` is given)."""
-    stopwatch = stopwatch or _stopwatch(setup.model)
-    executor = executor or InProcessExecutor(setup.model, setup.partition, stopwatch)
-    executor.begin(stopwatch)
-    try:
-        yield from _inference_mode(DECODERS[setup.config.method](
-            executor, list(setup.prompt_ids), setup.config, setup.model.info.eos_token_ids))
-    finally:
-        executor.end()
-
-
-def _inference_mode(steps: Iterator[Step]) -> Iterator[Step]:
-    """`steps`, each resumed inside `torch.inference_mode()`. The mode is per thread, and a
-    server (Gradio) may resume a generator on a different thread each time, so one `with` around
-    the whole loop would leave later resumptions outside it (the KV cache, made of inference
-    tensors, then refuses in-place updates)."""
-    try:
-        while True:
-            with torch.inference_mode():
-                try:
-                    step = next(steps)
-                except StopIteration:
-                    return
-            yield step
-    finally:
-        with torch.inference_mode():
-            steps.close()
+    yield from set_up(model, config, prompt_ids=prompt_ids).steps(executor=executor, stopwatch=stopwatch)
 
 
 def generate(model: StagedModel, prompt_ids: list[int], config: DecodeConfig | None = None, *,
@@ -132,23 +99,13 @@ def generate(model: StagedModel, prompt_ids: list[int], config: DecodeConfig | N
 
 def decode(setup: RunSetup, *, executor: Executor | None = None, stopwatch: Stopwatch | None = None) -> Result:
     """Run a run already set up to the end; the returned trace is validated."""
-    stopwatch = stopwatch or _stopwatch(setup.model)
+    stopwatch = stopwatch or Stopwatch(device_sync(setup.model))
     executor = executor or InProcessExecutor(setup.model, setup.partition, stopwatch)
     recording = Recording(setup.prompt_ids, setup.config, executor.partition, executor.device, executor.concurrent)
     started = time.perf_counter()
-    for step in decode_steps(setup, executor=executor, stopwatch=stopwatch):
+    for step in setup.steps(executor=executor, stopwatch=stopwatch):
         recording.add(step)
     return recording.finish(time.perf_counter() - started)
-
-
-def device_sync(model: StagedModel) -> Callable[[], None] | None:
-    """What a stopwatch on `model`'s device waits for before it reads the time: CUDA kernels run
-    asynchronously, so without it a stamp would time their launch, not their work."""
-    return torch.cuda.synchronize if model.info.device.startswith("cuda") else None
-
-
-def _stopwatch(model: StagedModel) -> Stopwatch:
-    return Stopwatch(device_sync(model))
 
 
 WARMUP_TOKENS = 4

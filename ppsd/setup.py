@@ -1,8 +1,10 @@
 """One place that turns a request into a ready run: the model drafting with its exit head, the
 prompt's token ids and a resolved config. `generate`, the CLI, the page and both benches set up
-their runs here, so the library's defaults are the demo's.
+their runs here, so the library's defaults are the demo's; `RunSetup.steps` starts the run's
+decoder on an executor, so a front end goes from its button to the decoder through here.
 
-Boundary: settings and names in, a `RunSetup` out; nothing here decodes or times.
+Boundary: settings and names in, a `RunSetup` out, and its steps; what a run's steps add up to
+(its `Result`, its metrics) is `ppsd.generate`'s.
 
 Defaults, said in `RunSetup.head`: with no E given and the "auto" head, a run drafts with the
 shipped head for these weights and K at its E (chosen by measured speed); when no shipped head
@@ -14,11 +16,18 @@ from __future__ import annotations
 import threading
 import weakref
 from dataclasses import dataclass, replace
+from typing import Callable, Iterator
+
+import torch
 
 from .chat import check_text, encode_prompt, use_chat
 from .config import DecodeConfig, balanced_exit_layer, stage_bounds, stage_layers
+from .decoders import DECODERS
+from .executors import Executor, InProcessExecutor
 from .heads.shipped import AUTO_HEAD, HeadChoice, choose_exit_head, default_exit_layer
 from .model import StagedModel
+from .steps import Step
+from .trace import Stopwatch
 
 
 @dataclass(frozen=True)
@@ -40,6 +49,41 @@ class RunSetup:
     def with_method(self, method: str) -> "RunSetup":
         """The same run with another decoder (every other setting, already checked, kept)."""
         return replace(self, config=replace(self.config, method=method))
+
+    def steps(self, *, executor: Executor | None = None, stopwatch: Stopwatch | None = None) -> Iterator[Step]:
+        """The run's steps, live, from its decoder on `executor` (default: in process)."""
+        stopwatch = stopwatch or Stopwatch(device_sync(self.model))
+        executor = executor or InProcessExecutor(self.model, self.partition, stopwatch)
+        executor.begin(stopwatch)
+        try:
+            yield from _inference_mode(DECODERS[self.config.method](
+                executor, list(self.prompt_ids), self.config, self.model.info.eos_token_ids))
+        finally:
+            executor.end()
+
+
+def device_sync(model: StagedModel) -> Callable[[], None] | None:
+    """What a stopwatch on `model`'s device waits for before it reads the time: CUDA kernels run
+    asynchronously, so without it a stamp would time their launch, not their work."""
+    return torch.cuda.synchronize if model.info.device.startswith("cuda") else None
+
+
+def _inference_mode(steps: Iterator[Step]) -> Iterator[Step]:
+    """`steps`, each resumed inside `torch.inference_mode()`. The mode is per thread, and a
+    server (Gradio) may resume a generator on a different thread each time, so one `with` around
+    the whole loop would leave later resumptions outside it (the KV cache, made of inference
+    tensors, then refuses in-place updates)."""
+    try:
+        while True:
+            with torch.inference_mode():
+                try:
+                    step = next(steps)
+                except StopIteration:
+                    return
+            yield step
+    finally:
+        with torch.inference_mode():
+            steps.close()
 
 
 def resolve_config(model_name: str, num_layers: int, config: DecodeConfig) -> DecodeConfig:

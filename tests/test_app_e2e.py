@@ -209,7 +209,8 @@ def test_unloadable_model_keeps_the_loaded_one(server, app_state, name, tmp_path
 
 class Decodes:
     """What the app has running in this process: decoders open now, comparisons run to their end
-    (counted by wrapping the runner's `decode_steps` and the handlers' `run_comparison`)."""
+    (counted by wrapping `RunSetup.steps`, where every decode starts, and the handlers'
+    `run_comparison`)."""
 
     def __init__(self) -> None:
         self.open = 0
@@ -218,9 +219,9 @@ class Decodes:
 
 @pytest.fixture
 def decodes(monkeypatch) -> Decodes:
-    from app import runner
+    from ppsd.setup import RunSetup
 
-    counts, stream, compare = Decodes(), runner.decode_steps, handlers.run_comparison
+    counts, stream, compare = Decodes(), RunSetup.steps, handlers.run_comparison
 
     def counted_stream(*args, **kwargs):
         counts.open += 1
@@ -235,7 +236,7 @@ def decodes(monkeypatch) -> Decodes:
             yield snapshot
         counts.finished += snapshot is not None and snapshot.done
 
-    monkeypatch.setattr(runner, "decode_steps", counted_stream)
+    monkeypatch.setattr(RunSetup, "steps", counted_stream)
     monkeypatch.setattr(handlers, "run_comparison", counted_comparison)
     return counts
 
