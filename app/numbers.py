@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Mapping, Sequence
 
 from ppsd import Metrics
-from ppsd.metrics import DEFINITIONS, speedup
+from ppsd.metrics import DEFINITIONS, break_even_acceptance, speedup
 
 from .render import METHOD_NAMES, PROJECTED_MEANING, duration_text
 
@@ -54,6 +54,7 @@ class Comparison:
     workers: bool
     speedups: tuple[float, ...] = ()  # AR wall / PPSD wall per timed round; empty: the one run above
     eesd: Metrics | None = None
+    plain: "Plain | None" = None
 
     @property
     def speedup(self) -> float:
@@ -61,6 +62,36 @@ class Comparison:
         if self.speedups:
             return statistics.median(self.speedups)
         return speedup(self.ar.wall_seconds, self.ppsd.wall_seconds)
+
+
+@dataclass(frozen=True)
+class Plain:
+    """Plain AR in one process on `threads` threads, no pipeline, measured (median of `runs`),
+    beside the medians of the pipeline's AR and PPSD walls on the page's clock: the bar PPSD on K
+    workers must clear to be worth its K processes."""
+
+    seconds: float
+    runs: int
+    threads: int
+    ar_seconds: float
+    ppsd_seconds: float
+
+
+def plain_sentence(c: Comparison) -> str:
+    """Whether PPSD beat plain decoding here, and the acceptance a* it would need on this
+    pipeline (the ideal model's inverse at the slot of this run's partition)."""
+    p = c.plain
+    ratio = speedup(p.seconds, p.ppsd_seconds)
+    verdict = "beats it here" if ratio > 1 else "does not beat it here"
+    a_star = break_even_acceptance(speedup(p.ar_seconds, p.seconds), c.ppsd.slot_fraction or 1.0 / c.num_stages)
+    rate = "" if c.ppsd.acceptance_rate is None else f" (this run: a = {c.ppsd.acceptance_rate:.2f})"
+    need = (f"to beat it on this pipeline PPSD needs an acceptance above a* = {a_star:.2f}{rate}, by the ideal "
+            "model; the measured pipeline needs somewhat more" if a_star <= 1 else
+            f"no acceptance can make it beat it on this pipeline (a* = {a_star:.2f} by the ideal model, above 1){rate}")
+    runs = f"median of {p.runs}" if p.runs > 1 else "one run"
+    return (f"Plain decoding, AR in this one process on {p.threads} thread{'s' * (p.threads != 1)} with no pipeline, "
+            f"took {duration_text(p.seconds)} ({runs}, measured): PPSD on the {c.num_stages} workers runs at "
+            f"{ratio:.2f}× its speed, so PPSD {verdict}; {need}.")
 
 
 def speedup_headline(c: Comparison) -> str:
@@ -90,7 +121,7 @@ def compared_sentence(c: Comparison) -> str:
 
 
 PHASE_NAMES = {"model": "load the model", "workers": "start the workers", "ar": "AR", "ppsd": "PPSD",
-               "eesd": "EESD", "repeats": "time again"}
+               "eesd": "EESD", "plain": "plain AR, one process", "repeats": "time again"}
 
 
 def render_progress(phases: Sequence[str], current: str | None) -> str:
@@ -112,6 +143,8 @@ def render_headline(c: Comparison | None, *, status: str = "", agreement: str = 
         return f'<div class="headline-box">{progress}<div class="headline-status">{body}</div></div>'
     note = lambda text: f'<div class="headline-note">{text}</div>'  # noqa: E731
     lines = [speedup_headline(c), note(html.escape(compared_sentence(c)))]
+    if c.plain is not None:
+        lines.append(f'<div class="headline-note headline-plain">{html.escape(plain_sentence(c))}</div>')
     if c.ppsd.acceptance_rate is not None and c.speedup > c.ppsd.ideal_speedup:
         lines.append(note(
             f"The median is above the ideal {c.ppsd.ideal_speedup:.2f}×: the ideal counts layers (each costs the "

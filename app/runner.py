@@ -17,10 +17,12 @@ import time
 from dataclasses import dataclass, field, fields
 from typing import Any, Callable, Generator, Iterator
 
+import torch
+
 import ppsd
 from ppsd import DecodeConfig, Result, StagedModel, Trace
 from ppsd.config import DEFAULTS, real_number, whole_number
-from ppsd.executors.pool import DistributedExecutor, PipelineError, ready_pipeline
+from ppsd.executors.pool import DistributedExecutor, PipelineError, ready_pipeline, usable_cores
 from ppsd.chat import check_text
 from ppsd.generate import Recording
 from ppsd.metrics import speedup
@@ -103,10 +105,12 @@ class RunRequest:
         return ("ar", "ppsd", "eesd") if self.eesd else ("ar", "ppsd")
 
     def phases(self) -> tuple[str, ...]:
-        """What a run goes through, in order: the model, the workers, each method, the repeats
-        (the keys `Snapshot.active` takes, "model" before there is a snapshot)."""
+        """What a run goes through, in order: the model, the workers, each method, plain AR in
+        this process (with workers), the repeats (the keys `Snapshot.active` takes, "model"
+        before there is a snapshot)."""
         repeats = ("repeats",) if self.repeats != 1 else ()
-        return ("model", *(("workers",) if self.workers else ()), *self.methods, *repeats)
+        workers = ("workers",) if self.workers else ()
+        return ("model", *workers, *self.methods, *((PLAIN,) if self.workers else ()), *repeats)
 
     def settings(self) -> DecodeConfig:
         """The run's settings as typed, for `ppsd.setup` to resolve against the model (ValueError
@@ -121,7 +125,8 @@ class RunRequest:
         )
 
 
-FORM = tuple(f.name for f in fields(RunRequest))  # the page's run inputs, in the order it sends them
+FORM = tuple(f.name for f in fields(RunRequest))
+PLAIN = "plain"  # the walls' key of plain AR: this one process on every core it may use, no pipeline  # the page's run inputs, in the order it sends them
 
 
 @dataclass
@@ -175,6 +180,7 @@ class Snapshot:
     time_limit: float | None = None  # the seconds a run may hold the device, when it was what stopped it
     status: str = ""  # what a long preparation (starting the workers, timing again) is doing now
     walls: dict[str, list[float]] = field(default_factory=dict)  # method -> wall of each timed run, page's clock
+    plain_threads: int = 0  # the threads plain AR (walls[PLAIN], measured) ran on; 0: not timed
 
     def speedups(self) -> list[float]:
         """AR's wall over PPSD's, one per timed round (round i of each: they ran back to back)."""
@@ -263,19 +269,45 @@ def _start_workers(model: StagedModel, config: DecodeConfig, snapshot: Snapshot,
 
 def _time_again(snapshot: Snapshot, rounds: int, pipeline: DistributedExecutor | None,
                 stop: threading.Event) -> Iterator[Snapshot]:
-    """Rounds 2..`rounds` of every method, untimed on screen, their walls into the snapshot;
-    interleaved, so a slow spell of the machine hits every method alike."""
-    for round_ in range(2, rounds + 1):
-        for method, run in snapshot.runs.items():
-            snapshot.active = "repeats"
-            snapshot.status = f"Timing again for the spread: run {round_} of {rounds}, {method.upper()}"
+    """Rounds 2..`rounds` of every method and, with workers, every round of plain AR (`PLAIN`),
+    untimed on screen, their walls into the snapshot; interleaved, so a slow spell of the machine
+    hits every method alike."""
+    for round_ in range(1, rounds + 1):
+        timed = [*(snapshot.runs.items() if round_ > 1 else ()),
+                 *([(PLAIN, snapshot.runs["ar"])] if pipeline is not None else [])]
+        for method, run in timed:
+            snapshot.active = "repeats" if round_ > 1 else PLAIN
+            snapshot.status = (f"Timing again for the spread: run {round_} of {rounds}, {method.upper()}" if round_ > 1
+                               else "Timing plain AR in this one process, on every core, no pipeline")
             yield snapshot
-            again = MethodRun.of(run.setup, concurrent=run.concurrent)
-            for _ in _decode(again, snapshot, float("inf"), pipeline, stop):
-                pass
-            if again.result is None:  # stopped: the runs timed so far stand
+            wall = _time_plain(run, snapshot, stop) if method == PLAIN else _time_once(run, snapshot, pipeline, stop)
+            if wall is None:  # stopped: the runs timed so far stand
                 return
-            snapshot.walls[method].append(again.wall())
+            snapshot.walls.setdefault(method, []).append(wall)
+
+
+def _time_once(run: MethodRun, snapshot: Snapshot, pipeline: DistributedExecutor | None,
+               stop: threading.Event) -> float | None:
+    """The wall of one more untimed-on-screen run of `run`'s method (page's clock); None if stopped."""
+    again = MethodRun.of(run.setup, concurrent=run.concurrent)
+    for _ in _decode(again, snapshot, float("inf"), pipeline, stop):
+        pass
+    return None if again.result is None else again.wall()
+
+
+def _time_plain(ar: MethodRun, snapshot: Snapshot, stop: threading.Event) -> float | None:
+    """The measured wall of AR in this process on every core it may use (torch's threads), no
+    pipeline: the plain decoding PPSD on K workers must beat. None if stopped."""
+    plain = MethodRun.of(ar.setup, concurrent=False)
+    threads = torch.get_num_threads()
+    snapshot.plain_threads = usable_cores()
+    torch.set_num_threads(snapshot.plain_threads)
+    try:
+        for _ in _decode(plain, snapshot, float("inf"), None, stop):
+            pass
+    finally:
+        torch.set_num_threads(threads)
+    return None if plain.result is None else plain.result.metrics("measured").wall_seconds
 
 
 def _decode(run: MethodRun, snapshot: Snapshot, throttle: float, pipeline: DistributedExecutor | None,

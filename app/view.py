@@ -15,7 +15,7 @@ from ppsd.metrics import exit_fraction, slot_fraction, speedup
 
 from . import numbers, render, teach
 from .numbers import Clocks
-from .runner import RunRequest, Snapshot
+from .runner import PLAIN, RunRequest, Snapshot
 
 METHODS = ("ar", "ppsd", "eesd")
 OUTPUTS = ("headline", *(f"{part}_{m}" for m in METHODS for part in ("stats", "stream")),
@@ -132,8 +132,18 @@ def _headline(snap: Snapshot, finished: dict[str, Clocks]) -> str:
     comparison = numbers.Comparison(
         ar=ar.lead, ppsd=ppsd_.lead, ar_other=ar.other, ppsd_other=ppsd_.other, num_stages=snap.num_stages,
         device=snap.device, workers=snap.concurrent, speedups=tuple(snap.speedups()),
-        eesd=finished["eesd"].measured if "eesd" in finished else None)
+        eesd=finished["eesd"].measured if "eesd" in finished else None, plain=_plain(snap))
     return numbers.render_headline(comparison, status=status_text, agreement=agreement, progress=progress)
+
+
+def _plain(snap: Snapshot) -> numbers.Plain | None:
+    """Plain AR's medians beside the pipeline's, once timed (K workers only)."""
+    walls = snap.walls
+    if not walls.get(PLAIN) or not walls.get("ar") or not walls.get("ppsd"):
+        return None
+    median = statistics.median
+    return numbers.Plain(seconds=median(walls[PLAIN]), runs=len(walls[PLAIN]), threads=snap.plain_threads,
+                         ar_seconds=median(walls["ar"]), ppsd_seconds=median(walls["ppsd"]))
 
 
 def _timeline(snap: Snapshot):
@@ -194,6 +204,8 @@ def _summary(snap: Snapshot, finished: dict[str, Clocks]) -> dict:
     # Every timed round on the page's clock (the first is the live run above); the headline's median.
     out["timed_runs"] = {"clock": "measured" if snap.concurrent else "projected", "speedups": snap.speedups(),
                          **{f"{m}_wall_seconds": walls for m, walls in snap.walls.items()}}
+    if snap.plain_threads:  # plain AR is on the measured clock, whatever the page's
+        out["timed_runs"]["plain"] = f"AR in the server's one process on {snap.plain_threads} threads, no pipeline, measured"
     if len(snap.speedups()) < snap.request.rounds():  # Stop or the time limit cut the timing again short
         out["stopped"] = _status_line(snap)
     return out

@@ -155,6 +155,24 @@ def test_headline_leads_with_the_median_of_the_timed_runs_and_their_range():
     assert "2 worker processes running at once" in out and "above the ideal" not in out
 
 
+def test_headline_says_whether_ppsd_beat_plain_decoding_and_the_acceptance_it_needs():
+    from dataclasses import replace
+
+    ar, ppsd_ = metrics(wall=2.0, clock="measured"), replace(metrics(wall=1.6, accepted=5, rejected=5, clock="measured"),
+                                                             slot_fraction=0.6)
+    c = numbers.Comparison(ar, ppsd_, ar, ppsd_, num_stages=2, device="cpu", workers=True,
+                           plain=numbers.Plain(seconds=1.8, runs=3, threads=2, ar_seconds=2.0, ppsd_seconds=1.6))
+    out = numbers.render_headline(c)
+    # 1.8 / 1.6 = 1.125x plain; a* = (1 - 1.8/2) / (1 - 0.6) = 0.25
+    assert "AR in this one process on 2 threads" in out and "(median of 3, measured)" in out
+    assert "runs at 1.12× its speed, so PPSD beats it here" in out and "a* = 0.25 (this run: a = 0.50)" in out
+    slower = numbers.render_headline(replace(c, plain=numbers.Plain(1.0, 1, 1, 2.0, 1.6)))
+    # 1.0 / 1.6 = 0.625x; a* = (1 - 1/2) / 0.4 = 1.25: out of reach on this pipeline
+    assert "0.62× its speed, so PPSD does not beat it here" in slower and "on 1 thread " in slower
+    assert "no acceptance can make it beat it on this pipeline (a* = 1.25 by the ideal model, above 1)" in slower
+    assert "Plain decoding" not in numbers.render_headline(replace(c, plain=None))
+
+
 def test_metrics_table_puts_each_definition_beside_its_values():
     runs = {"ar": numbers.Clocks(metrics(wall=2.0, clock="measured"), metrics(wall=1.5)),
             "ppsd": numbers.Clocks(metrics(wall=3.0, accepted=3, rejected=1, clock="measured"),
@@ -379,7 +397,13 @@ def test_runner_on_k_workers_gives_the_same_tokens_on_a_measured_concurrent_cloc
     assert race["clock"] == "measured"
     for lane in race["lanes"]:  # the measured clock starts after 0: every lane still finishes whole
         assert sum(t <= lane.total for t in lane.times) == len(lane.tokens) == 12
-    assert "measured clock" in view.snapshot(snap)["headline"]
+    headline = view.snapshot(snap)["headline"]
+    assert "measured clock" in headline
+    # plain AR in this process, no pipeline, timed in the same run: the bar PPSD must clear
+    assert len(snap.walls["plain"]) == len(snap.walls["ar"]) and min(snap.walls["plain"]) > 0 and snap.plain_threads >= 1
+    assert "Plain decoding, AR in this one process" in headline and "a* = " in headline
+    assert "plain_wall_seconds" in view.snapshot(snap)["summary"]["timed_runs"]
+    assert "plain" not in local.walls and "Plain decoding" not in view.snapshot(local)["headline"]
 
 
 def test_a_space_offers_only_the_models_its_owner_allows(monkeypatch, tiny_loader):
@@ -440,6 +464,7 @@ def test_a_run_in_flight_shows_its_phases_done_now_and_to_come(tiny_cache):
 
     request = RunRequest(prompt="def fibonacci(n):", model="tiny", max_new_tokens=6, repeats=2)
     assert request.phases() == ("model", "ar", "ppsd", "repeats")
+    assert __import__("dataclasses").replace(request, workers=True).phases() == ("model", "workers", "ar", "ppsd", "plain", "repeats")
     seen = {}
     for snap in run_comparison(request, tiny_cache, throttle=0.0):
         seen.setdefault(snap.active, view.snapshot(snap)["headline"])

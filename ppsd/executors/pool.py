@@ -19,7 +19,7 @@ from .placement import usable_cores
 from .wire import PipelineBusy, PipelineError, PipelineSpec
 
 __all__ = ["DistributedExecutor", "PipelineBusy", "PipelineError", "current_pool", "ready_pipeline",
-           "shared_pipeline", "workers_unavailable"]
+           "shared_pipeline", "usable_cores", "workers_unavailable"]
 
 _current: DistributedExecutor | None = None  # the one `shared_pipeline` hands out
 
