@@ -125,8 +125,26 @@ class RunRequest:
         )
 
 
-FORM = tuple(f.name for f in fields(RunRequest))
-PLAIN = "plain"  # the walls' key of plain AR: this one process on every core it may use, no pipeline  # the page's run inputs, in the order it sends them
+FORM = tuple(f.name for f in fields(RunRequest))  # the page's run inputs, in the order it sends them
+PLAIN = "plain"  # the walls' key of plain AR: this one process on every core it may use, no pipeline
+# What a ZeroGPU lease is sized from (`gpu_seconds`). Estimates with a wide margin, not measurements:
+# loading and warming a model of up to ~1B parameters, and one token of one method on one GPU.
+GPU_SETUP_SECONDS = 60.0
+GPU_TOKEN_SECONDS = 0.05
+
+
+def gpu_seconds(form: tuple, run_seconds: float = MAX_RUN_SECONDS) -> int:
+    """Seconds of GPU to ask ZeroGPU for the run `form` (the page's run inputs, in `FORM`'s order):
+    the model's load and warm-up, then every timed run of every method at `GPU_TOKEN_SECONDS` a
+    token, never more than the run's own time limit allows. A form that does not check out (it
+    will be refused in words) asks for the least."""
+    try:
+        request = RunRequest.from_form(*form)
+        runs = request.rounds() * (len(request.methods) + request.workers)
+        decode = runs * whole_number("max_new_tokens", request.max_new_tokens) * GPU_TOKEN_SECONDS
+    except (TypeError, ValueError):
+        decode = 0.0
+    return int(GPU_SETUP_SECONDS + min(decode, run_seconds)) + 1
 
 
 @dataclass

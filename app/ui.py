@@ -29,7 +29,7 @@ from .handlers import (DEFAULT_LAYERS, model_status, on_eesd, after_run, idle_ou
                        max_tokens_update, on_diagram, on_exit, on_load, on_page_load, on_replay, on_run,
                        on_settings, on_stages, on_step, on_steps_ready, on_stop)
 from .page_text import INTRO, TIMELINE_CAPTION, load_examples
-from .runner import DEFAULT_REPEATS, FORM, MAX_REPEATS
+from .runner import DEFAULT_REPEATS, FORM, MAX_REPEATS, gpu_seconds
 from .state import AppState
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -178,13 +178,15 @@ SHOW_DRAFTS_JS = "(on) => { document.querySelector('#columns').classList.toggle(
 QUIET = dict(api_visibility="private", show_progress="hidden")  # the page's own events, kept out of the API
 
 
-def _gpu(fn: Callable) -> Callable:
-    """`spaces.GPU` on Hugging Face ZeroGPU (only when the package is importable), else as is."""
+def _gpu(fn: Callable, run_seconds: float) -> Callable:
+    """`spaces.GPU` on Hugging Face ZeroGPU (only when the package is importable), else as is. The
+    lease is sized per call from the run's inputs (ZeroGPU calls `duration` with the function's
+    arguments: the session's request, then the form), not the 60 s default."""
     try:
         import spaces  # noqa: PLC0415 - optional, present only on Spaces
     except ImportError:
         return fn
-    return spaces.GPU(duration=120)(fn)
+    return spaces.GPU(duration=lambda *args, **kwargs: gpu_seconds(args[-len(FORM):], run_seconds))(fn)
 
 
 def _bind(handler: Callable, state: AppState) -> Callable:
@@ -250,7 +252,7 @@ def _wire_runs(state: AppState, c: dict[str, Any], r: dict[str, Any], race: gr.H
     # Bound before `spaces.GPU` wraps it: ZeroGPU hands the wrapped function's arguments to its GPU
     # process, and the state (locks, loaded models) must stay out of them, as it did as a global.
     run_event = c["run"].click(
-        _gpu(_bind(on_run, state)), [c[name] for name in FORM], [r[name] for name in view.OUTPUTS], api_name="run",
+        _gpu(_bind(on_run, state), state.run_seconds), [c[name] for name in FORM], [r[name] for name in view.OUTPUTS], api_name="run",
         concurrency_limit=run_handlers, concurrency_id="run", show_progress="hidden", trigger_mode="once",
     )
     run_event.then(_bind(after_run, state), [c["model"], c["exit_layer"], c["num_stages"], c["exit_head"]],
