@@ -62,12 +62,53 @@ def test_sampling_is_the_same_draw_as_in_process(model):
         assert ppsd.generate(model, PROMPTS["short"], config, executor=threads).token_ids == expected.token_ids
 
 
-def test_it_refuses_a_gpu_in_words(model, monkeypatch):
+def test_it_refuses_a_device_it_cannot_overlap_on_in_words(model, monkeypatch):
     from dataclasses import replace
 
-    monkeypatch.setattr(model, "info", replace(model.info, device="cuda:0"))
-    with pytest.raises(ValueError, match="runs on CPU only for now"):
+    monkeypatch.setattr(model, "info", replace(model.info, device="mps"))
+    with pytest.raises(ValueError, match="runs on CPU or CUDA, not mps"):
         ThreadedExecutor(model, stage_layers(model.num_layers, 4, 2))
+
+
+requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: no GPU here")
+
+
+@pytest.fixture(scope="module")
+def cuda_model():
+    return ppsd.StagedModel(tiny_llama().to("cuda"), name="tiny-llama")
+
+
+@pytest.mark.gpu
+@requires_cuda
+@pytest.mark.parametrize("num_stages,exit_layer", [(2, 4), (3, 3)])
+@pytest.mark.parametrize("method", ["ppsd", "eesd", "ar"])
+def test_on_cuda_every_call_on_streams_returns_what_the_in_process_executor_returns(cuda_model, method, num_stages,
+                                                                                     exit_layer):
+    partition = stage_layers(cuda_model.num_layers, exit_layer, num_stages)
+    config = DecodeConfig(method=method, exit_layer=exit_layer, num_stages=num_stages, max_new_tokens=NEW_TOKENS)
+    with ThreadedExecutor(cuda_model, partition) as threads:
+        assert threads._streams is not None and len(threads._streams) == num_stages  # a stream per stage
+        twin = Twin(InProcessExecutor(cuda_model, partition, Stopwatch(torch.cuda.synchronize)), threads)
+        result = ppsd.generate(cuda_model, PROMPTS["long"], config, executor=twin)
+    assert twin.calls > NEW_TOKENS and result.trace.concurrent
+
+
+@pytest.mark.gpu
+@requires_cuda
+def test_on_cuda_greedy_on_streams_equals_hugging_face_and_sampling_draws_the_same(cuda_model):
+    partition = stage_layers(cuda_model.num_layers, 4, 2)
+    greedy = DecodeConfig(method="ppsd", exit_layer=4, num_stages=2, max_new_tokens=NEW_TOKENS)
+    ids = torch.tensor([PROMPTS["long"]], device="cuda")
+    hf = cuda_model.hf_model.generate(ids, max_new_tokens=NEW_TOKENS, do_sample=False,
+                                      min_new_tokens=NEW_TOKENS)[0, len(PROMPTS["long"]):].tolist()
+    sampled = DecodeConfig(method="ppsd", exit_layer=4, max_new_tokens=NEW_TOKENS, temperature=0.9, top_p=0.95, seed=7)
+    with ThreadedExecutor(cuda_model, partition, Stopwatch(torch.cuda.synchronize)) as threads:
+        result = ppsd.generate(cuda_model, PROMPTS["long"], greedy, executor=threads)
+        drawn = ppsd.generate(cuda_model, PROMPTS["short"], sampled, executor=threads).token_ids
+    assert result.token_ids == hf
+    assert result.trace.clock == "measured" and result.trace.concurrent  # CUDA-event times, validated
+    assert drawn == ppsd.generate(cuda_model, PROMPTS["short"], sampled).token_ids
+
 
 
 def _decode_in_a_daemon(answer) -> None:

@@ -25,7 +25,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="CPU threads for torch (default: torch's choice; 1 is faster on a busy shared CPU)")
     parser.add_argument("--executor", default="in-process", choices=("in-process", "threads", "distributed"),
                         help="in-process: stages in turn, PPSD's overlap projected (default); "
-                             "threads: one thread per stage in this process (CPU), measured; "
+                             "threads: one thread per stage in this process (a CUDA stream each on a GPU), measured; "
                              "distributed: one process per stage over torch.distributed, measured")
     parser.add_argument("--chrome-trace", default=None, help="also write the trace here (Chrome JSON)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")

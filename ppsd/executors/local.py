@@ -70,13 +70,16 @@ class InProcessExecutor:
                  slot: int | None) -> tuple:
         """One stage's layers for `action`: (hidden, exit logits or None, event timed where it ran)."""
         start = self._clock.now()
-        logits = None
-        if action.index == 0:
-            hidden, logits = first_stage(self.model, self.partition[0], feed, self.cache)
-        else:
-            hidden = self.model.run_layers(hidden, self.partition[action.index],
-                                           position=action.item.position, cache=self.cache)
+        hidden, logits = self._layers(action, hidden, feed)
         return hidden, logits, action.event(start, self._clock.now(), slot)
+
+    def _layers(self, action: schedule.Action, hidden: torch.Tensor | None,
+                feed: Feed | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """`action`'s stage layers, untimed: (hidden, exit logits or None)."""
+        if action.index == 0:
+            return first_stage(self.model, self.partition[0], feed, self.cache)
+        return self.model.run_layers(hidden, self.partition[action.index], position=action.item.position,
+                                     cache=self.cache), None
 
     def _deliver(self, action: schedule.Action, done: tuple, results: dict):
         """`action`'s output onto the next stage's queue, or, from the last stage, into `results`

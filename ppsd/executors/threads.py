@@ -8,8 +8,12 @@ So its trace is measured and concurrent, with nothing sent between processes. It
 process, so it runs where worker processes cannot (a daemonic process, as a ZeroGPU call is).
 `push` and `flow` chain stages within one call, so they run as in `InProcessExecutor`.
 
-CPU only for now: on one GPU, stages overlap only as kernels on separate CUDA streams, which this
-executor does not yet give them.
+On a GPU, stages overlap only as kernels on separate CUDA streams: each stage gets a stream of
+its own, a slot's streams start after the caller's stream and it waits for all of them before
+the slot returns, and each stage is timed by CUDA events on its stream (a device-wide sync per
+stamp would serialise the streams), placed on the run's clock by one stamp per slot. Every
+tensor one stream hands to another is marked as used there (`record_stream`), so the caching
+allocator cannot give its memory away while a kernel still reads it.
 """
 
 from __future__ import annotations
@@ -33,10 +37,12 @@ class ThreadedExecutor(InProcessExecutor):
     concurrent = True
 
     def __init__(self, model: StagedModel, partition: tuple[range, ...], stopwatch: Stopwatch | None = None) -> None:
-        if not model.info.device.startswith("cpu"):
-            raise ValueError(f"the threads executor runs on CPU only for now, not {model.info.device}: "
-                             "on a GPU, use one process (projected clock) or K worker processes")
+        device = model.info.device
+        if not device.startswith(("cpu", "cuda")):
+            raise ValueError(f"the threads executor runs on CPU or CUDA, not {device}: use one process "
+                             "(projected clock)")
         super().__init__(model, partition, stopwatch or Stopwatch())
+        self._streams = [torch.cuda.Stream(device) for _ in partition] if device.startswith("cuda") else None
         self.cores = _stage_cores(len(partition))
         self._stages = [ThreadPoolExecutor(1, f"ppsd-stage-{k + 1}", initializer=_pin, initargs=(self.cores, k))
                         for k in range(1, len(partition))]
@@ -80,16 +86,64 @@ class ThreadedExecutor(InProcessExecutor):
         # A slot's stages take what earlier calls queued for them, so every input is taken
         # before any stage runs, and every output delivered after all have run.
         work = [(action, self._input(action)) for action in plan.actions]
+        compute = self._compute if self._streams is None else self._compute_on_stream
+        timing = _SlotTiming(self._streams, self._clock)
         modes = (torch.is_inference_mode_enabled(), torch.is_grad_enabled())  # thread-local: passed on
-        running = {action.index: self._stages[action.index - 1].submit(_in_modes, modes, self._compute, action,
+        running = {action.index: self._stages[action.index - 1].submit(_in_modes, modes, compute, action,
                                                                         hidden, feed, slot)
                    for action, hidden in work if action.index > 0}
-        here = {action.index: self._compute(action, hidden, feed, slot) for action, hidden in work if action.index == 0}
-        done = {**here, **{k: future.result() for k, future in running.items()}}
+        here = {action.index: compute(action, hidden, feed, slot) for action, hidden in work if action.index == 0}
+        done = timing.finish({**here, **{k: future.result() for k, future in running.items()}})
         results: dict = {}
         events = [self._deliver(action, done[action.index], results) for action, _ in work]
         self._queues = plan.queues
         return Output(tuple(events), **results)
+
+    def _compute_on_stream(self, action: schedule.Action, hidden: torch.Tensor | None, feed: Feed | None,
+                           slot: int | None) -> tuple:
+        """`_compute` on stage k's CUDA stream, bracketed by CUDA events instead of clock stamps
+        (`_SlotTiming.finish` turns them into the event)."""
+        stream = self._streams[action.index]
+        with torch.cuda.stream(stream):
+            if hidden is not None:
+                hidden.record_stream(stream)  # made on the stream of the stage before
+            begun, ended = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            begun.record(stream)
+            hidden, logits = self._layers(action, hidden, feed)
+            ended.record(stream)
+        return hidden, logits, (action, slot, begun, ended)
+
+
+class _SlotTiming:
+    """On CUDA, one slot's streams start after the caller's stream and it waits for all of them
+    at `finish`, which also turns each stage's CUDA events into its event on the run's clock; on
+    CPU it does nothing."""
+
+    def __init__(self, streams: list | None, clock: Stopwatch) -> None:
+        self.streams = streams
+        if streams is None:
+            return
+        self.caller = torch.cuda.current_stream(streams[0].device)
+        self.mark = torch.cuda.Event(enable_timing=True)
+        self.mark.record(self.caller)
+        self.at = clock.now()  # synchronises the device: `mark` has been reached, at about this time
+        for stream in streams:
+            stream.wait_stream(self.caller)
+
+    def finish(self, done: dict[int, tuple]) -> dict[int, tuple]:
+        if self.streams is None:
+            return done
+        for stream in self.streams:
+            self.caller.wait_stream(stream)
+        timed = {}
+        for k, (hidden, logits, (action, slot, begun, ended)) in done.items():
+            ended.synchronize()
+            for tensor in (hidden, logits):
+                if tensor is not None:
+                    tensor.record_stream(self.caller)  # read next on the caller's stream or another stage's
+            timed[k] = (hidden, logits, action.event(self.at + self.mark.elapsed_time(begun) / 1e3,
+                                                     self.at + self.mark.elapsed_time(ended) / 1e3, slot))
+        return timed
 
 
 def _in_modes(modes: tuple[bool, bool], compute, *args):
