@@ -55,6 +55,7 @@ class Comparison:
     speedups: tuple[float, ...] = ()  # AR wall / PPSD wall per timed round; empty: the one run above
     eesd: Metrics | None = None
     plain: "Plain | None" = None
+    pipeline: str = "processes"  # with `workers`: which measured pipeline ran, "processes" or "threads"
 
     @property
     def speedup(self) -> float:
@@ -89,9 +90,16 @@ def plain_sentence(c: Comparison) -> str:
             "model; the measured pipeline needs somewhat more" if a_star <= 1 else
             f"no acceptance can make it beat it on this pipeline (a* = {a_star:.2f} by the ideal model, above 1){rate}")
     runs = f"median of {p.runs}" if p.runs > 1 else "one run"
+    on = f"the {c.num_stages} worker processes" if c.pipeline == "processes" else f"the {c.num_stages} stage threads"
     return (f"Plain decoding, AR in this one process on {p.threads} thread{'s' * (p.threads != 1)} with no pipeline, "
-            f"took {duration_text(p.seconds)} ({runs}, measured): PPSD on the {c.num_stages} workers runs at "
+            f"took {duration_text(p.seconds)} ({runs}, measured): PPSD on {on} runs at "
             f"{ratio:.2f}× its speed, so PPSD {verdict}; {need}.")
+
+
+def pipeline_threads(num_stages: int, device: str) -> str:
+    """How K stage threads in one process ran, in words."""
+    return (f"{num_stages} threads in one process, a CUDA stream each" if device.startswith("cuda") else
+            f"{num_stages} threads in one process, a core each")
 
 
 def speedup_headline(c: Comparison) -> str:
@@ -113,14 +121,15 @@ def speedup_headline(c: Comparison) -> str:
 
 def compared_sentence(c: Comparison) -> str:
     """In one sentence, what was compared with what."""
-    where = (f"{c.num_stages} worker processes running at once" if c.workers else
-             f"one process, the measured stage costs replayed on {c.num_stages} workers")
+    where = (f"one process, the measured stage costs replayed on {c.num_stages} workers" if not c.workers else
+             f"{c.num_stages} worker processes running at once" if c.pipeline == "processes" else
+             f"{pipeline_threads(c.num_stages, c.device)} running at once")
     timed = f"each timed {len(c.speedups)}×, interleaved" if len(c.speedups) > 1 else "each timed once"
     return (f"Compared: AR and PPSD decoding the same prompt to the same {c.ar.tokens} tokens on the same "
             f"{c.num_stages}-stage pipeline ({where}), {timed}; the decoder alone is timed.")
 
 
-PHASE_NAMES = {"model": "load the model", "workers": "start the workers", "ar": "AR", "ppsd": "PPSD",
+PHASE_NAMES = {"model": "load the model", "workers": "start the pipeline", "ar": "AR", "ppsd": "PPSD",
                "eesd": "EESD", "plain": "plain AR, one process", "repeats": "time again"}
 
 
@@ -152,7 +161,13 @@ def render_headline(c: Comparison | None, *, status: str = "", agreement: str = 
             "costs differ from their layer counts and run-to-run noise remains (see the range). It is a "
             "measurement, not a better-than-ideal pipeline."))
     other = speedup(c.ar_other.wall_seconds, c.ppsd_other.wall_seconds)
-    if c.workers:
+    if c.workers and c.pipeline == "threads":
+        lines.append(note(
+            f"Measured: each of the K={c.num_stages} stages ran on its own thread in this one process "
+            f"({pipeline_threads(c.num_stages, c.device)}), at the same time, sharing the weights and the KV cache; "
+            f"AR ran on the same threads. The same stage costs replayed (projected clock) give {other:.2f}×: the "
+            "difference is what the threads lose to each other (on a CPU, Python's lock between short kernels)."))
+    elif c.workers:
         lines.append(note(
             f"Measured: each of the K={c.num_stages} stages ran in its own worker process (pinned to its own cores or "
             f"GPU), at the same time; AR ran on the same pipeline. The same stage costs replayed with no messages "

@@ -20,9 +20,10 @@ from typing import Any, Callable, Generator, Iterator
 import torch
 
 import ppsd
-from ppsd import DecodeConfig, Result, StagedModel, Trace
+from ppsd import DecodeConfig, Result, Trace
 from ppsd.config import DEFAULTS, real_number, whole_number
-from ppsd.executors.pool import DistributedExecutor, PipelineError, ready_pipeline, usable_cores
+from ppsd.executors.pool import (DistributedExecutor, PipelineError, ThreadedExecutor, pipeline_kind, ready_pipeline,
+                                 ready_threads, usable_cores)
 from ppsd.chat import check_text
 from ppsd.generate import Recording
 from ppsd.metrics import speedup
@@ -32,6 +33,7 @@ from ppsd.trace import Stopwatch
 from .line import Background
 from .models import Loaded, ModelCache
 
+Pipeline = DistributedExecutor | ThreadedExecutor  # the stages at once: K processes, or K threads here
 THROTTLE_SECONDS = 0.25  # live UI refresh period; the final snapshot always follows
 DEFAULT_REPEATS = 3  # timed runs of each method: the page shows their median speedup and its range
 MAX_REPEATS = 9
@@ -78,9 +80,10 @@ class RunRequest:
     top_p: float = DEFAULTS.top_p
     seed: int = DEFAULTS.seed
     exit_head: str = ""  # "" or "auto": the shipped head if one fits; "shared"; or a train-head directory
-    workers: bool = False  # K worker processes, one per stage (measured), instead of one process (projected)
+    workers: bool = False  # the K stages at once (measured clock), instead of in turn in one process (projected)
     chat: bool = True  # the prompt as a chat user turn (when the model has a template), else raw text
     repeats: int = DEFAULT_REPEATS  # timed runs of each method, interleaved; the first is shown live
+    pipeline: str = "auto"  # with `workers`: "processes" (one per stage), "threads" (in this process) or "auto"
 
     @classmethod
     def from_form(cls, *values: Any) -> "RunRequest":
@@ -90,6 +93,7 @@ class RunRequest:
         form = dict(zip(FORM, values))
         form.update({name: bool(form[name]) for name in ("eesd", "workers", "chat") if name in form})
         form.update({name: form[name] or "" for name in ("prompt", "exit_head") if name in form})
+        form["pipeline"] = form.get("pipeline") or "auto"
         form["model"] = (form.get("model") or "").strip() or ppsd.DEFAULT_MODEL
         return cls(**form)
 
@@ -199,6 +203,7 @@ class Snapshot:
     status: str = ""  # what a long preparation (starting the workers, timing again) is doing now
     walls: dict[str, list[float]] = field(default_factory=dict)  # method -> wall of each timed run, page's clock
     plain_threads: int = 0  # the threads plain AR (walls[PLAIN], measured) ran on; 0: not timed
+    pipeline: str = ""  # which measured pipeline ran: "processes" or "threads" ("" in one process)
 
     def speedups(self) -> list[float]:
         """AR's wall over PPSD's, one per timed round (round i of each: they ran back to back)."""
@@ -251,31 +256,42 @@ def _compare(request: RunRequest, cache: ModelCache, throttle: float, stop: thre
     snapshot = Snapshot(request, loaded, runs, active=None, num_stages=setup.config.num_stages, head=setup.head)
     pipeline = None
     if request.workers:
-        pipeline = yield from _start_workers(setup.model, setup.config, snapshot, stop)
+        pipeline = yield from _start_pipeline(request, setup, snapshot, stop)
         if pipeline is None:  # stopped: the workers keep starting, for the next run
             snapshot.stopped = True
             yield snapshot
             return
-    for method in request.methods:
-        run = runs[method] = MethodRun.of(setup.with_method(method), concurrent=pipeline is not None)
-        snapshot.active = method
-        yield snapshot
-        yield from _decode(run, snapshot, throttle, pipeline, stop)
-        if stop.is_set():
-            snapshot.stopped = True
+    try:
+        for method in request.methods:
+            run = runs[method] = MethodRun.of(setup.with_method(method), concurrent=pipeline is not None)
+            snapshot.active = method
             yield snapshot
-            return
-        snapshot.walls[method] = [run.wall()]
-    yield from _time_again(snapshot, request.rounds(), pipeline, stop)
+            yield from _decode(run, snapshot, throttle, pipeline, stop)
+            if stop.is_set():
+                snapshot.stopped = True
+                yield snapshot
+                return
+            snapshot.walls[method] = [run.wall()]
+        yield from _time_again(snapshot, request.rounds(), pipeline, stop)
+    finally:
+        if isinstance(pipeline, ThreadedExecutor):  # its threads live for one run; the workers stay
+            pipeline.close()
     snapshot.active, snapshot.done = None, True
     yield snapshot
 
 
-def _start_workers(model: StagedModel, config: DecodeConfig, snapshot: Snapshot,
-                   stop: threading.Event) -> Generator[Snapshot, None, DistributedExecutor | None]:
-    """The K workers for `config`, saying what they are doing as they start (it takes seconds);
-    None once `stop` is set."""
+def _start_pipeline(request: RunRequest, setup: RunSetup, snapshot: Snapshot, stop: threading.Event
+                    ) -> Generator[Snapshot, None, Pipeline | None]:
+    """The measured pipeline the request asks for (`pipeline_kind`), saying what it does as it
+    starts (worker processes take seconds); None once `stop` is set."""
+    model, config = setup.model, setup.config
     snapshot.active = "workers"
+    snapshot.pipeline = pipeline_kind(request.pipeline, config.num_stages, model.info.device)
+    if snapshot.pipeline == "threads":
+        snapshot.status = f"Starting {config.num_stages} stage threads in this process and warming them up"
+        yield snapshot
+        snapshot.status = ""
+        return ready_threads(model, config, setup.partition)
     starting = Background(lambda tell: ready_pipeline(model, config, progress=tell), "workers-start")
     for snapshot.status in starting.progress(stop, "Starting the worker processes"):
         yield snapshot
@@ -285,7 +301,7 @@ def _start_workers(model: StagedModel, config: DecodeConfig, snapshot: Snapshot,
     return starting.value()
 
 
-def _time_again(snapshot: Snapshot, rounds: int, pipeline: DistributedExecutor | None,
+def _time_again(snapshot: Snapshot, rounds: int, pipeline: Pipeline | None,
                 stop: threading.Event) -> Iterator[Snapshot]:
     """Rounds 2..`rounds` of every method and, with workers, every round of plain AR (`PLAIN`),
     untimed on screen, their walls into the snapshot; interleaved, so a slow spell of the machine
@@ -304,7 +320,7 @@ def _time_again(snapshot: Snapshot, rounds: int, pipeline: DistributedExecutor |
             snapshot.walls.setdefault(method, []).append(wall)
 
 
-def _time_once(run: MethodRun, snapshot: Snapshot, pipeline: DistributedExecutor | None,
+def _time_once(run: MethodRun, snapshot: Snapshot, pipeline: Pipeline | None,
                stop: threading.Event) -> float | None:
     """The wall of one more untimed-on-screen run of `run`'s method (page's clock); None if stopped."""
     again = MethodRun.of(run.setup, concurrent=run.concurrent)
@@ -328,7 +344,7 @@ def _time_plain(ar: MethodRun, snapshot: Snapshot, stop: threading.Event) -> flo
     return None if plain.result is None else plain.result.metrics("measured").wall_seconds
 
 
-def _decode(run: MethodRun, snapshot: Snapshot, throttle: float, pipeline: DistributedExecutor | None,
+def _decode(run: MethodRun, snapshot: Snapshot, throttle: float, pipeline: Pipeline | None,
             stop: threading.Event) -> Iterator[Snapshot]:
     stopwatch = PausableStopwatch(device_sync(run.setup.model))
     steps = run.setup.steps(stopwatch=stopwatch, executor=pipeline)

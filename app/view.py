@@ -132,7 +132,8 @@ def _headline(snap: Snapshot, finished: dict[str, Clocks]) -> str:
     comparison = numbers.Comparison(
         ar=ar.lead, ppsd=ppsd_.lead, ar_other=ar.other, ppsd_other=ppsd_.other, num_stages=snap.num_stages,
         device=snap.device, workers=snap.concurrent, speedups=tuple(snap.speedups()),
-        eesd=finished["eesd"].measured if "eesd" in finished else None, plain=_plain(snap))
+        eesd=finished["eesd"].measured if "eesd" in finished else None, plain=_plain(snap),
+        pipeline=snap.pipeline or "processes")
     return numbers.render_headline(comparison, status=status_text, agreement=agreement, progress=progress)
 
 
@@ -189,10 +190,13 @@ def _summary(snap: Snapshot, finished: dict[str, Clocks]) -> dict:
         "max_new_tokens": config.max_new_tokens, "temperature": config.temperature, "top_p": config.top_p,
         "seed": config.seed, "prompt": snap.request.prompt, "chat": snap.request.chat and snap.loaded.chat,
         "exit_head": snap.head,
-        "executor": "K worker processes" if snap.concurrent else "one process",
+        "executor": {"processes": "K worker processes", "threads": "K threads in one process"}.get(snap.pipeline,
+                                                                                                   "one process"),
         "timing": ("decoder only, UI rendering paused; measured = " +
-                   ("each stage in its own worker process, at once" if snap.concurrent else
-                    "stages in turn on one device") + "; projected = measured per-stage costs replayed on K workers"),
+                   ({"processes": "each stage in its own worker process, at once",
+                     "threads": "each stage on its own thread in one process, at once"}.get(snap.pipeline,
+                                                                                            "stages in turn on one device"))
+                   + "; projected = measured per-stage costs replayed on K workers"),
     }
     for method, run in snap.runs.items():
         clocks = finished[method]

@@ -70,7 +70,7 @@ def _page(page_url):
 
 def test_page_runs_an_example_and_shows_tokens_timeline_and_headline(page_url, tmp_path):
     from app.page_text import load_examples
-    from ppsd.executors.pool import workers_unavailable
+    from ppsd.executors.pool import concurrent_by_default
     from ppsd.model import resolve_device
 
     real = page_url[2]
@@ -83,14 +83,14 @@ def test_page_runs_an_example_and_shows_tokens_timeline_and_headline(page_url, t
         page.wait_for_function("(el) => el.value.length > 0", arg=prompt.element_handle(), timeout=10_000)
         assert prompt.input_value() == example["prompt"]
         # Asked before the run: while one runs, stage 1's pinning narrows this process's cores.
-        workers = workers_unavailable(2, resolve_device("auto")) is None
+        workers = concurrent_by_default(2, resolve_device("auto"))
         page.locator("#run").click()
         # The default model's first use converts its GGUF (about 20 s) before the run; the
         # agreement note comes with the last snapshot, after every timed run.
         page.locator(".headline-agreement").wait_for(timeout=180_000 if real else 45_000)
         headline = page.locator(".headline-main").inner_text()
         assert "than AR" in headline and "PPSD" in headline
-        # With the cores for K = 2 workers the page runs the real pipeline and says so.
+        # With the cores for K = 2 stages the page runs them at once, measured, and says so.
         assert page.locator("#workers input").is_checked() == workers
         clock = "measured clock" if workers else "projected clock"
         assert clock in page.locator(".headline-clock").inner_text()

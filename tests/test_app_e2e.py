@@ -30,11 +30,12 @@ def free_port() -> int:
 
 def run_args(model: str, *, prompt: str = "def fibonacci(n):", eesd: bool = False, exit_layer: float = 4,
              num_stages: float = 2, max_new_tokens: float = 24, exit_head: str = "", workers: bool = False,
-             chat: bool = True, seed: float = 0, draft_len: float = 3, repeats: float = 1) -> tuple:
+             chat: bool = True, seed: float = 0, draft_len: float = 3, repeats: float = 1,
+             pipeline: str = "processes") -> tuple:
     """Arguments of the `run` endpoint, in the order of the page's inputs (one timed run each,
     unless asked: the spread has its own test)."""
     return (prompt, model, exit_layer, num_stages, eesd, draft_len, max_new_tokens, 0.0, 1.0, seed, exit_head,
-            workers, chat, repeats)
+            workers, chat, repeats, pipeline)
 
 
 @contextmanager
@@ -366,6 +367,20 @@ def test_a_run_on_k_worker_processes_is_measured_and_identical(server, decodes):
     outputs = client.predict(*run_args(model, eesd=True, workers=True), api_name="/run")
     assert all(outputs[-1][m]["token_ids"] == local[m]["token_ids"] for m in ("ar", "ppsd", "eesd"))
     assert current_pool() is pool  # the same pool serves the next run, as if nothing had happened
+
+
+def test_the_stages_on_threads_in_one_process_are_measured_identical_and_named(server):
+    client, model = server
+    local = client.predict(*run_args(model, eesd=True), api_name="/run")[-1]
+    outputs = client.predict(*run_args(model, eesd=True, workers=True, pipeline="threads"), api_name="/run")
+    summary = outputs[-1]
+    assert summary["executor"] == "K threads in one process"
+    for method in ("ar", "ppsd", "eesd"):
+        assert summary[method]["token_ids"] == local[method]["token_ids"]
+    assert "2 threads in one process, a core each running at once" in outputs[0]  # the headline names it
+    assert "PPSD on the 2 stage threads runs at" in outputs[0]  # against plain AR, measured in the same run
+    with pytest.raises(Exception, match="not in the list of choices"):  # the radio refuses it by itself
+        client.predict(*run_args(model, workers=True, pipeline="fibres"), api_name="/run")
 
 
 def test_more_workers_than_cores_is_refused_with_the_reason(server):
