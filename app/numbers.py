@@ -208,9 +208,10 @@ def agreement_note(token_ids: Mapping[str, Sequence[int]], *, greedy: bool) -> s
 
 
 def render_stats(method: str, projected: Metrics | None, measured: Metrics | None, *, live: str = "",
-                 workers: bool = False) -> str:
+                 workers: bool = False, shown: str = "") -> str:
     """The small card at the top of a method's column; `workers`: measured on K worker processes
-    (the measured clock leads), else on one device (the projected clock leads)."""
+    (the measured clock leads), else on one device (the projected clock leads); `shown`: which
+    timed run it is, when there were several."""
     if projected is None or measured is None:
         return f'<div class="stats"><span class="stats-live">{html.escape(live or "waiting")}</span></div>'
     rate = "—" if projected.acceptance_rate is None else f"{projected.acceptance_rate:.2f}"
@@ -226,7 +227,11 @@ def render_stats(method: str, projected: Metrics | None, measured: Metrics | Non
         cells[-1] = ("acceptance (no drafts)", "—")
     body = "".join(f'<div class="stat"><div class="stat-value">{v}</div><div class="stat-name">{k}</div></div>'
                    for k, v in cells)
-    return f'<div class="stats">{body}</div>'
+    return f'<div class="stats">{body}{_shown(shown)}</div>'
+
+
+def _shown(shown: str) -> str:
+    return f'<div class="shown-run">{html.escape(shown)}</div>' if shown else ""
 
 
 # (row name, which run's Metrics it reads, DEFINITIONS key or own definition, format). "measured":
@@ -259,9 +264,10 @@ _WHERE = {False: {"where": "one device", "how": "stages run in turn on one devic
           True: {"where": "K worker processes", "how": "each stage in its own worker process, all at once"}}
 
 
-def render_metrics_table(runs: Mapping[str, Clocks], *, workers: bool = False) -> str:
+def render_metrics_table(runs: Mapping[str, Clocks], *, workers: bool = False, shown: str = "") -> str:
     """Every metric of every run, each beside its definition; each row names the clock it reads
-    when the clock matters; `workers`: the measured runs ran on K worker processes."""
+    when the clock matters; `workers`: the measured runs ran on K worker processes; `shown`:
+    which timed run it is, when there were several."""
     if not runs:
         return '<div class="metrics-empty">Metrics and their definitions appear here after a run.</div>'
     methods = list(runs)
@@ -278,5 +284,5 @@ def render_metrics_table(runs: Mapping[str, Clocks], *, workers: bool = False) -
         cells = "".join(f"<td>{html.escape(v)}</td>" for v in values)
         rows.append(f'<tr><th scope="row">{html.escape(name)}</th>{cells}'
                     f'<td class="definition">{html.escape(definition)}</td></tr>')
-    return (f'<table class="metrics-table"><thead><tr><th>metric</th>{head}<th>definition</th></tr></thead>'
-            f'<tbody>{"".join(rows)}</tbody></table>')
+    return (f'{_shown(shown)}<table class="metrics-table"><thead><tr><th>metric</th>{head}<th>definition</th>'
+            f'</tr></thead><tbody>{"".join(rows)}</tbody></table>')

@@ -53,17 +53,20 @@ def failed(text: str) -> dict[str, Any]:
 
 
 def status(text: str, request: RunRequest | None = None, phase: str | None = None) -> dict[str, Any]:
-    """Only the headline's status line changes (loading a model, waiting for the device), with
-    the run's phases as steps when `request` and its current `phase` are given."""
+    """Only the status changes (loading a model, waiting for the device): the headline's status
+    line, with the run's phases as steps when `request` and its current `phase` are given, and the
+    same words beside Run, where the visitor is looking when they press it."""
     progress = numbers.render_progress(request.phases(), phase) if request is not None else ""
-    return {"headline": numbers.render_headline(None, status=text, progress=progress)}
+    return {"headline": numbers.render_headline(None, status=text, progress=progress),
+            "message": message(text, "status")}
 
 
 def snapshot(snap: Snapshot, *, figures: bool = True) -> dict[str, Any]:
     """Every output for one snapshot (live, stopped or final); without `figures` the two plots
     are left as they are."""
-    if not snap.runs:  # the worker processes are starting: only the status line changes
-        return {"headline": _headline(snap, {}), "message": message()}
+    beside_run = message() if snap.done or snap.stopped else message(_status_line(snap), "status")
+    if not snap.runs:  # the worker processes are starting: only the status changes
+        return {"headline": _headline(snap, {}), "message": beside_run}
     finished = {m: Clocks(r.result.metrics("measured"), r.result.metrics("projected"), snap.concurrent)
                 for m, r in snap.runs.items() if r.done}
     values: dict[str, Any] = {"headline": _headline(snap, finished)}
@@ -71,10 +74,20 @@ def snapshot(snap: Snapshot, *, figures: bool = True) -> dict[str, Any]:
         values[f"stats_{method}"], values[f"stream_{method}"] = _column(snap, method, finished)
     if figures:
         values.update(timeline=_timeline(snap), theory=_theory(snap, finished))
-    values.update(metrics=numbers.render_metrics_table(finished, workers=snap.concurrent), message=message(),
+    values.update(metrics=numbers.render_metrics_table(finished, workers=snap.concurrent, shown=shown_run(snap)),
+                  message=beside_run,
                   summary=_summary(snap, finished) if snap.done else _stopped(snap),
                   race=_race_state(snap) if snap.done else None)
     return values
+
+
+def shown_run(snap: Snapshot) -> str:
+    """Which timed run the panels show, when there are several: the first, the one decoded live;
+    the headline's speedup is the median of all of them."""
+    rounds = snap.request.rounds()
+    if rounds == 1:
+        return ""
+    return f"Run 1 of {rounds} (decoded live); the headline gives the median of the {rounds} timed runs"
 
 
 def _column(snap: Snapshot, method: str, finished: dict[str, Clocks]) -> tuple[str, str]:
@@ -88,7 +101,8 @@ def _column(snap: Snapshot, method: str, finished: dict[str, Clocks]) -> tuple[s
     deciders = render.deciding_events(trace.events, trace.num_stages)
     if run.done:
         clocks = finished[method]
-        stats = numbers.render_stats(method, clocks.projected, clocks.measured, workers=snap.concurrent)
+        stats = numbers.render_stats(method, clocks.projected, clocks.measured, workers=snap.concurrent,
+                                     shown=shown_run(snap))
         pending = ()
     else:
         doing = "stopped at" if snap.stopped else "decoding…"
@@ -154,7 +168,8 @@ def _timeline(snap: Snapshot):
         return render.empty_figure(TIMELINE_EMPTY)
     live = "" if snap.done else (" · stopped" if snap.stopped else " · live")
     _, top = panels[0]
-    title = render.timeline_title(top, snap.num_stages) + live
+    shown = shown_run(snap)
+    title = render.timeline_title(top, snap.num_stages) + live + (f"<br><sub>{shown}</sub>" if shown else "")
     return render.render_timeline(panels, snap.loaded.piece, title=title)
 
 

@@ -464,12 +464,26 @@ def test_a_run_in_flight_shows_its_phases_done_now_and_to_come(tiny_cache):
 
     request = RunRequest(prompt="def fibonacci(n):", model="tiny", max_new_tokens=6, repeats=2)
     assert request.phases() == ("model", "ar", "ppsd", "repeats")
-    assert __import__("dataclasses").replace(request, workers=True).phases() == ("model", "workers", "ar", "ppsd", "plain", "repeats")
-    seen = {}
+    assert __import__("dataclasses").replace(request, workers=True).phases() == (
+        "model", "workers", "ar", "ppsd", "plain", "repeats")
+    seen, beside_run = {}, {}
     for snap in run_comparison(request, tiny_cache, throttle=0.0):
-        seen.setdefault(snap.active, view.snapshot(snap)["headline"])
+        values = view.snapshot(snap)
+        seen.setdefault(snap.active, values["headline"])
+        beside_run.setdefault(snap.active, values["message"])
     assert '<span class="phase phase-now">PPSD</span>' in seen["ppsd"] and "✓ AR" in seen["ppsd"]
     assert '<span class="phase phase-now">time again</span>' in seen["repeats"]
-    assert "phases" not in view.snapshot(snap)["headline"]  # a finished run shows its numbers only
-    loading = view.status("Loading tiny… 3 s", request, "model")["headline"]
-    assert '<span class="phase phase-now">load the model</span>' in loading and "phase-todo" in loading
+    # where the visitor pressed Run, the same status, in words
+    assert "run-message-status" in beside_run["ppsd"] and "Running PPSD" in beside_run["ppsd"]
+    assert "Timing again" in beside_run["repeats"]
+    final = view.snapshot(snap)
+    assert "phases" not in final["headline"]  # a finished run shows its numbers only
+    assert "run-message-empty" in final["message"]
+    # every panel says which of the timed runs it shows; the headline is their median
+    label = "Run 1 of 2 (decoded live); the headline gives the median of the 2 timed runs"
+    assert label in final["stats_ar"] and label in final["stats_ppsd"] and label in final["metrics"]
+    assert label in final["timeline"].layout.title.text
+    assert "median of 2 runs" in final["headline"]
+    loading = view.status("Loading tiny… 3 s", request, "model")
+    assert '<span class="phase phase-now">load the model</span>' in loading["headline"]
+    assert "phase-todo" in loading["headline"] and "Loading tiny… 3 s" in loading["message"]
