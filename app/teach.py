@@ -31,6 +31,9 @@ Decision = Literal["accepted", "corrected"]
 # --------------------------------------------------------------------------- the pipeline
 
 
+MAX_MIDDLE_BOXES = 2  # more stages between the first and the last are drawn as one box
+
+
 def pipeline_diagram(num_layers: int, exit_layer: int, num_stages: int) -> str:
     """K boxes left to right: stage 1 (layers [0, E) + exit head, drafts), the stages that
     `DecodeConfig.partition` gives, stage K verifying; arrows for the token flow and a one-line
@@ -39,17 +42,18 @@ def pipeline_diagram(num_layers: int, exit_layer: int, num_stages: int) -> str:
     Raises ValueError for an exit layer or stage count the model cannot hold.
     """
     ranges = DecodeConfig(exit_layer=exit_layer, num_stages=num_stages).resolved(num_layers).partition(num_layers)
-    boxes = []
-    for k, layers in enumerate(ranges, start=1):
-        if k == 1:
-            role, cls = "+ exit head: drafts the next token", "teach-stage-first"
-        elif k == num_stages:
-            role, cls = "+ LM head: verifies each draft", "teach-stage-last"
-        else:
-            role, cls = "passes the hidden state on", "teach-stage-middle"
-        boxes.append(f'<div class="teach-stage {cls}"><div class="teach-stage-name">stage {k}</div>'
-                     f'<div class="teach-stage-layers">{_layers(layers)}</div>'
-                     f'<div class="teach-stage-role">{role}</div></div>')
+    box = lambda name, layers, role, cls: (  # noqa: E731
+        f'<div class="teach-stage {cls}"><div class="teach-stage-name">{name}</div>'
+        f'<div class="teach-stage-layers">{_layers(layers)}</div><div class="teach-stage-role">{role}</div></div>')
+    boxes = [box("stage 1", ranges[0], "+ exit head: drafts the next token", "teach-stage-first")]
+    middle = ranges[1:-1]
+    if len(middle) > MAX_MIDDLE_BOXES:  # one box for all of them: K boxes in a column would not fit
+        boxes.append(box(f"stages 2–{num_stages - 1}", range(middle[0].start, middle[-1].stop),
+                         f"{len(middle)} stages, each passes the hidden state on", "teach-stage-middle"))
+    else:
+        boxes += [box(f"stage {k}", layers, "passes the hidden state on", "teach-stage-middle")
+                  for k, layers in enumerate(middle, start=2)]
+    boxes.append(box(f"stage {num_stages}", ranges[-1], "+ LM head: verifies each draft", "teach-stage-last"))
     arrow = '<div class="teach-arrow" aria-hidden="true"><span>hidden state</span>→</div>'
     caption = (f"Each slot every stage works on one token: stage 1 drafts from the first {exit_layer} of "
                f"{num_layers} layers, and stage {num_stages} checks that draft with the full model {num_stages - 1} "
@@ -124,7 +128,7 @@ def render_slot(slot_list: Sequence[Slot], index: int, tokens: Sequence[Token], 
     done = max((p for s in slot_list[: index + 1] for p in s.committed), default=-1)
     text = render_tokens([t for t in tokens if t.position <= done], piece,
                          placeholder="nothing committed yet")
-    return (f'<div class="teach-slot"><div class="teach-caption">{html.escape(step_caption(slot_list, index))}'
+    return (f'<div class="teach-slot"><div class="teach-caption step-caption">{html.escape(step_caption(slot_list, index))}'
             f'</div><table class="teach-table"><tbody>{"".join(rows)}</tbody></table>'
             f'<div class="teach-committed-label">committed so far</div>{text}</div>')
 

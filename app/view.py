@@ -265,9 +265,7 @@ def step(race: dict | None, index: int) -> str:
     steps = race["steps"]
     index = max(0, min(int(index), len(steps) - 1))
     piece = lambda token_id: race["pieces"].get(token_id, "?")  # noqa: E731
-    caption = html.escape(teach.step_caption(steps, index))
-    return (f'<div class="step-caption">{caption}</div>'
-            + teach.render_slot(steps, index, race["ppsd_tokens"], piece))
+    return teach.render_slot(steps, index, race["ppsd_tokens"], piece)  # its caption says which slot, once
 
 
 def diagram(num_layers: int, exit_layer: int, num_stages: int) -> str:

@@ -173,13 +173,26 @@ def test_diagram_names_the_stage_layers_the_exit_head_and_the_verifier():
     assert "<figcaption>" in page
 
 
-@pytest.mark.parametrize("layers,exit_layer,num_stages", [(30, 18, 3), (30, 10, 5), (4, 2, 3)])
+@pytest.mark.parametrize("layers,exit_layer,num_stages", [(30, 18, 3), (30, 10, 4), (4, 2, 3)])
 def test_diagram_follows_stage_layers(layers, exit_layer, num_stages):
     page = teach.pipeline_diagram(layers, exit_layer, num_stages)
     for k, r in enumerate(stage_layers(layers, exit_layer, num_stages), start=1):
         label = f"layer {r.start}" if len(r) == 1 else f"layers {r.start}–{r.stop - 1}"
         assert f"stage {k}</div><div class=\"teach-stage-layers\">{label}</div>" in page
     assert page.count("→") == num_stages - 1
+
+
+@pytest.mark.parametrize("num_stages", [5, 10, 13])
+def test_many_stages_between_the_first_and_the_last_are_one_box(num_stages):
+    """K = 10 boxes side by side squeezed each role to a few letters: the stages between the
+    drafter and the verifier are drawn as one box with all their layers."""
+    page = teach.pipeline_diagram(30, 3, num_stages)
+    ranges = stage_layers(30, 3, num_stages)
+    assert page.count('class="teach-stage ') == 3 and page.count("→") == 2
+    middle = f"layers {ranges[1].start}–{ranges[-2].stop - 1}"
+    assert f"stages 2–{num_stages - 1}</div><div class=\"teach-stage-layers\">{middle}</div>" in page
+    assert f"{num_stages - 2} stages, each passes the hidden state on" in page
+    assert f"stage {num_stages}</div>" in page and "verifies" in page
 
 
 @pytest.mark.parametrize("layers,exit_layer,num_stages,word", [
