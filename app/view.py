@@ -81,6 +81,15 @@ def snapshot(snap: Snapshot, *, figures: bool = True) -> dict[str, Any]:
     return values
 
 
+def _rate_so_far(trace, tokens: int) -> str:
+    """Tokens per second of a run in flight, on the clock its trace is on (measured: where it ran)."""
+    if not trace.events or tokens == 0:
+        return ""
+    seconds = max(e.end for e in trace.events) - min(e.start for e in trace.events)
+    where = "measured, K stages at once" if trace.concurrent else "measured, stages in turn"
+    return f" · {tokens / seconds:.1f} tok/s so far ({where})" if seconds > 0 else ""
+
+
 def shown_run(snap: Snapshot) -> str:
     """Which timed run the panels show, when there are several: the first, the one decoded live;
     the headline's speedup is the median of all of them."""
@@ -106,7 +115,8 @@ def _column(snap: Snapshot, method: str, finished: dict[str, Clocks]) -> tuple[s
         pending = ()
     else:
         doing = "stopped at" if snap.stopped else "decoding…"
-        stats = numbers.render_stats(method, None, None, live=f"{doing} {len(run.recorder.tokens)} tokens")
+        stats = numbers.render_stats(method, None, None, live=f"{doing} {len(run.recorder.tokens)} tokens"
+                                     + _rate_so_far(trace, len(run.recorder.tokens)))
         pending = () if snap.stopped else run.recorder.pending
     return stats, render.render_tokens(run.recorder.tokens, piece, prompt=prompt, pending=pending,
                                        deciders=deciders)

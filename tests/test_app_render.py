@@ -466,11 +466,14 @@ def test_a_run_in_flight_shows_its_phases_done_now_and_to_come(tiny_cache):
     assert request.phases() == ("model", "ar", "ppsd", "repeats")
     assert __import__("dataclasses").replace(request, workers=True).phases() == (
         "model", "workers", "ar", "ppsd", "plain", "repeats")
-    seen, beside_run = {}, {}
+    seen, beside_run, live = {}, {}, []
     for snap in run_comparison(request, tiny_cache, throttle=0.0):
         values = view.snapshot(snap)
         seen.setdefault(snap.active, values["headline"])
         beside_run.setdefault(snap.active, values["message"])
+        if snap.active == "ppsd" and "decoding…" in values["stats_ppsd"]:
+            live.append(values["stats_ppsd"])
+    assert any("tok/s so far (measured, stages in turn)" in card for card in live)  # a speed while it decodes
     assert '<span class="phase phase-now">PPSD</span>' in seen["ppsd"] and "✓ AR" in seen["ppsd"]
     assert '<span class="phase phase-now">time again</span>' in seen["repeats"]
     # where the visitor pressed Run, the same status, in words
