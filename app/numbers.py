@@ -86,8 +86,8 @@ def plain_sentence(c: Comparison) -> str:
     verdict = "beats it here" if ratio > 1 else "does not beat it here"
     a_star = break_even_acceptance(speedup(p.ar_seconds, p.seconds), c.ppsd.slot_fraction or 1.0 / c.num_stages)
     rate = "" if c.ppsd.acceptance_rate is None else f" (this run: a = {c.ppsd.acceptance_rate:.2f})"
-    need = (f"to beat it on this pipeline PPSD needs an acceptance above a* = {a_star:.2f}{rate}, by the ideal "
-            "model; the measured pipeline needs somewhat more" if a_star <= 1 else
+    need = (f"the ideal model puts the acceptance PPSD needs to beat it on this pipeline at a* = {a_star:.2f}{rate}; "
+            "the measured pipeline needs somewhat more" if a_star <= 1 else
             f"no acceptance can make it beat it on this pipeline (a* = {a_star:.2f} by the ideal model, above 1){rate}")
     runs = f"median of {p.runs}" if p.runs > 1 else "one run"
     on = f"the {c.num_stages} worker processes" if c.pipeline == "processes" else f"the {c.num_stages} stage threads"
@@ -151,7 +151,7 @@ def render_headline(c: Comparison | None, *, status: str = "", agreement: str = 
         body = html.escape(status or "Press Run: AR, then PPSD (then EESD) decode the prompt one after another.")
         return f'<div class="headline-box">{progress}<div class="headline-status">{body}</div></div>'
     note = lambda text: f'<div class="headline-note">{text}</div>'  # noqa: E731
-    lines = [speedup_headline(c), note(html.escape(compared_sentence(c)))]
+    lines = [speedup_headline(c), f'<div class="headline-note headline-compared">{html.escape(compared_sentence(c))}</div>']
     if c.plain is not None:
         lines.append(f'<div class="headline-note headline-plain">{html.escape(plain_sentence(c))}</div>')
     if c.ppsd.acceptance_rate is not None and c.speedup > c.ppsd.ideal_speedup:

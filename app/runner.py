@@ -276,7 +276,7 @@ def _compare(request: RunRequest, cache: ModelCache, throttle: float, stop: thre
     finally:
         if isinstance(pipeline, ThreadedExecutor):  # its threads live for one run; the workers stay
             pipeline.close()
-    snapshot.active, snapshot.done = None, True
+    snapshot.active, snapshot.done, snapshot.status = None, True, ""
     yield snapshot
 
 
@@ -311,7 +311,8 @@ def _time_again(snapshot: Snapshot, rounds: int, pipeline: Pipeline | None,
                  *([(PLAIN, snapshot.runs["ar"])] if pipeline is not None else [])]
         for method, run in timed:
             snapshot.active = "repeats" if round_ > 1 else PLAIN
-            snapshot.status = (f"Timing again for the spread: run {round_} of {rounds}, {method.upper()}" if round_ > 1
+            name = "plain AR" if method == PLAIN else method.upper()
+            snapshot.status = (f"Timing again for the spread: run {round_} of {rounds}, {name}" if round_ > 1
                                else "Timing plain AR in this one process, on every core, no pipeline")
             yield snapshot
             wall = _time_plain(run, snapshot, stop) if method == PLAIN else _time_once(run, snapshot, pipeline, stop)

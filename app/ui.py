@@ -74,6 +74,9 @@ def create_controls(run_seconds: float) -> dict[str, Any]:
             with gr.Row():
                 c["run"] = gr.Button("▶ Run AR vs PPSD", variant="primary", elem_id="run", scale=3)
                 c["stop"] = gr.Button("■ Stop", variant="stop", elem_id="stop", scale=1)
+            c["present"] = gr.Checkbox(value=False, label="Present: one timed run, a short headline", elem_id="present",
+                                       info="For a class: the number, what was compared and whether PPSD beat plain "
+                                            "decoding; the other notes are folded away. Off again: three timed runs.")
             c["message"] = gr.HTML(view.message(), elem_id="run-message")
         with gr.Column(scale=2, min_width=300):
             with gr.Row(equal_height=True):
@@ -182,6 +185,7 @@ def create_steps() -> dict[str, Any]:
     return s
 
 
+PRESENT_JS = "(on) => { document.body.classList.toggle('present', on); }"
 SHOW_DRAFTS_JS = "(on) => { document.querySelector('#columns').classList.toggle('show-drafts', on); }"
 QUIET = dict(api_visibility="private", show_progress="hidden")  # the page's own events, kept out of the API
 
@@ -244,6 +248,8 @@ def create_demo(state: AppState | None = None) -> gr.Blocks:
         run_handlers = _wire_runs(state, c, r, race, replay, steps)
         _wire_settings(state, c, r, eesd_column)
         r["drafts"].change(None, r["drafts"], None, js=SHOW_DRAFTS_JS)  # in the browser: no server call
+        c["present"].change(None, c["present"], None, js=PRESENT_JS)
+        c["present"].change(lambda on: 1 if on else DEFAULT_REPEATS, c["present"], c["repeats"], **QUIET)
         demo.load(idle_outputs, None, [r[name] for name in view.OUTPUTS], **QUIET)
         demo.load(_bind(on_page_load, state), c["model"], [c["exit_layer"], c["num_stages"], c["layers"],
                                                              c["model_status"]], **QUIET)

@@ -59,7 +59,7 @@ def _page(page_url):
     with sync_api.sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
         try:
-            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            page = browser.new_page(viewport={"width": 1920, "height": 1080})  # a projector
             page.goto(url, wait_until="domcontentloaded")
             page.locator("#run").wait_for(timeout=30_000)
             if not real:
@@ -130,6 +130,15 @@ def test_page_runs_an_example_and_shows_tokens_timeline_and_headline(page_url, t
         page.wait_for_timeout(4500)  # let the race replay finish before the picture
         shot.parent.mkdir(parents=True, exist_ok=True)
         page.screenshot(path=str(shot), full_page=True)
+        # Present: one timed run next time, and a short headline now
+        page.locator("#present input").check()
+        page.wait_for_function("() => document.body.classList.contains('present')", timeout=5_000)
+        page.wait_for_function("() => document.querySelector('#repeats input[type=number]').value === '1'",
+                               timeout=10_000)
+        assert page.locator(".headline-compared").is_visible()
+        for note in page.locator(".headline-note").all():
+            kept = {"headline-compared", "headline-plain", "headline-agreement"} & set(note.get_attribute("class").split())
+            assert note.is_visible() == bool(kept)
     assert shot.stat().st_size > 10_000
 
 

@@ -165,7 +165,7 @@ def test_headline_says_whether_ppsd_beat_plain_decoding_and_the_acceptance_it_ne
     out = numbers.render_headline(c)
     # 1.8 / 1.6 = 1.125x plain; a* = (1 - 1.8/2) / (1 - 0.6) = 0.25
     assert "AR in this one process on 2 threads" in out and "(median of 3, measured)" in out
-    assert "runs at 1.12× its speed, so PPSD beats it here" in out and "a* = 0.25 (this run: a = 0.50)" in out
+    assert "runs at 1.12× its speed, so PPSD beats it here" in out and "at a* = 0.25 (this run: a = 0.50)" in out
     slower = numbers.render_headline(replace(c, plain=numbers.Plain(1.0, 1, 1, 2.0, 1.6)))
     # 1.0 / 1.6 = 0.625x; a* = (1 - 1/2) / 0.4 = 1.25: out of reach on this pipeline
     assert "0.62× its speed, so PPSD does not beat it here" in slower and "on 1 thread " in slower
@@ -481,6 +481,7 @@ def test_a_run_in_flight_shows_its_phases_done_now_and_to_come(tiny_cache):
     assert "Timing again" in beside_run["repeats"]
     final = view.snapshot(snap)
     assert "phases" not in final["headline"]  # a finished run shows its numbers only
+    assert "Timing again" not in final["headline"] and not snap.status  # nor what it was doing last
     assert "run-message-empty" in final["message"]
     # every panel says which of the timed runs it shows; the headline is their median
     label = "Run 1 of 2 (decoded live); the headline gives the median of the 2 timed runs"
