@@ -135,6 +135,24 @@ def test_the_bench_bench_pipeline_and_the_run_quote_one_ideal():
     assert report["measured_ppsd_speedup_vs_threads_ar"] == pytest.approx(11 / 9)
 
 
+def test_ar_time_per_token_splits_into_compute_hand_overs_and_returns():
+    """AR runs one stage at a time: its measured trace splits each token's time into the stages'
+    compute, the hand-over between stages and the return to stage 1 (prefill left out)."""
+    from types import SimpleNamespace
+
+    from ppsd import Event
+    from ppsd.bench.pipeline import overhead
+
+    events = [Event(1, 0, "prefill", 0.0, 0.5, 1), Event(2, 0, "prefill", 0.6, 1.0, 1),
+              Event(1, 3, "verify", 1.2, 2.2, 5), Event(2, 3, "verify", 2.7, 4.2, 5),  # hand-over 0.5
+              Event(1, 4, "verify", 4.4, 5.2, 6), Event(2, 4, "verify", 5.3, 6.2, 6)]  # return 0.2, hand-over 0.1
+    run = SimpleNamespace(trace=SimpleNamespace(events=events, num_stages=2))
+    parts = overhead([run])
+    assert parts == {"compute": pytest.approx(2100.0), "hand_over": pytest.approx(300.0),
+                     "return": pytest.approx(100.0)}  # ms per token, 2 tokens
+    assert overhead([]) == {}
+
+
 @pytest.mark.parametrize("target,fraction", [(1.2, 0.5), (1.5, 0.6), (2.0, 0.25), (0.9, 0.5)])
 def test_break_even_acceptance_is_the_ideals_inverse(target, fraction):
     from ppsd.metrics import break_even_acceptance

@@ -252,9 +252,29 @@ def _report(args, config, methods, prompts, measured: Measured, source, load_bef
         "break_even_acceptance": break_even,
         "hf_over_ar_1_thread": speedup(wall[ar1], wall[hf]),
         "ppsd_stage_utilization_measured": utilization,
+        "ar_ms_per_token": {label: overhead(runs[label]) for label in (ar1, ar_label, ar_threads) if label in runs},
         "loadavg_before": load_before, "loadavg_after": os.getloadavg(),
         "cpus": len(os.sched_getaffinity(0)),
     }
+
+
+def overhead(results: list[Result]) -> dict[str, float]:
+    """Where AR's time per generated token goes on a pipeline, from its measured traces (ms per
+    token, prefill left out): the stages' own compute, the hand-overs (from stage k's end to
+    stage k+1's start: a message and a wake-up), and the returns (from the last stage's end to
+    stage 1's next start: the logits back, the decoder's pick, commit and the next call). AR runs
+    one stage at a time, so the three add up to its wall time per token."""
+    totals = {"compute": 0.0, "hand_over": 0.0, "return": 0.0}
+    tokens = 0
+    for result in results:
+        events = sorted((e for e in result.trace.events if e.kind != "prefill"), key=lambda e: e.start)
+        last = result.trace.num_stages
+        tokens += sum(e.stage == last for e in events)
+        totals["compute"] += sum(e.end - e.start for e in events)
+        for before, after in zip(events, events[1:]):
+            gap = max(0.0, after.start - before.end)
+            totals["hand_over" if after.stage == before.stage + 1 else "return"] += gap
+    return {k: 1e3 * v / tokens for k, v in totals.items()} if tokens else {}
 
 
 def _table(report: dict) -> str:
@@ -281,6 +301,8 @@ def _table(report: dict) -> str:
         f"({'reached' if report['ppsd_acceptance_rate'] >= report['break_even_acceptance'] else 'NOT reached'} "
         f"at a = {report['ppsd_acceptance_rate']:.3f})",
         "PPSD stage utilization (measured) = " + ", ".join(f"{u:.2f}" for u in report["ppsd_stage_utilization_measured"]),
+        *(f"{label}: ms per token = " + ", ".join(f"{k} {v:.2f}" for k, v in parts.items())
+          for label, parts in report["ar_ms_per_token"].items()),
         f"load average before {report['loadavg_before'][0]:.2f}, after {report['loadavg_after'][0]:.2f} "
         f"on {report['cpus']} CPUs",
     ]
