@@ -92,6 +92,19 @@ def test_ppsd_on_two_worker_processes_commits_hf_generate_tokens(default):
     assert result.trace.clock == "measured" and result.trace.concurrent
 
 
+def test_ppsd_on_two_stage_threads_in_one_process_commits_hf_generate_tokens(default):
+    from ppsd.executors.threads import ThreadedExecutor
+
+    model, tokenizer, exit_layer, choice = default
+    ids = encode_prompt(tokenizer, QUESTIONS[1], chat=True)
+    config = DecodeConfig(method="ppsd", exit_layer=exit_layer, num_stages=2, max_new_tokens=NEW_TOKENS)
+    drafting = model.with_exit_head(choice.head)
+    with ThreadedExecutor(drafting, config.partition(model.num_layers)) as executor:
+        result = generate(drafting, ids, config, executor=executor)
+    assert result.token_ids == hf_greedy(model, ids)
+    assert result.trace.clock == "measured" and result.trace.concurrent
+
+
 def test_the_shipped_head_is_refused_for_other_weights_and_another_e(default, saved_model):
     model, _, exit_layer, choice = default
     other, _ = load_model(saved_model, device="cpu")
