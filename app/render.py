@@ -334,4 +334,18 @@ def render_race(lanes: Sequence[Lane], piece: Piece, *, at: float, clock: str, s
             f'{shown}</div>')
     note = (f"Replayed at their recorded pace on the {clock} clock, slowed {stretch:.0f}× so the eye can follow."
             if stretch >= 1.5 else f"Replayed at their recorded pace on the {clock} clock.")
-    return f'<div class="race"><div class="race-note">{html.escape(note)}</div>{"".join(rows)}</div>'
+    verdict = race_verdict(lanes) if at >= longest else ""
+    verdict = f'<div class="race-verdict">{html.escape(verdict)}</div>' if verdict else ""
+    return f'<div class="race"><div class="race-note">{html.escape(note)}</div>{verdict}{"".join(rows)}</div>'
+
+
+def race_verdict(lanes: Sequence[Lane]) -> str:
+    """Which lane finished first, and by how much (the replay's last frame)."""
+    if len(lanes) < 2:
+        return ""
+    first, second = sorted(lanes, key=lambda lane: lane.total)[:2]
+    name = lambda lane: METHOD_NAMES.get(lane.method, lane.method)  # noqa: E731
+    if first.total <= 0:
+        return ""
+    return (f"{name(first)} finished first, {duration_text(second.total - first.total)} ahead of {name(second)} "
+            f"({second.total / first.total:.2f}× as fast on this run).")

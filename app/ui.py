@@ -138,10 +138,12 @@ def _sampling_controls() -> dict[str, Any]:
     return c
 
 
-def create_results() -> tuple[dict[str, Any], gr.Column]:
-    """Headline, the method columns with their token streams, timeline, theory and numbers.
-    Returns the components by name and the EESD column (shown when EESD is enabled)."""
+def create_results() -> tuple[dict[str, Any], gr.Column, gr.HTML, gr.Button]:
+    """Headline, the race right under it, the method columns with their token streams, timeline,
+    theory and numbers. Returns the components by name, the EESD column (shown when EESD is
+    enabled) and the race with its replay button."""
     r: dict[str, Any] = {"headline": gr.HTML(elem_id="headline")}
+    race, replay = create_race()
     gr.HTML(render.render_legend())
     titles = {"ar": ("AR", "autoregressive, the reference"),
               "ppsd": ("PPSD", "verify while drafting, K stages"),
@@ -162,7 +164,7 @@ def create_results() -> tuple[dict[str, Any], gr.Column]:
             r["theory"] = gr.Plot(label="Theory", elem_id="theory", show_label=False)
         with gr.Column(scale=3, min_width=320):
             r["metrics"] = gr.HTML(elem_id="metrics")
-    return r, columns["eesd"]
+    return r, columns["eesd"], race, replay
 
 
 def create_race() -> tuple[gr.HTML, gr.Button]:
@@ -237,8 +239,7 @@ def create_demo(state: AppState | None = None) -> gr.Blocks:
                                                k), elem_id="diagram")
         c = create_controls(state.run_seconds)
         c["diagram"] = diagram
-        r, eesd_column = create_results()
-        race, replay = create_race()
+        r, eesd_column, race, replay = create_results()
         steps = create_steps()
         with gr.Accordion("Raw numbers (JSON; also the last output of the `run` API)", open=False):
             r["summary"] = gr.JSON(show_label=False, elem_id="summary")

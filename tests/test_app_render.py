@@ -243,6 +243,14 @@ def test_race_lanes_commit_at_their_final_stage_times():
     assert "3/3 tokens" in render.render_race([lane], piece, at=5.0, clock="projected", stretch=1)
 
 
+def test_the_race_says_who_finished_first_and_by_how_much_once_it_has_ended():
+    tokens = (Token(2, 3, "verified"),)
+    ar, ppsd_ = render.Lane("ar", tokens, (6.0,), 6.0), render.Lane("ppsd", tokens, (4.0,), 4.0)
+    end = render.render_race([ar, ppsd_], piece, at=6.0, clock="measured", stretch=1)
+    assert "PPSD finished first, 2.00 s ahead of AR (1.50× as fast on this run)." in end
+    assert "finished first" not in render.render_race([ar, ppsd_], piece, at=5.0, clock="measured", stretch=1)
+
+
 # --------------------------------------------------------------------------- runner
 
 
