@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import html
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
 from ppsd import Metrics
-from ppsd.metrics import DEFINITIONS, break_even_acceptance, speedup
+from ppsd.metrics import DEFINITIONS, Stalls, break_even_acceptance, speedup
 
 from .render import METHOD_NAMES, PROJECTED_MEANING, duration_text
 
@@ -56,6 +56,7 @@ class Comparison:
     eesd: Metrics | None = None
     plain: "Plain | None" = None
     pipeline: str = "processes"  # with `workers`: which measured pipeline ran, "processes" or "threads"
+    stalls: Mapping[str, Stalls] = field(default_factory=dict)  # method -> its shown run's stalls
 
     @property
     def speedup(self) -> float:
@@ -63,6 +64,25 @@ class Comparison:
         if self.speedups:
             return statistics.median(self.speedups)
         return speedup(self.ar.wall_seconds, self.ppsd.wall_seconds)
+
+
+BUSY_SHARE = 0.05  # stalls adding this share of a run's wall time make the machine "busy" on the headline
+
+
+def busy_sentence(c: Comparison) -> str:
+    """A warning when stalls (the machine's doing, not the method's) added a real share of time
+    to the run shown; "" on a quiet run."""
+    hit = [(name, c.stalls[m], metrics.measured_wall_seconds) for name, m, metrics in
+           (("AR", "ar", c.ar), ("PPSD", "ppsd", c.ppsd))
+           if m in c.stalls and c.stalls[m].count and metrics.measured_wall_seconds > 0]
+    if not hit or max(s.excess_seconds / wall for _, s, wall in hit) < BUSY_SHARE:
+        return ""
+    added = " and ".join(f"{duration_text(s.excess_seconds)} to {name} ({s.excess_seconds / wall:.0%} of its time)"
+                         for name, s, wall in hit)
+    count = sum(s.count for _, s, _ in hit)
+    return (f"⚠ The machine was busy: {count} stall{'s' * (count != 1)} (a stage's work taking over 3× its usual "
+            f"time) added {added} in the run shown. The speedup above is not a clean measurement: run again "
+            "when the machine is quiet.")
 
 
 @dataclass(frozen=True)
@@ -154,7 +174,13 @@ def render_headline(c: Comparison | None, *, status: str = "", agreement: str = 
     lines = [speedup_headline(c), f'<div class="headline-note headline-compared">{html.escape(compared_sentence(c))}</div>']
     if c.plain is not None:
         lines.append(f'<div class="headline-note headline-plain">{html.escape(plain_sentence(c))}</div>')
-    if c.ppsd.acceptance_rate is not None and c.speedup > c.ppsd.ideal_speedup:
+    busy = busy_sentence(c)
+    if busy:
+        lines.append(f'<div class="headline-note headline-busy">{html.escape(busy)}</div>')
+    if c.ppsd.acceptance_rate is not None and c.speedup > c.ppsd.ideal_speedup and busy:
+        lines.append(note(f"The median is above the ideal {c.ppsd.ideal_speedup:.2f}×: with the stalls above, that is "
+                          "the busy machine, not a result."))
+    elif c.ppsd.acceptance_rate is not None and c.speedup > c.ppsd.ideal_speedup:
         lines.append(note(
             f"The median is above the ideal {c.ppsd.ideal_speedup:.2f}×: the ideal counts layers (each costs the "
             "same, the slowest stage sets the slot, AR pays all L layers per token); here the stages' measured "

@@ -11,7 +11,7 @@ import html
 import statistics
 from typing import Any
 
-from ppsd.metrics import exit_fraction, slot_fraction, speedup
+from ppsd.metrics import exit_fraction, slot_fraction, speedup, stalls
 
 from . import numbers, render, teach
 from .numbers import Clocks
@@ -157,7 +157,7 @@ def _headline(snap: Snapshot, finished: dict[str, Clocks]) -> str:
         ar=ar.lead, ppsd=ppsd_.lead, ar_other=ar.other, ppsd_other=ppsd_.other, num_stages=snap.num_stages,
         device=snap.device, workers=snap.concurrent, speedups=tuple(snap.speedups()),
         eesd=finished["eesd"].measured if "eesd" in finished else None, plain=_plain(snap),
-        pipeline=snap.pipeline or "processes")
+        pipeline=snap.pipeline or "processes", stalls={m: stalls(snap.runs[m].trace()) for m in ("ar", "ppsd")})
     return numbers.render_headline(comparison, status=status_text, agreement=agreement, progress=progress)
 
 

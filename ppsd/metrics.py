@@ -22,6 +22,8 @@ DEFINITIONS = {
                      "equal); EESD: tau / (g E/L + 1 - E/L)",
     "slot_fraction": "s: layers of the slowest stage of this run's partition / all layers",
     "speedup": "AR wall time / method wall time, same model, prompt, length, device and clock",
+    "stalls": "work that took over 3x the median time of the same stage's work of the same kind (prefill "
+              "aside) and at least 5 ms more: a busy machine, not the method; their excess over that median",
 }
 
 
@@ -47,6 +49,32 @@ def break_even_acceptance(target_speedup: float, slot_fraction: float) -> float:
     `ideal_ppsd_speedup_slowest_stage` (0 when the target is 1 or less; above 1 when no
     acceptance reaches it)."""
     return max(0.0, (1.0 - 1.0 / target_speedup) / (1.0 - slot_fraction)) if target_speedup > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class Stalls:
+    """A trace's stalls (`DEFINITIONS["stalls"]`): how many, and the seconds they added."""
+
+    count: int
+    excess_seconds: float
+
+
+STALL_FACTOR, STALL_MIN_SECONDS = 3.0, 0.005
+
+
+def stalls(trace: Trace) -> Stalls:
+    """The work in `trace` that took far longer than the same stage's usual work of its kind: on
+    a quiet machine a stage's cost per token hardly varies, so these are the machine's doing."""
+    groups: dict[tuple[int, str], list[float]] = {}
+    for e in trace.events:
+        if e.kind != "prefill":
+            groups.setdefault((e.stage, e.kind), []).append(e.end - e.start)
+    count, excess = 0, 0.0
+    for durations in groups.values():
+        usual = sorted(durations)[len(durations) // 2]
+        late = [d - usual for d in durations if d > STALL_FACTOR * usual and d - usual >= STALL_MIN_SECONDS]
+        count, excess = count + len(late), excess + sum(late)
+    return Stalls(count, excess)
 
 
 def slot_fraction(partition: tuple[range, ...] | list[range]) -> float:

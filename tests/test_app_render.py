@@ -173,6 +173,35 @@ def test_headline_says_whether_ppsd_beat_plain_decoding_and_the_acceptance_it_ne
     assert "Plain decoding" not in numbers.render_headline(replace(c, plain=None))
 
 
+def test_stalls_are_work_far_slower_than_the_same_stages_usual_work():
+    from ppsd.metrics import stalls
+
+    events = [Event(1, p, "verify", p * 1.0, p * 1.0 + 0.01, 1) for p in range(10)]
+    events[4] = Event(1, 4, "verify", 4.0, 4.5, 1)  # 50x its stage's usual 10 ms: preempted
+    trace = Trace(events=tuple(events), partition=(range(0, 2), range(2, 4)), prompt_len=0, length=10,
+                  clock="measured")
+    found = stalls(trace)
+    assert found.count == 1 and found.excess_seconds == pytest.approx(0.49)
+    assert stalls(Trace(events=tuple(events[:4]), partition=(range(0, 2), range(2, 4)), prompt_len=0, length=4,
+                        clock="measured")).count == 0
+
+
+def test_a_busy_machine_is_said_on_the_headline_not_explained_away():
+    from dataclasses import replace
+
+    from ppsd.metrics import Stalls
+
+    ar, ppsd_ = metrics(wall=2.0, clock="measured"), metrics(wall=1.0, accepted=8, rejected=2, clock="measured",
+                                                             ideal=1.2)
+    c = numbers.Comparison(ar, ppsd_, ar, ppsd_, num_stages=2, device="cpu", workers=True,
+                           stalls={"ar": Stalls(3, 0.6), "ppsd": Stalls(0, 0.0)})
+    out = numbers.render_headline(c)  # 2.0x measured against an ideal of 1.2x, with AR stalled 0.6 s
+    assert "The machine was busy: 3 stalls" in out and "600.0 ms to AR (15% of its time)" in out
+    assert "that is the busy machine, not a result" in out and "It is a measurement" not in out
+    quiet = numbers.render_headline(replace(c, stalls={"ar": Stalls(1, 0.01), "ppsd": Stalls(0, 0.0)}))
+    assert "busy" not in quiet and "It is a measurement" in quiet  # 0.3 % of AR's time: noise, not a busy machine
+
+
 def test_metrics_table_puts_each_definition_beside_its_values():
     runs = {"ar": numbers.Clocks(metrics(wall=2.0, clock="measured"), metrics(wall=1.5)),
             "ppsd": numbers.Clocks(metrics(wall=3.0, accepted=3, rejected=1, clock="measured"),
