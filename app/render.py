@@ -25,7 +25,7 @@ KIND_COLORS = {"prefill": "#94a3b8", "draft": "#3b82f6", "verify": "#22c55e", "f
 KIND_LABELS = {"prefill": "prefill (prompt)", "draft": "draft (stage 1 + exit head)",
                "verify": "verify / forward", "flushed": "flushed (wasted)"}
 CORRECTION_COLOR = "#ef4444"
-METHOD_NAMES = {"ar": "AR", "ppsd": "PPSD", "eesd": "EESD"}
+METHOD_NAMES = {"ar": "AR", "ppsd": "PPSD", "eesd": "EESD", "plain": "Plain AR, one process"}
 PROJECTED_NOTE = "projected: the measured per-stage costs replayed on K concurrent workers"
 PROJECTED_MEANING = "the measured per-stage costs of this run replayed on K concurrent workers"
 WORKERS_NOTE = "measured on K worker processes, one per stage, all stamping one clock"

@@ -204,6 +204,7 @@ class Snapshot:
     walls: dict[str, list[float]] = field(default_factory=dict)  # method -> wall of each timed run, page's clock
     plain_threads: int = 0  # the threads plain AR (walls[PLAIN], measured) ran on; 0: not timed
     pipeline: str = ""  # which measured pipeline ran: "processes" or "threads" ("" in one process)
+    plain_run: MethodRun | None = None  # plain AR's first timed run (measured), for the race
 
     def speedups(self) -> list[float]:
         """AR's wall over PPSD's, one per timed round (round i of each: they ran back to back)."""
@@ -342,7 +343,10 @@ def _time_plain(ar: MethodRun, snapshot: Snapshot, stop: threading.Event) -> flo
             pass
     finally:
         torch.set_num_threads(threads)
-    return None if plain.result is None else plain.result.metrics("measured").wall_seconds
+    if plain.result is None:
+        return None
+    snapshot.plain_run = snapshot.plain_run or plain
+    return plain.result.metrics("measured").wall_seconds
 
 
 def _decode(run: MethodRun, snapshot: Snapshot, throttle: float, pipeline: Pipeline | None,

@@ -252,8 +252,9 @@ def _race_state(snap: Snapshot) -> dict:
     """What the race replay needs, as plain data: lanes on the page's clock and token text."""
     lanes = []
     pieces: dict[int, str] = {}
-    for method, run in snap.runs.items():
-        trace = run.shown()
+    plain = [(PLAIN, snap.plain_run)] if snap.plain_run is not None else []
+    for method, run in [*snap.runs.items(), *plain]:
+        trace = run.trace() if method == PLAIN else run.shown()  # plain AR ran alone: measured, nothing to project
         tokens = run.result.tokens
         finish = max((e.end for e in trace.events), default=0.0)  # on the clock of the commit times
         lanes.append(render.Lane(method, tokens, render.commit_times(tokens, trace), finish))

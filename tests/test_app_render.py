@@ -441,6 +441,9 @@ def test_runner_on_k_workers_gives_the_same_tokens_on_a_measured_concurrent_cloc
     assert "Plain decoding, AR in this one process" in headline and "a* = " in headline
     assert "plain_wall_seconds" in view.snapshot(snap)["summary"]["timed_runs"]
     assert "plain" not in local.walls and "Plain decoding" not in view.snapshot(local)["headline"]
+    lanes = {lane.method: lane for lane in view._race_state(snap)["lanes"]}  # plain AR races beside them
+    assert set(lanes) == {"ar", "ppsd", "plain"} and len(lanes["plain"].tokens) == 12
+    assert lanes["plain"].tokens == tuple(snap.plain_run.result.tokens)
 
 
 def test_a_space_offers_only_the_models_its_owner_allows(monkeypatch, tiny_loader):
