@@ -101,23 +101,30 @@ def create_controls(run_seconds: float) -> dict[str, Any]:
                                           "interleaved, and the headline gives the median speedup and its range. "
                                           f"A run may hold the device {run_seconds:g} s; past that it ends with "
                                           "what it has.")
-            device, k = resolve_device("auto"), DEFAULTS.num_stages
-            with gr.Row():
-                c["workers"] = gr.Checkbox(
-                    value=concurrent_by_default(k, device), elem_id="workers",
-                    label="Run the K stages at once (measured clock)",
-                    info="Real pipeline parallelism, every number measured. Off: one process runs the stages "
-                         "in turn and the page shows their costs replayed on K workers (projected clock).")
-                c["pipeline"] = gr.Radio(
-                    [("worker processes, one per stage", "processes"), ("threads in this process", "threads")],
-                    value=pipeline_kind("auto", k, device), label="The stages at once on", elem_id="pipeline",
-                    info="Processes: each stage pinned to its own cores (or GPU), started once and reused. Threads: "
-                         "one process, a core (or CUDA stream) per stage, the weights shared; the only way where "
-                         "processes cannot start (ZeroGPU). The default is the one that can run here, processes "
-                         "first on a CPU (measured faster there).")
+            c.update(_pipeline_controls())
             with gr.Accordion("Sampling and EESD settings", open=False):
                 c.update(_sampling_controls())
     return c
+
+
+def _pipeline_controls() -> dict[str, Any]:
+    """Whether the K stages run at once (measured), and on what; the defaults are what can run here."""
+    device, k = resolve_device("auto"), DEFAULTS.num_stages
+    with gr.Row():
+        return {
+            "workers": gr.Checkbox(
+                value=concurrent_by_default(k, device), elem_id="workers",
+                label="Run the K stages at once (measured clock)",
+                info="Real pipeline parallelism, every number measured. Off: one process runs the stages "
+                     "in turn and the page shows their costs replayed on K workers (projected clock)."),
+            "pipeline": gr.Radio(
+                [("worker processes, one per stage", "processes"), ("threads in this process", "threads")],
+                value=pipeline_kind("auto", k, device), label="The stages at once on", elem_id="pipeline",
+                info="Processes: each stage pinned to its own cores (or GPU), started once and reused. Threads: "
+                     "one process, a core (or CUDA stream) per stage, the weights shared; the only way where "
+                     "processes cannot start (ZeroGPU). The default is the one that can run here, processes "
+                     "first on a CPU (measured faster there)."),
+        }
 
 
 def _sampling_controls() -> dict[str, Any]:
