@@ -54,7 +54,7 @@ class Comparison:
     workers: bool
     speedups: tuple[float, ...] = ()  # AR wall / PPSD wall per timed round; empty: the one run above
     eesd: Metrics | None = None
-    plain: "Plain | None" = None
+    plain: Plain | None = None
     pipeline: str = "processes"  # with `workers`: which measured pipeline ran, "processes" or "threads"
     stalls: Mapping[str, Stalls] = field(default_factory=dict)  # method -> its shown run's stalls
 
@@ -72,10 +72,12 @@ BUSY_SHARE = 0.05  # stalls adding this share of a run's wall time make the mach
 def busy_sentence(c: Comparison) -> str:
     """A warning when stalls (the machine's doing, not the method's) added a real share of time
     to the run shown; "" on a quiet run."""
-    hit = [(name, c.stalls[m], metrics.measured_wall_seconds) for name, m, metrics in
-           (("AR", "ar", c.ar), ("PPSD", "ppsd", c.ppsd))
-           if m in c.stalls and c.stalls[m].count and metrics.measured_wall_seconds > 0]
-    if not hit or max(s.excess_seconds / wall for _, s, wall in hit) < BUSY_SHARE:
+    hit = []  # (name, stalls, measured wall) of each method whose run stalled
+    for name, method, metrics in (("AR", "ar", c.ar), ("PPSD", "ppsd", c.ppsd)):
+        found, wall = c.stalls.get(method), metrics.measured_wall_seconds
+        if found is not None and found.count and wall > 0:
+            hit.append((name, found, wall))
+    if not hit or max(found.excess_seconds / wall for _, found, wall in hit) < BUSY_SHARE:
         return ""
     added = " and ".join(f"{duration_text(s.excess_seconds)} to {name} ({s.excess_seconds / wall:.0%} of its time)"
                          for name, s, wall in hit)

@@ -156,12 +156,16 @@ class MethodRun(Recording):
     """One method's run, live: the folded steps so far, and the Result once it has finished."""
 
     setup: RunSetup = field(kw_only=True)
+    clock: str = field(kw_only=True)  # the page's clock for this run: "measured" or "projected"
     result: Result | None = field(default=None, kw_only=True)
 
     @classmethod
-    def of(cls, setup: RunSetup, *, concurrent: bool) -> "MethodRun":
+    def of(cls, setup: RunSetup, *, concurrent: bool, alone: bool = False) -> "MethodRun":
+        """A run of `setup` on K stages at once (`concurrent`) or in turn in one process; `alone`:
+        plain decoding with no pipeline, whose measured clock is the one to show."""
+        clock = "measured" if concurrent or alone else "projected"
         return cls(setup.prompt_ids, setup.config, setup.partition, setup.model.info.device, concurrent=concurrent,
-                   setup=setup)
+                   setup=setup, clock=clock)
 
     @property
     def method(self) -> str:
@@ -179,12 +183,13 @@ class MethodRun(Recording):
         return self.trace().project()
 
     def shown(self) -> Trace:
-        """The trace the page plots: measured when the stages really ran at once, else projected."""
-        return self.trace() if self.concurrent else self.projected()
+        """The trace the page plots: measured when the stages really ran at once (or there was no
+        pipeline), else projected."""
+        return self.trace() if self.clock == "measured" else self.projected()
 
     def wall(self) -> float:
-        """Seconds of the finished run on the page's clock (measured on K workers, else projected)."""
-        return self.result.metrics("measured" if self.concurrent else "projected").wall_seconds
+        """Seconds of the finished run on its page clock."""
+        return self.result.metrics(self.clock).wall_seconds
 
 
 @dataclass
@@ -334,7 +339,7 @@ def _time_once(run: MethodRun, snapshot: Snapshot, pipeline: Pipeline | None,
 def _time_plain(ar: MethodRun, snapshot: Snapshot, stop: threading.Event) -> float | None:
     """The measured wall of AR in this process on every core it may use (torch's threads), no
     pipeline: the plain decoding PPSD on K workers must beat. None if stopped."""
-    plain = MethodRun.of(ar.setup, concurrent=False)
+    plain = MethodRun.of(ar.setup, concurrent=False, alone=True)
     threads = torch.get_num_threads()
     snapshot.plain_threads = usable_cores()
     torch.set_num_threads(snapshot.plain_threads)
@@ -346,7 +351,7 @@ def _time_plain(ar: MethodRun, snapshot: Snapshot, stop: threading.Event) -> flo
     if plain.result is None:
         return None
     snapshot.plain_run = snapshot.plain_run or plain
-    return plain.result.metrics("measured").wall_seconds
+    return plain.wall()
 
 
 def _decode(run: MethodRun, snapshot: Snapshot, throttle: float, pipeline: Pipeline | None,

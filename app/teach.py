@@ -42,18 +42,15 @@ def pipeline_diagram(num_layers: int, exit_layer: int, num_stages: int) -> str:
     Raises ValueError for an exit layer or stage count the model cannot hold.
     """
     ranges = DecodeConfig(exit_layer=exit_layer, num_stages=num_stages).resolved(num_layers).partition(num_layers)
-    box = lambda name, layers, role, cls: (  # noqa: E731
-        f'<div class="teach-stage {cls}"><div class="teach-stage-name">{name}</div>'
-        f'<div class="teach-stage-layers">{_layers(layers)}</div><div class="teach-stage-role">{role}</div></div>')
-    boxes = [box("stage 1", ranges[0], "+ exit head: drafts the next token", "teach-stage-first")]
+    boxes = [_box("stage 1", ranges[0], "+ exit head: drafts the next token", "teach-stage-first")]
     middle = ranges[1:-1]
     if len(middle) > MAX_MIDDLE_BOXES:  # one box for all of them: K boxes in a column would not fit
-        boxes.append(box(f"stages 2–{num_stages - 1}", range(middle[0].start, middle[-1].stop),
+        boxes.append(_box(f"stages 2–{num_stages - 1}", range(middle[0].start, middle[-1].stop),
                          f"{len(middle)} stages, each passes the hidden state on", "teach-stage-middle"))
     else:
-        boxes += [box(f"stage {k}", layers, "passes the hidden state on", "teach-stage-middle")
+        boxes += [_box(f"stage {k}", layers, "passes the hidden state on", "teach-stage-middle")
                   for k, layers in enumerate(middle, start=2)]
-    boxes.append(box(f"stage {num_stages}", ranges[-1], "+ LM head: verifies each draft", "teach-stage-last"))
+    boxes.append(_box(f"stage {num_stages}", ranges[-1], "+ LM head: verifies each draft", "teach-stage-last"))
     arrow = '<div class="teach-arrow" aria-hidden="true"><span>hidden state</span>→</div>'
     caption = (f"Each slot every stage works on one token: stage 1 drafts from the first {exit_layer} of "
                f"{num_layers} layers, and stage {num_stages} checks that draft with the full model {num_stages - 1} "
@@ -61,6 +58,11 @@ def pipeline_diagram(num_layers: int, exit_layer: int, num_stages: int) -> str:
     return (f'<figure class="teach-pipeline"><div class="teach-stages">{arrow.join(boxes)}</div>'
             '<div class="teach-loop">↺ each draft is stage 1\'s next input; a correction restarts '
             f"stage 1 from the full model's token</div><figcaption>{caption}</figcaption></figure>")
+
+
+def _box(name: str, layers: range, role: str, cls: str) -> str:
+    return (f'<div class="teach-stage {cls}"><div class="teach-stage-name">{name}</div>'
+            f'<div class="teach-stage-layers">{_layers(layers)}</div><div class="teach-stage-role">{role}</div></div>')
 
 
 def _layers(layers: range) -> str:

@@ -11,6 +11,7 @@ import html
 import statistics
 from typing import Any
 
+from ppsd import Trace
 from ppsd.metrics import exit_fraction, slot_fraction, speedup, stalls
 
 from . import numbers, render, teach
@@ -20,6 +21,10 @@ from .runner import PLAIN, RunRequest, Snapshot
 METHODS = ("ar", "ppsd", "eesd")
 OUTPUTS = ("headline", *(f"{part}_{m}" for m in METHODS for part in ("stats", "stream")),
            "timeline", "theory", "metrics", "message", "summary", "race")
+# Snapshot.pipeline -> (the summary's "executor", where the measured clock ran)
+EXECUTORS = {"processes": ("K worker processes", "each stage in its own worker process, at once"),
+             "threads": ("K threads in one process", "each stage on its own thread in one process, at once"),
+             "": ("one process", "stages in turn on one device")}
 TIMELINE_EMPTY = "The pipeline timeline appears here once a run starts."
 TIMELINE_NAMES = {"ppsd": "PPSD: verify while drafting", "ar": "AR on the same pipeline",
                   "eesd": "EESD: draft, then verify"}
@@ -81,7 +86,7 @@ def snapshot(snap: Snapshot, *, figures: bool = True) -> dict[str, Any]:
     return values
 
 
-def _rate_so_far(trace, tokens: int) -> str:
+def _rate_so_far(trace: Trace, tokens: int) -> str:
     """Tokens per second of a run in flight, on the clock its trace is on (measured: where it ran)."""
     if not trace.events or tokens == 0:
         return ""
@@ -215,13 +220,9 @@ def _summary(snap: Snapshot, finished: dict[str, Clocks]) -> dict:
         "max_new_tokens": config.max_new_tokens, "temperature": config.temperature, "top_p": config.top_p,
         "seed": config.seed, "prompt": snap.request.prompt, "chat": snap.request.chat and snap.loaded.chat,
         "exit_head": snap.head,
-        "executor": {"processes": "K worker processes", "threads": "K threads in one process"}.get(snap.pipeline,
-                                                                                                   "one process"),
-        "timing": ("decoder only, UI rendering paused; measured = " +
-                   ({"processes": "each stage in its own worker process, at once",
-                     "threads": "each stage on its own thread in one process, at once"}.get(snap.pipeline,
-                                                                                            "stages in turn on one device"))
-                   + "; projected = measured per-stage costs replayed on K workers"),
+        "executor": EXECUTORS[snap.pipeline][0],
+        "timing": (f"decoder only, UI rendering paused; measured = {EXECUTORS[snap.pipeline][1]}; "
+                   "projected = measured per-stage costs replayed on K workers"),
     }
     for method, run in snap.runs.items():
         clocks = finished[method]
@@ -254,7 +255,7 @@ def _race_state(snap: Snapshot) -> dict:
     pieces: dict[int, str] = {}
     plain = [(PLAIN, snap.plain_run)] if snap.plain_run is not None else []
     for method, run in [*snap.runs.items(), *plain]:
-        trace = run.trace() if method == PLAIN else run.shown()  # plain AR ran alone: measured, nothing to project
+        trace = run.shown()
         tokens = run.result.tokens
         finish = max((e.end for e in trace.events), default=0.0)  # on the clock of the commit times
         lanes.append(render.Lane(method, tokens, render.commit_times(tokens, trace), finish))
