@@ -7,12 +7,16 @@ import json
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PROMPTS = ROOT / "assets" / "prompts" / "chat.json"  # held-out questions for the default (instruct) model
+# Short questions whose greedy answers on the default model end within the default 64 tokens
+# (tests/test_default_model.py checks it), so a class sees whole answers; never trained on.
+PROMPTS = ROOT / "assets" / "prompts" / "examples.json"
 
 BUILTIN_EXAMPLES = (
-    {"name": "fibonacci", "category": "code", "prompt": "Write a Python function for the n-th Fibonacci number."},
-    {"name": "sky", "category": "science", "prompt": "Why is the sky blue?"},
-    {"name": "speed", "category": "math", "prompt": "A car drives 150 km in 2 hours. What is its average speed?"},
+    {"name": "palindrome", "category": "code",
+     "prompt": "Write a Python function that checks whether a word is a palindrome. Code only."},
+    {"name": "sea poem", "category": "prose", "prompt": "Write a four-line poem about the sea."},
+    {"name": "average speed", "category": "math",
+     "prompt": "A car drives 150 km in 2 hours. What is its average speed? Answer briefly."},
 )
 
 INTRO = """
@@ -54,8 +58,8 @@ their measured costs replayed as if each stage had its own worker (projected clo
 
 
 def load_examples(path: Path = PROMPTS) -> list[dict]:
-    """Held-out prompts from assets/prompts/prompts.json if present and well formed, else a few
-    built-in ones (code, prose, math)."""
+    """The page's example prompts (assets/prompts/examples.json) if present and well formed, else a
+    few built-in ones (code, prose, math)."""
     try:
         items = json.loads(path.read_text())
         examples = [dict(name=str(i["name"]), category=str(i["category"]), prompt=str(i["prompt"]))

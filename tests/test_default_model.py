@@ -13,6 +13,7 @@ import json
 import pytest
 import torch
 
+from app.page_text import load_examples
 from ppsd import DEFAULT_MODEL, DecodeConfig, generate, load_model
 from ppsd.chat import encode_prompt
 from ppsd.cli import main
@@ -124,3 +125,16 @@ def test_cli_chat_defaults_to_the_template_and_the_shipped_head(capsys):
                  "--max-new-tokens", "4", "--json"])
     raw = json.loads(capsys.readouterr().out)
     assert code == 0 and raw["config"]["chat"] is False and raw["config"]["exit_head"].startswith("shared")
+
+
+def test_every_page_example_is_answered_in_full_within_the_default_tokens(default):
+    """A class sees whole answers: each example's greedy answer (HF `generate()`, the text every
+    method commits) reaches the end-of-turn token within the page's default token budget."""
+    model, tokenizer, _, _ = default
+    examples = load_examples()
+    assert len(examples) >= 6 and len({e["category"] for e in examples}) >= 4
+    budget = DecodeConfig().max_new_tokens
+    for example in examples:
+        answer = hf_greedy(model, encode_prompt(tokenizer, example["prompt"], chat=True), budget)
+        assert set(answer) & set(model.info.eos_token_ids), \
+            f"{example['name']!r} is cut off at {budget} tokens: {tokenizer.decode(answer)[-60:]!r}"

@@ -3,8 +3,8 @@
     python tools/build_chat_data.py --out runs/chat-data/answers.jsonl --minutes 30
 
 Prompts are made here from templates and seeded word lists (code, prose, maths, everyday
-questions); none of them is one of the held-out evaluation prompts (assets/prompts/chat.json),
-which is checked. Each prompt goes through the model's chat template and is answered greedily by
+questions); none of them is one of the held-out evaluation prompts (assets/prompts/chat.json) or
+the page's examples (assets/prompts/examples.json), which is checked. Each prompt goes through the model's chat template and is answered greedily by
 Hugging Face `generate()` in batches (the same answers the page shows by default). One JSON line
 per answer: {"category", "prompt", "temperature", "prompt_ids", "answer_ids"}. Appends, and skips
 prompts already answered at that temperature, so a run can be resumed or extended; with
@@ -31,7 +31,8 @@ from ppsd.heads.data import open_jsonl  # noqa: E402
 from ppsd.model import load_model  # noqa: E402
 from ppsd.model_source import DEFAULT_MODEL  # noqa: E402
 
-HELDOUT = ROOT / "assets" / "prompts" / "chat.json"
+# The benchmark's questions and the page's examples: never trained on.
+HELDOUT = [ROOT / "assets" / "prompts" / name for name in ("chat.json", "examples.json")]
 
 CODE_TASKS = [
     "reverses a string", "checks whether a number is prime", "returns the factorial of n",
@@ -222,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    heldout = {e["prompt"] for e in json.loads(HELDOUT.read_text())}
+    heldout = {e["prompt"] for path in HELDOUT for e in json.loads(path.read_text())}
     prompts = training_prompts(args.seed)
     overlap = heldout & {p for _, p in prompts}
     if overlap:
