@@ -28,13 +28,17 @@ Measured per head:
 
     python tools/probe_layer_heads.py --out docs/bench/heads/probe-layer-heads.json --steps 400
 
+`--exit-layer` trains the same variants at another E (lever "E chosen by measured speed"): the
+shipped head is then measured at its own E = 18 as the reference; `--data` points at another
+build of the transcripts (the probes of 2026-12-04 used the kept file of commit 225e500, 1,120
+transcripts: `git show 225e500:assets/data/smollm2-135m-instruct-chat-answers.jsonl.gz`).
+
 Not part of the library.
 """
 
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import sys
 import time
@@ -59,6 +63,7 @@ from ppsd.model import load_model  # noqa: E402
 
 VARIANTS = ("zero", "copyE", "copyLast", "two", "copyE+1")
 SHIPPED = ROOT / "assets/heads/smollm2-135m-instruct-e18"
+SHIPPED_E = 18
 DATA = ROOT / "assets/data/smollm2-135m-instruct-chat-answers.jsonl.gz"
 PROMPTS = ROOT / "assets/prompts/chat.json"
 
@@ -142,13 +147,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=400)
     parser.add_argument("--decode-tokens", type=int, default=64)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--exit-layer", type=int, default=SHIPPED_E)
+    parser.add_argument("--data", default=str(DATA))
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     model, tokenizer = load_model()
-    exit_layer = 18
-    shipped = load_exit_head(SHIPPED, model, exit_layer)
+    exit_layer = args.exit_layer
+    shipped = load_exit_head(SHIPPED, model, SHIPPED_E)
     vocab = shipped.draft_vocab.clone()
-    data = read_chat_answers(str(DATA))
+    data = read_chat_answers(args.data)
     config = TrainConfig(exit_layer=exit_layer, head_type="layer", draft_vocab=len(vocab), steps=args.steps,
                          lr=1e-3, lr_schedule="cosine", ce_weight=1.0, cache_features=True, batch_size=16,
                          seq_len=256, seed=0).validated(model.num_layers)
@@ -160,12 +167,13 @@ def main(argv: list[str] | None = None) -> int:
               "config": {k: getattr(config, k) for k in ("steps", "lr", "lr_schedule", "ce_weight", "batch_size",
                                                          "seq_len", "seed")},
               "teacher_seconds": round(time.perf_counter() - began, 1), "threads": args.threads,
+              "exit_layer": exit_layer,
               "decode": f"greedy PPSD, K = 2, in process, {len(prompts)} prompts of {PROMPTS.name} x "
                         f"{args.decode_tokens} new tokens", "heads": []}
-    reference = acceptance(model, shipped, windows, exit_layer)
-    result["shipped"] = {"teacher_forced": round(reference.head, 4), "shared": round(reference.shared, 4),
-                         "positions": reference.positions,
-                         "greedy": round(greedy_acceptance(model, shipped, prompts, exit_layer, args.decode_tokens), 4)}
+    reference = acceptance(model, shipped, windows, SHIPPED_E)
+    result["shipped"] = {"exit_layer": SHIPPED_E, "teacher_forced": round(reference.head, 4),
+                         "shared": round(reference.shared, 4), "positions": reference.positions,
+                         "greedy": round(greedy_acceptance(model, shipped, prompts, SHIPPED_E, args.decode_tokens), 4)}
     print(json.dumps({"shipped": result["shipped"]}), flush=True)
     with torch.no_grad():
         model.hf_model.requires_grad_(False)
