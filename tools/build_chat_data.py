@@ -4,12 +4,12 @@
 
 Prompts are made here from templates and seeded word lists (code, prose, maths, everyday
 questions); none of them is one of the held-out evaluation prompts (assets/prompts/chat.json) or
-the page's examples (assets/prompts/examples.json), which is checked. Each prompt goes through the model's chat template and is answered greedily by
-Hugging Face `generate()` in batches (the same answers the page shows by default). One JSON line
-per answer: {"category", "prompt", "temperature", "prompt_ids", "answer_ids"}. Appends, and skips
-prompts already answered at that temperature, so a run can be resumed or extended; with
-`--temperature 0.8` it adds a sampled answer per prompt. Not part of the library: `ppsd.heads.train` reads
-what it writes.
+the page's examples (assets/prompts/examples.json), which is checked. Each prompt goes through
+the model's chat template and is answered greedily by Hugging Face `generate()` in batches (the
+same answers the page shows by default). One JSON line per answer: {"category", "prompt",
+"temperature", "prompt_ids", "answer_ids"}. Appends, and skips prompts already answered at that
+temperature, so a run can be resumed or extended; with `--temperature 0.8` it adds a sampled
+answer per prompt. Not part of the library: `ppsd.heads.train` reads what it writes.
 """
 
 from __future__ import annotations
@@ -26,13 +26,14 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from app.page_text import PROMPTS as EXAMPLES  # noqa: E402
+from ppsd.bench.prompts import CHAT_PROMPTS_FILE  # noqa: E402
 from ppsd.chat import encode_prompt  # noqa: E402
 from ppsd.heads.data import open_jsonl  # noqa: E402
 from ppsd.model import load_model  # noqa: E402
 from ppsd.model_source import DEFAULT_MODEL  # noqa: E402
 
-# The benchmark's questions and the page's examples: never trained on.
-HELDOUT = [ROOT / "assets" / "prompts" / name for name in ("chat.json", "examples.json")]
+HELDOUT = (CHAT_PROMPTS_FILE, EXAMPLES)  # the benchmark's questions and the page's examples: never trained on
 
 CODE_TASKS = [
     "reverses a string", "checks whether a number is prime", "returns the factorial of n",

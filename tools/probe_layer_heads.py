@@ -54,18 +54,18 @@ sys.path.insert(0, str(ROOT))
 from ppsd.chat import encode_prompt  # noqa: E402
 from ppsd.config import DecodeConfig  # noqa: E402
 from ppsd.generate import generate  # noqa: E402
-from ppsd.heads import load_exit_head  # noqa: E402
+from ppsd.bench.prompts import CHAT_PROMPTS_FILE  # noqa: E402
+from ppsd.heads import default_exit_layer, load_exit_head, shipped_head  # noqa: E402
 from ppsd.heads.data import read_chat_answers  # noqa: E402
 from ppsd.heads.distill import (CachedTeacher, TrainConfig, acceptance, distill_loss, eval_windows,  # noqa: E402
                                 learning_rate)
 from ppsd.heads.exits import LayerAdapter, LayerExitHead  # noqa: E402
 from ppsd.model import load_model  # noqa: E402
+from ppsd.model_source import DEFAULT_MODEL  # noqa: E402
 
 VARIANTS = ("zero", "copyE", "copyLast", "two", "copyE+1")
-SHIPPED = ROOT / "assets/heads/smollm2-135m-instruct-e18"
-SHIPPED_E = 18
 DATA = ROOT / "assets/data/smollm2-135m-instruct-chat-answers.jsonl.gz"
-PROMPTS = ROOT / "assets/prompts/chat.json"
+PROMPTS = CHAT_PROMPTS_FILE
 
 
 def copied(layer: nn.Module) -> LayerAdapter:
@@ -147,13 +147,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=400)
     parser.add_argument("--decode-tokens", type=int, default=64)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--exit-layer", type=int, default=SHIPPED_E)
+    parser.add_argument("--exit-layer", type=int, default=None, help="default: the shipped head's E")
     parser.add_argument("--data", default=str(DATA))
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     model, tokenizer = load_model()
-    exit_layer = args.exit_layer
-    shipped = load_exit_head(SHIPPED, model, SHIPPED_E)
+    shipped_e = default_exit_layer(DEFAULT_MODEL, model.num_layers, 2)
+    exit_layer = args.exit_layer or shipped_e
+    shipped = load_exit_head(shipped_head(model, shipped_e), model, shipped_e)
     vocab = shipped.draft_vocab.clone()
     data = read_chat_answers(args.data)
     config = TrainConfig(exit_layer=exit_layer, head_type="layer", draft_vocab=len(vocab), steps=args.steps,
@@ -170,10 +171,10 @@ def main(argv: list[str] | None = None) -> int:
               "exit_layer": exit_layer,
               "decode": f"greedy PPSD, K = 2, in process, {len(prompts)} prompts of {PROMPTS.name} x "
                         f"{args.decode_tokens} new tokens", "heads": []}
-    reference = acceptance(model, shipped, windows, SHIPPED_E)
-    result["shipped"] = {"exit_layer": SHIPPED_E, "teacher_forced": round(reference.head, 4),
+    reference = acceptance(model, shipped, windows, shipped_e)
+    result["shipped"] = {"exit_layer": shipped_e, "teacher_forced": round(reference.head, 4),
                          "shared": round(reference.shared, 4), "positions": reference.positions,
-                         "greedy": round(greedy_acceptance(model, shipped, prompts, SHIPPED_E, args.decode_tokens), 4)}
+                         "greedy": round(greedy_acceptance(model, shipped, prompts, shipped_e, args.decode_tokens), 4)}
     print(json.dumps({"shipped": result["shipped"]}), flush=True)
     with torch.no_grad():
         model.hf_model.requires_grad_(False)
