@@ -27,31 +27,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from ppsd import DEFAULT_MODEL, load_model  # noqa: E402
-from ppsd.model import KVCache  # noqa: E402
-
-CONTEXT = 80  # positions cached before the timed token
-
-
-def token_times(model, layers: range, *, final: bool, repeats: int, stop=None) -> list[float]:
-    """Seconds for one token through `layers` (and the LM head when `final`), `repeats` times
-    after 5 untimed ones, or until `stop` is set when given."""
-    with torch.inference_mode():
-        cache = KVCache()
-        model.run_layers(model.embed(list(range(100, 100 + CONTEXT))), range(model.num_layers), position=0,
-                         cache=cache)
-        hidden = torch.randn(1, 1, model.hf_model.config.hidden_size)
-        times: list[float] = []
-        i = 0
-        while (stop is not None and not stop.is_set()) or (stop is None and i < repeats + 5):
-            cache.truncate(CONTEXT)
-            started = time.perf_counter()
-            out = model.run_layers(hidden, layers, position=CONTEXT, cache=cache)
-            if final:
-                model.final_logits(out)
-            if i >= 5:
-                times.append(time.perf_counter() - started)
-            i += 1
-    return times
+from process_costs import token_times  # noqa: E402  (its neighbour in tools/)
 
 
 def busy_stage2(model_name: str, exit_layer: int, core: int, ready, stop, result) -> None:
@@ -60,8 +36,9 @@ def busy_stage2(model_name: str, exit_layer: int, core: int, ready, stop, result
     torch.set_num_threads(1)
     model, _ = load_model(model_name)
     ready.set()
-    times = token_times(model, range(exit_layer, model.num_layers), final=True, repeats=0, stop=stop)
-    result.put(statistics.median(times) * 1e3 if times else float("nan"))
+    times = token_times(model, [("layers", range(exit_layer, model.num_layers)), ("LM head", None)], stop=stop)
+    per_token = [a + b for a, b in zip(times["layers"], times["LM head"])]
+    result.put(statistics.median(per_token) * 1e3 if per_token else float("nan"))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -89,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
                 time.sleep(1.0)  # its first tokens out of the way
             os.sched_setaffinity(0, set(cores[:threads]))
             torch.set_num_threads(threads)
-            ms = statistics.median(token_times(model, stage1, final=False, repeats=args.repeats)) * 1e3
+            ms = statistics.median(token_times(model, [("stage 1", stage1)], repeats=args.repeats, skip=5)["stage 1"]) * 1e3
             other = ""
             if child is not None:
                 stop.set()

@@ -37,32 +37,42 @@ from ppsd.setup import set_up  # noqa: E402
 CONTEXT = 80  # positions cached before the timed token: about a chat prompt and a short answer
 
 
-def measure(tag: str, core: int, model_name: str, exit_layer: int, repeats: int) -> None:
-    """Pin to `core`, one thread, and print the median ms of each part of one token."""
-    os.sched_setaffinity(0, {core})
-    torch.set_num_threads(1)
-    model, _ = load_model(model_name)
-    first, second = range(0, exit_layer), range(exit_layer, model.num_layers)
-    times: dict[str, list[float]] = {"stage 1": [], "stage 2": [], "LM head": []}
+def token_times(model, parts: list[tuple[str, range | None]], *, repeats: int = 0, stop=None,
+                skip: int = 10) -> dict[str, list[float]]:
+    """Seconds of one token (after CONTEXT cached positions) through each part in turn, by name: a
+    part is a range of decoder layers, or None for the final norm + LM head. `repeats` times after
+    `skip` untimed ones, or, with `stop` (an Event), until it is set."""
+    times: dict[str, list[float]] = {name: [] for name, _ in parts}
     with torch.inference_mode():
         cache = KVCache()
         model.run_layers(model.embed(list(range(100, 100 + CONTEXT))), range(model.num_layers), position=0,
                          cache=cache)
         token = model.embed([123])
-        for i in range(repeats + 10):
+        i = 0
+        while (not stop.is_set()) if stop is not None else i < repeats + skip:
             cache.truncate(CONTEXT)
-            t0 = time.perf_counter()
-            hidden = model.run_layers(token, first, position=CONTEXT, cache=cache)
-            t1 = time.perf_counter()
-            hidden = model.run_layers(hidden, second, position=CONTEXT, cache=cache)
-            t2 = time.perf_counter()
-            model.final_logits(hidden)
-            t3 = time.perf_counter()
-            if i >= 10:
-                for part, seconds in zip(times, (t1 - t0, t2 - t1, t3 - t2)):
-                    times[part].append(seconds)
-    parts = "  ".join(f"{part} {statistics.median(t) * 1e3:6.2f}" for part, t in times.items())
-    print(f"{tag:<14} core {core}  {parts}", flush=True)
+            hidden = token
+            for name, layers in parts:
+                started = time.perf_counter()
+                if layers is None:
+                    model.final_logits(hidden)
+                else:
+                    hidden = model.run_layers(hidden, layers, position=CONTEXT, cache=cache)
+                if i >= skip:
+                    times[name].append(time.perf_counter() - started)
+            i += 1
+    return times
+
+
+def measure(tag: str, core: int, model_name: str, exit_layer: int, repeats: int) -> None:
+    """Pin to `core`, one thread, and print the median ms of each part of one token."""
+    os.sched_setaffinity(0, {core})
+    torch.set_num_threads(1)
+    model, _ = load_model(model_name)
+    parts = [("stage 1", range(0, exit_layer)), ("stage 2", range(exit_layer, model.num_layers)), ("LM head", None)]
+    times = token_times(model, parts, repeats=repeats)
+    medians = "  ".join(f"{part} {statistics.median(t) * 1e3:6.2f}" for part, t in times.items())
+    print(f"{tag:<14} core {core}  {medians}", flush=True)
 
 
 def thread_cpu_seconds(pid: int) -> dict[str, float]:
