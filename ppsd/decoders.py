@@ -37,7 +37,7 @@ def ar(executor: Executor, prompt: list[int], config: DecodeConfig, eos: tuple[i
             out = executor.slot(None, slot=slot)
         yield from _work(out)
         slot += 1
-        token, position = sampler.pick(out.final_logits[-1]).token, position + 1
+        token, position = sampler.pick(*out.final_choice(-1)).token, position + 1
         yield Committed(Token(position, token, "verified"))
 
 
@@ -68,14 +68,15 @@ def ppsd(executor: Executor, prompt: list[int], config: DecodeConfig, eos: tuple
         decision = None
         if out.final_logits is not None:  # stage K finished x_p: decide on the draft for p + 1
             draft = drafts.pop(out.final_position + 1)
-            verdict = sampler.verify(out.final_logits[-1], draft)
+            logits, best = out.final_choice(-1)
+            verdict = sampler.verify(logits, draft, best)
             decision = "accepted" if verdict.accepted else "corrected"
             token, position = verdict.token, out.final_position + 1
         yield from _work(out, decision=decision)
         if decision is not None:
             yield Committed(Token(position, token, decision, draft.token))
         if out.exit_logits is not None:  # stage 1 drafted the successor of what it was fed
-            pick = sampler.pick(out.exit_logits)
+            pick = sampler.pick(*out.exit_choice())
             drafts[feed.position + 1] = pick
             yield Drafted(Draft(feed.position + 1, pick.token))
             feed = Feed(feed.position + 1, (pick.token,), "draft") if feed.position + 1 < last else None
@@ -110,7 +111,7 @@ def _start(executor: Executor, prompt: list[int], config: DecodeConfig) -> Gener
     yield from _work(out)
     out = executor.flow()
     yield from _work(out)
-    start = Start(sampler, sampler.pick(out.final_logits[-1]).token, len(prompt),
+    start = Start(sampler, sampler.pick(*out.final_choice(-1)).token, len(prompt),
                   last=len(prompt) + config.max_new_tokens - 1)
     yield Committed(Token(start.position, start.token, "verified"))
     return start
@@ -124,7 +125,7 @@ def _draft_run(
     for i in range(count):
         out = executor.push(Feed(position + i, (token,), "draft", from_final=i == 0))
         yield from _work(out)
-        pick = sampler.pick(out.exit_logits)
+        pick = sampler.pick(*out.exit_choice())
         drafts.append(pick)
         token = pick.token
         yield Drafted(Draft(position + i + 1, token))
@@ -140,13 +141,13 @@ def _verify_run(
     out = executor.push(Feed(position + len(drafts), (drafts[-1].token,), "verify"))
     yield from _work(out)
     out = executor.flow()
-    verdicts = [sampler.verify(out.final_logits[i], d) for i, d in enumerate(drafts)]
+    verdicts = [sampler.verify(logits, d, best) for d, (logits, best) in zip(drafts, map(out.final_choice, range(len(drafts))))]
     accepted = next((i for i, v in enumerate(verdicts) if not v.accepted), len(drafts))
     yield from _work(out, decision="accepted" if accepted == len(drafts) else "corrected")
     kept = [Token(position + 1 + i, v.token, "accepted" if v.accepted else "corrected", d.token)
             for i, (v, d) in enumerate(zip(verdicts[: accepted + 1], drafts))]
     if accepted == len(drafts):
-        kept.append(Token(position + 1 + accepted, sampler.pick(out.final_logits[-1]).token, "verified"))
+        kept.append(Token(position + 1 + accepted, sampler.pick(*out.final_choice(-1)).token, "verified"))
     return kept
 
 

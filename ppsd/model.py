@@ -75,10 +75,11 @@ class KVCache:
 
 class ExitHead(Protocol):
     """Maps hidden states after layer E, (1, T, hidden) at positions [position, position+T), to the
-    (V,) next-token logits of the last one. Stateful heads keep their own KV entries in the stage-1
-    `KVCache` under a layer index >= L, so rollback stays in one place."""
+    (V,) next-token logits of the last one. In a captured step `position` is the (T,) device tensor
+    of the positions and `cache` a `ppsd.static_cache.CacheView`. Heads read the cache and never
+    write it, so rollback stays in one place."""
 
-    def __call__(self, hidden: torch.Tensor, position: int, cache: KVCache) -> torch.Tensor: ...
+    def __call__(self, hidden: torch.Tensor, position: int | torch.Tensor, cache) -> torch.Tensor: ...
 
 
 class SharedExitHead(nn.Module):
@@ -146,10 +147,11 @@ class StagedModel:
         staged.info = self.info  # what the caller knows of the model (its EOS, say) stays as it is
         return staged
 
-    def embed(self, token_ids: list[int]) -> torch.Tensor:
-        """(1, T, hidden) input embeddings of `token_ids`."""
-        ids = torch.tensor([token_ids], dtype=torch.long, device=self._device)
-        return self._decoder.embed_tokens(ids)
+    def embed(self, token_ids: list[int] | torch.Tensor) -> torch.Tensor:
+        """(1, T, hidden) input embeddings of `token_ids` (a list, or a (1, T) device tensor)."""
+        if not isinstance(token_ids, torch.Tensor):
+            token_ids = torch.tensor([token_ids], dtype=torch.long, device=self._device)
+        return self._decoder.embed_tokens(token_ids)
 
     def run_layers(
         self, hidden: torch.Tensor, layers: range, *, position: int, cache: KVCache
@@ -176,6 +178,19 @@ class StagedModel:
             )
         return hidden
 
+    def run_static(self, hidden: torch.Tensor, layers: range, *, positions: torch.Tensor, cache) -> torch.Tensor:
+        """`run_layers` for a captured step: `positions` (T,) is a device tensor and `cache` a
+        `ppsd.static_cache.CacheView`, so no Python value of the position reaches a kernel and the
+        same ops run at every position. Keys past a query's position are masked (stale entries
+        after a rollback, the bucket's unwritten tail)."""
+        position_ids = positions.unsqueeze(0)
+        rotary = self._decoder.rotary_emb(hidden, position_ids)
+        mask = self._as_mask((cache.key_index[None, :] <= positions[:, None])[None, None], hidden.dtype)
+        for index in layers:
+            hidden = self.layers[index](hidden, attention_mask=mask, position_ids=position_ids,
+                                        past_key_values=cache, use_cache=True, position_embeddings=rotary)
+        return hidden
+
     def exit_logits(self, hidden: torch.Tensor, *, position: int, cache: KVCache) -> torch.Tensor:
         """(V,) float32 exit-head logits for the last token of `hidden` (after layer E)."""
         return self.exit_head(hidden, position, cache).float()
@@ -191,7 +206,10 @@ class StagedModel:
             return None
         keys = torch.arange(position + width, device=self._device)
         queries = torch.arange(position, position + width, device=self._device)
-        allowed = (keys[None, :] <= queries[:, None])[None, None]  # (1, 1, T, P+T)
+        return self._as_mask((keys[None, :] <= queries[:, None])[None, None], dtype)  # (1, 1, T, P+T)
+
+    def _as_mask(self, allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """`allowed` as the attention implementation takes it: boolean, or additive for eager."""
         if self._bool_mask:
             return allowed
         return torch.zeros(allowed.shape, dtype=dtype, device=self._device).masked_fill(

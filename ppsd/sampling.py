@@ -49,22 +49,23 @@ class Sampler:
             probs /= probs.sum()
         return probs
 
-    def pick(self, logits: torch.Tensor) -> Pick:
-        """Choose the next token from `logits`: argmax, or a draw from `probs(logits)`."""
+    def pick(self, logits: torch.Tensor, best: int | None = None) -> Pick:
+        """Choose the next token from `logits`: argmax (`best`, when the caller already has it), or
+        a draw from `probs(logits)`."""
         if self.greedy:
-            return Pick(int(torch.argmax(logits)), None)
+            return Pick(_argmax(logits, best), None)
         probs = self.probs(logits)
         return Pick(self._draw(probs), probs)
 
-    def verify(self, logits: torch.Tensor, draft: Pick) -> Verdict:
+    def verify(self, logits: torch.Tensor, draft: Pick, best: int | None = None) -> Verdict:
         """Accept `draft` (drawn from q) against the full model's `logits` (p).
 
         Greedy: accept iff the draft is p's argmax. Sampling: accept with probability
         min(1, p(d) / q(d)), else draw from normalize(max(0, p - q)); the committed token is then
-        distributed exactly as p.
+        distributed exactly as p. `best`: p's argmax, when the caller already has it.
         """
         if self.greedy:
-            token = int(torch.argmax(logits))
+            token = _argmax(logits, best)
             return Verdict(token == draft.token, token)
         p, q = self.probs(logits), draft.probs
         ratio = p[draft.token] / q[draft.token]
@@ -76,3 +77,8 @@ class Sampler:
 
     def _draw(self, probs: torch.Tensor) -> int:
         return int(torch.multinomial(probs, 1, generator=self.generator))
+
+
+def _argmax(logits: torch.Tensor, best: int | None) -> int:
+    # A host read of a device tensor waits for the device: skipped when the executor read it already.
+    return int(torch.argmax(logits)) if best is None else best

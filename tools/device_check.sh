@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
-# GPU checks, ready for whoever has a CUDA device: the tests marked `gpu` (the threads executor on
-# CUDA streams: call by call against the in-process executor, greedy = Hugging Face, the same
-# sampled draw) and one short bench-pipeline on CUDA (a random Llama of width 1024, so no weights
-# are needed), each ending in one RESULT line. About 5 minutes on one GPU; every step has a timeout.
+# GPU checks, ready for whoever has a CUDA device, each ending in RESULT lines, under 5 minutes:
+# 1. the tests marked `gpu`: the graphed executor's CUDA graphs and the threads executor's
+#    streams, call by call against the in-process executor, greedy = Hugging Face across a length
+#    bucket, the same sampled draw, bf16 AR = EESD = PPSD;
+# 2. tools/engine_bench.py on a random Llama of the default model's exact shape in bf16: ms per
+#    token of eager AR, HF generate(), graphed AR and graphed PPSD; both stage times alone, the
+#    overlap factor (t1 + t2) / slot, host waits per slot; then the same with every draft
+#    accepted (layers >= E zeroed), the upper-bound control.
 #
 #   bash tools/device_check.sh [OUT_DIR]        # logs and JSON land in OUT_DIR (default runs/device-check)
 #
@@ -19,22 +23,16 @@ export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
 print('RESULT device:', torch.cuda.get_device_name(0) if ok else 'no CUDA device', '| torch', torch.__version__); \
 sys.exit(0 if ok else 1)" || exit 1
 
-timeout 300 "$py" -m pytest -q -m gpu -rs -p no:cacheprovider tests/test_threads.py >"$out/gpu-tests.log" 2>&1
+timeout 90 "$py" -m pytest -q -m gpu -rs -p no:cacheprovider tests/test_graphed.py tests/test_threads.py \
+    >"$out/gpu-tests.log" 2>&1
 echo "RESULT gpu tests (exit $?): $(tail -n 1 "$out/gpu-tests.log")"
+grep -E "^(FAILED|ERROR)" "$out/gpu-tests.log" | head -n 8 | sed 's/^/RESULT   /'
 
-timeout 300 "$py" -m ppsd bench-pipeline --random-hidden 1024 --device cuda --new-tokens 32 --repeats 3 \
-    --warmup 1 --max-prompts 2 --json "$out/bench-pipeline-cuda-h1024.json" >"$out/bench.log" 2>&1
-status=$?
-"$py" - "$out/bench-pipeline-cuda-h1024.json" "$status" <<'PY'
-import json, sys
-path, status = sys.argv[1], sys.argv[2]
-try:
-    report = json.load(open(path))
-except (OSError, ValueError) as error:
-    print(f"RESULT bench-pipeline (exit {status}): no report ({error}); see bench.log")
-    sys.exit(0)
-for label, rate in report["tokens_per_second"].items():
-    print(f"RESULT bench-pipeline {label}: {rate:.1f} tok/s")
-print(f"RESULT bench-pipeline: acceptance {report['ppsd_acceptance_rate']:.3f}, PPSD on the pipeline "
-      f"{report['measured_ppsd_speedup_vs_pipeline_ar']:.2f}x its AR, device {report['device']}, exit {status}")
-PY
+timeout 150 "$py" tools/engine_bench.py --device cuda --repeats 3 --json "$out/engine-bf16.json" >"$out/engine.log" 2>&1
+echo "RESULT engine bench (exit $?), random SmolLM2-shaped Llama, bf16:"
+grep RESULT "$out/engine.log" | sed 's/^RESULT/RESULT  /' || tail -n 5 "$out/engine.log"
+
+timeout 100 "$py" tools/engine_bench.py --device cuda --repeats 3 --perfect-exit \
+    --json "$out/engine-bf16-perfect.json" >"$out/engine-perfect.log" 2>&1
+echo "RESULT engine bench (exit $?), every draft accepted:"
+grep RESULT "$out/engine-perfect.log" | sed 's/^RESULT/RESULT  /' || tail -n 5 "$out/engine-perfect.log"

@@ -37,6 +37,18 @@ class Output:
     exit_logits: torch.Tensor | None = None  # (V,) draft logits for the last fed position
     final_position: int | None = None  # first position whose final logits are given
     final_logits: torch.Tensor | None = None  # (T, V) next-token logits for those positions
+    # The argmax of each, when the executor took it on the device and read it with the call's one
+    # host read (the graphed executor): greedy decoding then never waits on the logits.
+    exit_best: int | None = None
+    final_best: tuple[int, ...] | None = None
+
+    def exit_choice(self) -> tuple[torch.Tensor, int | None]:
+        """The draft logits and their argmax when known: what `Sampler.pick` takes."""
+        return self.exit_logits, self.exit_best
+
+    def final_choice(self, row: int) -> tuple[torch.Tensor, int | None]:
+        """Row `row` of the final logits and its argmax when known."""
+        return self.final_logits[row], None if self.final_best is None else self.final_best[row]
 
 
 class Executor(Protocol):

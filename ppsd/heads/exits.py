@@ -149,13 +149,13 @@ class LayerAdapter(nn.Module):
         self.head_dim = attention.head_dim
 
     def forward(self, hidden: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
-                rotary: tuple[torch.Tensor, torch.Tensor], position: int) -> torch.Tensor:
-        """`hidden` (B, T, H) at [position, position+T); keys/values (B, kv, position+T, d)."""
+                rotary: tuple[torch.Tensor, torch.Tensor], positions: torch.Tensor) -> torch.Tensor:
+        """`hidden` (B, T, H) at `positions` (T,); keys/values (B, kv, S, d) for positions [0, S),
+        of which each query sees those up to its own (a static cache's later ones are stale)."""
         batch, width, _ = hidden.shape
         query = self.q_proj(self.input_layernorm(hidden)).view(batch, width, -1, self.head_dim)
         query = _rotate(self.q_norm(query).transpose(1, 2), *rotary)  # (B, heads, T, d)
-        allowed = torch.arange(keys.shape[2], device=hidden.device)[None, :] <= (
-            torch.arange(position, position + width, device=hidden.device)[:, None])  # (T, P+T)
+        allowed = torch.arange(keys.shape[2], device=hidden.device)[None, :] <= positions[:, None]  # (T, S)
         attended = F.scaled_dot_product_attention(query, keys, values, attn_mask=allowed, enable_gqa=True)
         hidden = hidden + self.o_proj(attended.transpose(1, 2).reshape(batch, width, -1))
         return hidden + self.mlp(self.post_attention_layernorm(hidden))
@@ -174,12 +174,12 @@ class LayerExitHead(TrainedExitHead):
         super().__init__(model, exit_layer, LayerAdapter(below), draft_vocab)
         self._layer = (model.hf_model.model.rotary_emb, below)  # borrowed, as `_base`
 
-    def _attend(self, hidden: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, position: int) -> torch.Tensor:
+    def _attend(self, hidden: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+                positions: torch.Tensor) -> torch.Tensor:
         weight = self.adapter.q_proj.weight
-        positions = torch.arange(position, position + hidden.shape[1], device=hidden.device)[None]
-        cos, sin = self._layer[0](hidden, positions)
+        cos, sin = self._layer[0](hidden, positions[None])
         out = self.adapter(hidden.to(weight.dtype), keys.to(weight.dtype), values.to(weight.dtype),
-                           (cos.to(weight.dtype), sin.to(weight.dtype)), position)
+                           (cos.to(weight.dtype), sin.to(weight.dtype)), positions)
         return self.project(self.norm(out.to(hidden.dtype)))
 
     def shared_kv(self, below: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -198,14 +198,21 @@ class LayerExitHead(TrainedExitHead):
     def batch_logits(self, hidden_states: tuple[torch.Tensor, ...]) -> torch.Tensor:
         """(B, T, D) logits from a full pass's `hidden_states` (embeddings first): training."""
         keys, values = self.shared_kv(hidden_states[self.exit_layer - 1])
-        return self._attend(hidden_states[self.exit_layer], keys, values, 0)
+        above = hidden_states[self.exit_layer]
+        return self._attend(above, keys, values, torch.arange(above.shape[1], device=above.device))
 
-    def forward(self, hidden: torch.Tensor, position: int, cache: KVCache) -> torch.Tensor:
+    def forward(self, hidden: torch.Tensor, position: int | torch.Tensor, cache: KVCache) -> torch.Tensor:
+        """`position`: the first position of `hidden`, or in a captured step (a `CacheView`) the
+        (T,) device tensor of its positions."""
         keys, values = cache.keys_values(self.exit_layer - 1)
-        if keys.shape[2] != position + hidden.shape[1]:
-            raise RuntimeError(f"layer {self.exit_layer - 1} caches {keys.shape[2]} tokens, "
-                               f"expected {position + hidden.shape[1]}")
-        return self.full_logits(self._attend(hidden[:, -1:], keys, values, position + hidden.shape[1] - 1)[0, -1])
+        width = hidden.shape[1]
+        if isinstance(position, torch.Tensor):
+            last = position[-1:]
+        elif keys.shape[2] != position + width:
+            raise RuntimeError(f"layer {self.exit_layer - 1} caches {keys.shape[2]} tokens, expected {position + width}")
+        else:
+            last = torch.tensor([position + width - 1], device=hidden.device)
+        return self.full_logits(self._attend(hidden[:, -1:], keys, values, last)[0, -1])
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -234,5 +241,5 @@ def build_head(head_type: str, model: StagedModel, exit_layer: int, *, rank: int
             raise ValueError(f"rank={rank} is out of range: rank >= 1")
         return LowRankExitHead(model, exit_layer, rank=rank, draft_vocab=draft_vocab).to(model.hf_model.device)
     if head_type == "layer":
-        return LayerExitHead(model, exit_layer, draft_vocab=draft_vocab)
+        return LayerExitHead(model, exit_layer, draft_vocab=draft_vocab).to(model.hf_model.device)
     raise ValueError(f"head type {head_type!r} is unknown; choose one of: {', '.join(HEAD_TYPES)}")
