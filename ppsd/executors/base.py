@@ -31,7 +31,9 @@ class Feed:
 @dataclass(frozen=True)
 class Output:
     """What one executor call produced, and the stage work it did (in recording order:
-    later stages first within a slot, so each event's input was recorded before it)."""
+    later stages first within a slot, so each event's input was recorded before it). The logits
+    are valid until the executor's next call (the graphed executor's are its graphs' buffers):
+    read or copy them before it."""
 
     events: tuple[Event, ...]
     exit_logits: torch.Tensor | None = None  # (V,) draft logits for the last fed position

@@ -43,12 +43,14 @@ class _Done:
     best: torch.Tensor | None
     start: object
     end: object
+    replayed: bool = False  # the tensors are its graph's outputs, overwritten by the next replay
 
 
 class GraphedExecutor:
     """All stages here, each a pure step on a static cache: CUDA graphs on a GPU, eager on a CPU."""
 
-    def __init__(self, model: StagedModel, partition: tuple[range, ...], stopwatch: Stopwatch | None = None) -> None:
+    def __init__(self, model: StagedModel, partition: tuple[range, ...], stopwatch: Stopwatch | None = None, *,
+                 compiled: bool = False) -> None:
         if len(partition) < 2:
             raise ValueError("the graphed executor runs a pipeline of K >= 2 stages")
         self.model, self.partition = model, partition
@@ -56,7 +58,10 @@ class GraphedExecutor:
         self.cuda = self.device.startswith("cuda")
         if not (self.cuda or self.device == "cpu"):
             raise ValueError(f"the graphed executor runs on CPU or CUDA, not {self.device}")
+        if compiled and self.cuda:
+            raise ValueError("compiled steps are for a CPU: on CUDA the steps are captured as CUDA graphs")
         self.concurrent = self.cuda  # one stream per stage; a CPU runs the steps in turn
+        self.compiled = compiled
         self.cache = StaticKVCache.for_model(model.hf_model)
         self._clock = stopwatch or Stopwatch()
         self._queues = schedule.empty(len(partition))
@@ -70,6 +75,7 @@ class GraphedExecutor:
             self._host_in = torch.zeros(1 + len(partition), dtype=torch.long, pin_memory=self.cuda)
             self._stage_in = [torch.zeros(1, 1, hidden_size, dtype=self.cache.dtype, device=self.device)
                               for _ in partition]
+        self._host_values = self._host_in.numpy()  # written per call without a torch op each
         self._host_out = torch.zeros(0, dtype=torch.long)
         self._graphs: dict[tuple[int, int, bool], tuple[torch.cuda.CUDAGraph, tuple]] = {}
         if self.cuda:
@@ -129,9 +135,9 @@ class GraphedExecutor:
             self._graphs.clear()  # captured against the old buffers
         graphed = [self._graph(a) if self._one_token(a) and self.cuda else None for a in actions]
         for a in actions:
-            self._host_in[1 + a.index] = a.item.position
+            self._host_values[1 + a.index] = a.item.position
         if feed is not None:
-            self._host_in[0] = feed.tokens[0]
+            self._host_values[0] = feed.tokens[0]
         self._dev_in.copy_(self._host_in, non_blocking=True)
         if at_once:
             inputs = [self._take(a) for a in actions]
@@ -170,27 +176,27 @@ class GraphedExecutor:
             self._stage_in[k].copy_(hidden)
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
-            if hidden is not None:
-                hidden.record_stream(stream)
             begun.record(stream)
             if graph is not None:
                 graph[0].replay()
                 out = graph[1]
             else:
+                if hidden is not None:
+                    hidden.record_stream(stream)  # made on another stream
                 out = self._eager(action, hidden, feed)
             ended.record(stream)
         torch.cuda.current_stream().wait_stream(stream)
-        if graph is not None:  # the graph's buffers are overwritten by its next replay
-            out = tuple(None if t is None else t.clone() for t in out)
-        else:
+        if graph is None:
             for t in out:
                 if t is not None:
-                    t.record_stream(torch.cuda.current_stream())
-        return _Done(action, *out, begun, ended)
+                    t.record_stream(torch.cuda.current_stream())  # read next on this stream
+        return _Done(action, *out, begun, ended, replayed=graph is not None)
 
     def _pass_on(self, done: _Done) -> None:
+        """`done`'s hidden states onto the next stage's queue (a replayed graph's copied: its
+        buffer is the graph's and is overwritten when it runs again)."""
         if done.action.index + 1 < len(self.partition):
-            self._hidden[done.action.index + 1].append(done.hidden)
+            self._hidden[done.action.index + 1].append(done.hidden.clone() if done.replayed else done.hidden)
 
     def _read(self, done: list[_Done], feed: Feed | None, slot: int | None) -> Output:
         """The call's one host read: every argmax in one copy, after one wait; then its Output."""
@@ -261,10 +267,19 @@ class GraphedExecutor:
         if item.width == 1:
             if hidden is not None:
                 self._stage_in[k].copy_(hidden)
+            if self.compiled:
+                return self._compiled_step(k, bucket, draft)
             return self._static_step(k, bucket, draft)
         positions = self._dev_in[1 + k] + self.cache.key_index[:item.width]
         x = hidden if k > 0 else torch.tensor([feed.tokens], dtype=torch.long, device=self.device)
         return self._step(k, x, positions, bucket, draft=draft, logits_for=logit_width(item.kind, item.width))
+
+    def _compiled_step(self, k: int, bucket: int, draft: bool):
+        """`_static_step` compiled by Inductor with its C++ wrapper (the step then runs as one C++
+        call): compiled on first use for each (stage, bucket, drafting), which takes tens of
+        seconds on a small CPU, so only the engine bench and callers who ask use it."""
+        with torch._inductor.config.patch(cpp_wrapper=True), torch._dynamo.config.patch(recompile_limit=64):
+            return _COMPILED_STEP(self, k, bucket, draft)
 
     def _graph(self, action: schedule.Action):
         """The captured one-token step for `action` (captured on first use), host lengths advanced."""
@@ -290,3 +305,6 @@ class GraphedExecutor:
             outputs = self._static_step(k, bucket, draft)
         torch.cuda.synchronize(self.device)
         return graph, outputs
+
+
+_COMPILED_STEP = torch.compile(GraphedExecutor._static_step, fullgraph=True, dynamic=False)

@@ -60,7 +60,7 @@ class TrainedExitHead(nn.Module):
             adapter.register_buffer("draft_vocab", torch.arange(draft_vocab))
         # A tuple, not attributes: nn.Module would register them and save the base weights too.
         self._base = (model.hf_model.model.norm, model.hf_model.lm_head)
-        self._slice: tuple[tuple, torch.Tensor] | None = None
+        self._slice: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
 
     @property
     def norm(self) -> nn.Module:
@@ -83,10 +83,13 @@ class TrainedExitHead(nn.Module):
         if vocab is None:
             return self.lm_head(normed)
         weight = self.lm_head.weight
-        key = (vocab.data_ptr(), weight.data_ptr(), weight.dtype, weight.device)
-        if self._slice is None or self._slice[0] != key:  # sliced once per load, not per draft
-            self._slice = (key, weight.detach()[vocab])
-        return F.linear(normed, self._slice[1])
+        cached = self._slice
+        # Sliced once per load, not per draft; compared by identity (and where the weight now
+        # lives), which a compiled step can guard on, unlike data pointers.
+        if cached is None or cached[0] is not vocab or cached[1] is not weight or \
+                cached[2].device != weight.device or cached[2].dtype != weight.dtype:
+            cached = self._slice = (vocab, weight, weight.detach()[vocab])
+        return F.linear(normed, cached[2])
 
     def draft_ids(self, logits: torch.Tensor) -> torch.Tensor:
         """Token ids of the argmax of `project`'s logits."""
