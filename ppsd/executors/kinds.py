@@ -9,10 +9,22 @@ torch.distributed are imported only when a kind needs them.
 
 Adding a kind: write its executor in a module of its own (the `Executor` protocol of `base`,
 with `close()`), then add one `ExecutorKind` to `KINDS`: its name and words, whether its stages
-run at once, why it cannot run somewhere (`unavailable`), and `build` (construct it; `ready`
-checks `unavailable` first and warms it up). Every front end then offers it: the CLI by
-name, the page (when it is concurrent) as a choice, bench-pipeline (when it is concurrent and
-can run here) as an AR row and a PPSD row.
+run at once, why it cannot run somewhere (`unavailable`), and `build`, which constructs it and
+warms it up untimed (`ready` checks `unavailable` before it calls `build`). For example:
+
+    def _graphed(setup, tell, options):
+        from .graphed import GraphedExecutor
+
+        tell("Capturing the stages' steps")
+        return _warmed(setup, GraphedExecutor(setup.model, setup.partition))
+
+    ExecutorKind("graphed", "K captured stages", "captured steps, one per stage", "...", "{k} captured stages",
+                 concurrent=..., unavailable=_cuda_only, build=_graphed)
+
+Every front end then offers it: the CLI's `--executor` by name; the page, when it is
+concurrent, as a choice under "The stages at once on" ("auto" keeps today's rule); and
+bench-pipeline, when it is concurrent and can run here, as an AR and a PPSD row.
+`tests/test_kinds.py` then wants a case where it cannot run.
 """
 
 from __future__ import annotations
@@ -50,7 +62,7 @@ class ExecutorKind:
     row: str  # a bench-pipeline row after the method, "{k}" for K: "{k}-worker pipeline"
     concurrent: bool  # the stages at once, so the measured clock shows the overlap (else projected)
     unavailable: Callable[[str, int], str | None]  # (model device, K) -> None, or why it cannot run here
-    build: Callable[[RunSetup, Progress, WorkerOptions], Executor | None]  # None: a fresh in-process one per run
+    build: Callable[[RunSetup, Progress, WorkerOptions], Executor | None]  # warmed up; None: in-process, one per run
     shared: bool = False  # one per process, reused run after run: a run leaves it open, a command closes it
 
     def ready(self, setup: RunSetup, *, progress: Progress | None = None,
@@ -88,14 +100,19 @@ def _in_process(setup: RunSetup, tell: Progress, options: WorkerOptions) -> None
     return None  # each run makes its own `InProcessExecutor` on its stopwatch
 
 
-def _threads(setup: RunSetup, tell: Progress, options: WorkerOptions) -> Executor:
+def _warmed(setup: RunSetup, executor: Executor) -> Executor:
+    """`executor` after a few untimed tokens of every method: first-call costs stay out of runs."""
     from ..generate import warm_up  # generate decodes on executors: imported when first needed
+
+    warm_up(setup.model, [0], setup.config, executor=executor)
+    return executor
+
+
+def _threads(setup: RunSetup, tell: Progress, options: WorkerOptions) -> Executor:
     from .threads import ThreadedExecutor
 
     tell(f"Starting {setup.config.num_stages} stage threads in this process and warming them up")
-    threads = ThreadedExecutor(setup.model, setup.partition)
-    warm_up(setup.model, [0], setup.config, executor=threads)
-    return threads
+    return _warmed(setup, ThreadedExecutor(setup.model, setup.partition))
 
 
 def _processes(setup: RunSetup, tell: Progress, options: WorkerOptions) -> Executor:
