@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
 from ppsd import Metrics
+from ppsd.executors.kinds import KINDS, ExecutorKind
 from ppsd.metrics import DEFINITIONS, Stalls, break_even_acceptance, speedup
 
 from .render import METHOD_NAMES, PROJECTED_MEANING, duration_text
@@ -55,7 +56,7 @@ class Comparison:
     speedups: tuple[float, ...] = ()  # AR wall / PPSD wall per timed round; empty: the one run above
     eesd: Metrics | None = None
     plain: Plain | None = None
-    pipeline: str = "processes"  # with `workers`: which measured pipeline ran, "processes" or "threads"
+    pipeline: str = "processes"  # with `workers`: the name of the kind that ran (`ppsd.executors.kinds`)
     stalls: Mapping[str, Stalls] = field(default_factory=dict)  # method -> its shown run's stalls
 
     @property
@@ -263,9 +264,9 @@ def _shown(shown: str) -> str:
 
 
 # (row name, which run's Metrics it reads, DEFINITIONS key or own definition, format). "measured":
-# the decoder alone, where it ran ({where}: one device, stages in turn, or K worker processes at
-# once); "projected": replayed on K concurrent workers. `None` as the clock: a row shown only for
-# runs on K worker processes (on one device a measured utilization says nothing about overlap).
+# the decoder alone, where it ran ({where} and {how}: the executor kind's words); "projected":
+# replayed on K concurrent workers. `None` as the clock: a row shown only for runs whose stages
+# ran at once (with the stages in turn, a measured utilization says nothing about overlap).
 _UTILIZATION = lambda m: " · ".join(f"{u:.0%}" for u in m.stage_utilization)  # noqa: E731
 _TABLE_ROWS = (
     ("tokens", "measured", "generated tokens", lambda m: f"{m.tokens}"),
@@ -288,23 +289,22 @@ _TABLE_ROWS = (
     ("slot s", "measured", "slot_fraction", lambda m: "—" if m.slot_fraction is None else f"{m.slot_fraction:.2f}"),
     ("stage utilization, measured", None, "stage_utilization", _UTILIZATION),
 )
-_WHERE = {False: {"where": "one device", "how": "stages run in turn on one device"},
-          True: {"where": "K worker processes", "how": "each stage in its own worker process, all at once"}}
 
 
-def render_metrics_table(runs: Mapping[str, Clocks], *, workers: bool = False, shown: str = "") -> str:
+def render_metrics_table(runs: Mapping[str, Clocks], *, on: ExecutorKind = KINDS["in-process"],
+                         shown: str = "") -> str:
     """Every metric of every run, each beside its definition; each row names the clock it reads
-    when the clock matters; `workers`: the measured runs ran on K worker processes; `shown`:
-    which timed run it is, when there were several."""
+    when the clock matters; `on`: the kind of executor the measured runs ran on; `shown`: which
+    timed run it is, when there were several."""
     if not runs:
         return '<div class="metrics-empty">Metrics and their definitions appear here after a run.</div>'
     methods = list(runs)
     head = "".join(f"<th>{METHOD_NAMES.get(m, m)}</th>" for m in methods)
     rows = []
     for name, clock, definition, fmt in _TABLE_ROWS:
-        if clock is None and not workers:
+        if clock is None and not on.concurrent:
             continue
-        where = _WHERE[workers]
+        where = {"where": on.label, "how": on.where}
         name, definition = name.format(**where), DEFINITIONS.get(definition, definition).format(**where)
         values = [fmt(runs[m].on(clock)) for m in methods]
         if name.startswith("ideal"):

@@ -1,8 +1,9 @@
 """Run orchestration over the library: decode one prompt with AR, PPSD and optionally EESD one
 after another (then again, interleaved, for the spread), yielding snapshots for the UI at a
 throttled rate. Each method runs either in this process (stages in turn; the page shows the
-projected clock) or on K worker processes, one per stage (`ppsd.executors.pipeline`; the page shows the
-measured clock), started once and reused, also after Stop, closed on a worker's failure.
+projected clock) or with the K stages at once on a concurrent kind of `ppsd.executors.kinds`
+(the page shows the measured clock): K worker processes, started once and reused, also after
+Stop, closed on a worker's failure; or K threads, started for the run.
 Models come from `app.models`.
 
 Timing covers the decoder alone: the stopwatch that stamps the trace is paused while a snapshot
@@ -22,8 +23,9 @@ import torch
 import ppsd
 from ppsd import DecodeConfig, Result, Trace
 from ppsd.config import DEFAULTS, real_number, whole_number
-from ppsd.executors.pool import (DistributedExecutor, PipelineError, ThreadedExecutor, pipeline_kind, ready_pipeline,
-                                 ready_threads, usable_cores)
+from ppsd.executors import Executor
+from ppsd.executors.kinds import KINDS, ExecutorKind, choose, concurrent_kinds
+from ppsd.executors.pool import PipelineError, usable_cores
 from ppsd.chat import check_text
 from ppsd.generate import Recording
 from ppsd.metrics import speedup
@@ -33,7 +35,7 @@ from ppsd.trace import Stopwatch
 from .line import Background
 from .models import Loaded, ModelCache
 
-Pipeline = DistributedExecutor | ThreadedExecutor  # the stages at once: K processes, or K threads here
+Pipeline = Executor  # the stages at once, of a concurrent kind (`ppsd.executors.kinds`)
 THROTTLE_SECONDS = 0.25  # live UI refresh period; the final snapshot always follows
 DEFAULT_REPEATS = 3  # timed runs of each method: the page shows their median speedup and its range
 MAX_REPEATS = 9
@@ -83,7 +85,7 @@ class RunRequest:
     workers: bool = False  # the K stages at once (measured clock), instead of in turn in one process (projected)
     chat: bool = True  # the prompt as a chat user turn (when the model has a template), else raw text
     repeats: int = DEFAULT_REPEATS  # timed runs of each method, interleaved; the first is shown live
-    pipeline: str = "auto"  # with `workers`: "processes" (one per stage), "threads" (in this process) or "auto"
+    pipeline: str = "auto"  # with `workers`: a concurrent kind's name (`ppsd.executors.kinds`), or "auto"
 
     @classmethod
     def from_form(cls, *values: Any) -> "RunRequest":
@@ -208,7 +210,7 @@ class Snapshot:
     status: str = ""  # what a long preparation (starting the workers, timing again) is doing now
     walls: dict[str, list[float]] = field(default_factory=dict)  # method -> wall of each timed run, page's clock
     plain_threads: int = 0  # the threads plain AR (walls[PLAIN], measured) ran on; 0: not timed
-    pipeline: str = ""  # which measured pipeline ran: "processes" or "threads" ("" in one process)
+    pipeline: str = "in-process"  # the name of the kind the methods ran on (`ppsd.executors.kinds.KINDS`)
     plain_run: MethodRun | None = None  # plain AR's first timed run (measured), for the race
 
     def speedups(self) -> list[float]:
@@ -262,8 +264,12 @@ def _compare(request: RunRequest, cache: ModelCache, throttle: float, stop: thre
     snapshot = Snapshot(request, loaded, runs, active=None, num_stages=setup.config.num_stages, head=setup.head)
     pipeline = None
     if request.workers:
-        pipeline = yield from _start_pipeline(request, setup, snapshot, stop)
-        if pipeline is None:  # stopped: the workers keep starting, for the next run
+        kind = choose(request.pipeline, setup.config.num_stages, loaded.model.info.device)
+        if not kind.concurrent:
+            raise ValueError(f"pipeline {kind.name!r} runs the stages in turn; at once they run on: "
+                             f"{', '.join(k.name for k in concurrent_kinds())}")
+        pipeline = yield from _start_pipeline(kind, setup, snapshot, stop)
+        if pipeline is None:  # stopped: a shared pipeline keeps starting, for the next run
             snapshot.stopped = True
             yield snapshot
             return
@@ -280,28 +286,22 @@ def _compare(request: RunRequest, cache: ModelCache, throttle: float, stop: thre
             snapshot.walls[method] = [run.wall()]
         yield from _time_again(snapshot, request.rounds(), pipeline, stop)
     finally:
-        if isinstance(pipeline, ThreadedExecutor):  # its threads live for one run; the workers stay
-            pipeline.close()
+        KINDS[snapshot.pipeline].release(pipeline)  # threads live for one run; the worker processes stay
     snapshot.active, snapshot.done, snapshot.status = None, True, ""
     yield snapshot
 
 
-def _start_pipeline(request: RunRequest, setup: RunSetup, snapshot: Snapshot, stop: threading.Event
+def _start_pipeline(kind: ExecutorKind, setup: RunSetup, snapshot: Snapshot, stop: threading.Event
                     ) -> Generator[Snapshot, None, Pipeline | None]:
-    """The measured pipeline the request asks for (`pipeline_kind`), saying what it does as it
-    starts (worker processes take seconds); None once `stop` is set."""
-    model, config = setup.model, setup.config
-    snapshot.active = "workers"
-    snapshot.pipeline = pipeline_kind(request.pipeline, config.num_stages, model.info.device)
-    if snapshot.pipeline == "threads":
-        snapshot.status = f"Starting {config.num_stages} stage threads in this process and warming them up"
-        yield snapshot
-        snapshot.status = ""
-        return ready_threads(model, config, setup.partition)
-    starting = Background(lambda tell: ready_pipeline(model, config, progress=tell), "workers-start")
-    for snapshot.status in starting.progress(stop, "Starting the worker processes"):
+    """`kind`'s executor, ready, saying what it does as it starts (worker processes take
+    seconds); None once `stop` is set (what was built for this run alone is let go)."""
+    snapshot.active, snapshot.pipeline = "workers", kind.name
+    starting = Background(lambda tell: kind.ready(setup, progress=tell), "pipeline-start")
+    for snapshot.status in starting.progress(stop, f"Starting the {kind.choice}"):
         yield snapshot
     if stop.is_set():
+        if not kind.shared:  # built for this run alone: wait the moment it takes, and let it go
+            kind.release(starting.value())
         return None
     snapshot.status = ""
     return starting.value()

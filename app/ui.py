@@ -20,7 +20,7 @@ import gradio as gr
 
 import ppsd
 from ppsd.config import DEFAULTS, MAX_DRAFT_LEN
-from ppsd.executors.pool import concurrent_by_default, pipeline_kind
+from ppsd.executors.kinds import choose, concurrent_by_default, concurrent_kinds
 from ppsd.heads import default_exit_layer
 from ppsd.model import resolve_device
 
@@ -118,8 +118,8 @@ def _pipeline_controls() -> dict[str, Any]:
                 info="Real pipeline parallelism, every number measured. Off: one process runs the stages "
                      "in turn and the page shows their costs replayed on K workers (projected clock)."),
             "pipeline": gr.Radio(
-                [("worker processes, one per stage", "processes"), ("threads in this process", "threads")],
-                value=pipeline_kind("auto", k, device), label="The stages at once on", elem_id="pipeline",
+                [(kind.choice, kind.name) for kind in concurrent_kinds()],
+                value=choose("auto", k, device).name, label="The stages at once on", elem_id="pipeline",
                 info="Processes: each stage pinned to its own cores (or GPU), started once and reused. Threads: "
                      "one process, a core (or CUDA stream) per stage, the weights shared; the only way where "
                      "processes cannot start (ZeroGPU). The default is the one that can run here, processes "

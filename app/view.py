@@ -12,6 +12,7 @@ import statistics
 from typing import Any
 
 from ppsd import Trace
+from ppsd.executors.kinds import KINDS
 from ppsd.metrics import exit_fraction, slot_fraction, speedup, stalls
 
 from . import numbers, render, teach
@@ -21,10 +22,6 @@ from .runner import PLAIN, RunRequest, Snapshot
 METHODS = ("ar", "ppsd", "eesd")
 OUTPUTS = ("headline", *(f"{part}_{m}" for m in METHODS for part in ("stats", "stream")),
            "timeline", "theory", "metrics", "message", "summary", "race")
-# Snapshot.pipeline -> (the summary's "executor", where the measured clock ran)
-EXECUTORS = {"processes": ("K worker processes", "each stage in its own worker process, at once"),
-             "threads": ("K threads in one process", "each stage on its own thread in one process, at once"),
-             "": ("one process", "stages in turn on one device")}
 TIMELINE_EMPTY = "The pipeline timeline appears here once a run starts."
 TIMELINE_NAMES = {"ppsd": "PPSD: verify while drafting", "ar": "AR on the same pipeline",
                   "eesd": "EESD: draft, then verify"}
@@ -79,7 +76,7 @@ def snapshot(snap: Snapshot, *, figures: bool = True) -> dict[str, Any]:
         values[f"stats_{method}"], values[f"stream_{method}"] = _column(snap, method, finished)
     if figures:
         values.update(timeline=_timeline(snap), theory=_theory(snap, finished))
-    values.update(metrics=numbers.render_metrics_table(finished, workers=snap.concurrent, shown=shown_run(snap)),
+    values.update(metrics=numbers.render_metrics_table(finished, on=KINDS[snap.pipeline], shown=shown_run(snap)),
                   message=beside_run,
                   summary=_summary(snap, finished) if snap.done else _stopped(snap),
                   race=_race_state(snap) if snap.done else None)
@@ -142,7 +139,7 @@ def _status_line(snap: Snapshot) -> str:
     if snap.status:
         return snap.status
     if snap.active == "workers":
-        return f"Starting {snap.request.num_stages} worker processes, one per stage…"
+        return f"Starting the {KINDS[snap.pipeline].choice}…"
     if snap.active in snap.runs:
         run = snap.runs[snap.active]
         return (f"Running {render.METHOD_NAMES[snap.active]}… {len(run.recorder.tokens)}/"
@@ -162,7 +159,7 @@ def _headline(snap: Snapshot, finished: dict[str, Clocks]) -> str:
         ar=ar.lead, ppsd=ppsd_.lead, ar_other=ar.other, ppsd_other=ppsd_.other, num_stages=snap.num_stages,
         device=snap.device, workers=snap.concurrent, speedups=tuple(snap.speedups()),
         eesd=finished["eesd"].measured if "eesd" in finished else None, plain=_plain(snap),
-        pipeline=snap.pipeline or "processes", stalls={m: stalls(snap.runs[m].trace()) for m in ("ar", "ppsd")})
+        pipeline=snap.pipeline, stalls={m: stalls(snap.runs[m].trace()) for m in ("ar", "ppsd")})
     return numbers.render_headline(comparison, status=status_text, agreement=agreement, progress=progress)
 
 
@@ -220,8 +217,8 @@ def _summary(snap: Snapshot, finished: dict[str, Clocks]) -> dict:
         "max_new_tokens": config.max_new_tokens, "temperature": config.temperature, "top_p": config.top_p,
         "seed": config.seed, "prompt": snap.request.prompt, "chat": snap.request.chat and snap.loaded.chat,
         "exit_head": snap.head,
-        "executor": EXECUTORS[snap.pipeline][0],
-        "timing": (f"decoder only, UI rendering paused; measured = {EXECUTORS[snap.pipeline][1]}; "
+        "executor": KINDS[snap.pipeline].label,
+        "timing": (f"decoder only, UI rendering paused; measured = {KINDS[snap.pipeline].where}; "
                    "projected = measured per-stage costs replayed on K workers"),
     }
     for method, run in snap.runs.items():

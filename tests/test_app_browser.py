@@ -70,7 +70,7 @@ def _page(page_url):
 
 def test_page_runs_an_example_and_shows_tokens_timeline_and_headline(page_url, tmp_path):
     from app.page_text import load_examples
-    from ppsd.executors.pool import concurrent_by_default
+    from ppsd.executors.kinds import concurrent_by_default
     from ppsd.model import resolve_device
 
     real = page_url[2]

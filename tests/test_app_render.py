@@ -214,6 +214,16 @@ def test_metrics_table_puts_each_definition_beside_its_values():
     assert "<td>1.50 s</td><td>500.0 ms</td>" in out  # projected walls
     assert "<td>—</td><td>0.75</td>" in out and "50% · 75%" in out
     assert "appear here" in numbers.render_metrics_table({})
+    assert "wall, measured (one process)" in out and "stage utilization, measured" not in out
+
+
+def test_metrics_table_names_the_executor_the_measured_runs_ran_on():
+    from ppsd.executors.kinds import KINDS
+
+    runs = {"ar": numbers.Clocks(metrics(wall=2.0, clock="measured"), metrics(wall=1.5))}
+    out = numbers.render_metrics_table(runs, on=KINDS["threads"])
+    assert "wall, measured (K threads in one process)" in out and "worker process" not in out
+    assert "stage utilization, measured" in out  # the stages ran at once: their measured overlap means something
 
 
 def test_stats_card_shows_both_clocks():

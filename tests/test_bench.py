@@ -114,7 +114,7 @@ def test_the_bench_bench_pipeline_and_the_run_quote_one_ideal():
 
     methods = [pipeline.Method(label, method, executor, threads) for label, method, executor, threads in (
         ("ar1", "ar", "in-process", 1), ("ar2", "ar", "in-process", 2), ("hf", "hf", "in-process", 1),
-        ("hf2", "hf", "in-process", 2), ("ar pipe", "ar", "pipeline", 1), ("ppsd pipe", "ppsd", "pipeline", 1),
+        ("hf2", "hf", "in-process", 2), ("ar pipe", "ar", "processes", 1), ("ppsd pipe", "ppsd", "processes", 1),
         ("ar threads", "ar", "threads", 1), ("ppsd threads", "ppsd", "threads", 1))]
     walls = {(m.label, 0): [6.0, 12.0] for m in methods} | {("ppsd pipe", 0): [5.0, 7.5], ("hf2", 0): [4.0, 5.0],
                                                           ("ar threads", 0): [10.0, 12.0]}

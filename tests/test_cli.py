@@ -112,7 +112,7 @@ def test_real_process_exit_status_and_no_traceback(saved_model):
     assert "Traceback" not in done.stderr
 
 
-@pytest.mark.parametrize("executor", ["distributed", "threads"])
+@pytest.mark.parametrize("executor", ["processes", "threads", "distributed"])  # distributed: the earlier name
 def test_concurrent_executors_give_the_same_tokens_on_the_measured_clock(saved_model, capsys, executor):
     base = ["generate", "--model", saved_model, "--prompt", "def fibonacci(n):", "--max-new-tokens", "12", "--json"]
     _, local, _ = cli(capsys, *base)
@@ -122,6 +122,13 @@ def test_concurrent_executors_give_the_same_tokens_on_the_measured_clock(saved_m
     assert concurrent["token_ids"] == local["token_ids"]
     assert concurrent["metrics"]["clock"] == "measured"  # stages really ran at the same time
     assert concurrent["trace"]["events"] and local["metrics"]["clock"] == "projected"
+
+
+def test_the_summary_line_names_the_executor_the_stages_ran_on(saved_model, capsys):
+    code, out, err = cli(capsys, "generate", "--model", saved_model, "--prompt", "def f(x):", "--max-new-tokens", "4",
+                         "--executor", "threads")
+    assert code == 0, err
+    assert "tok/s measured (K threads in one process at once)" in out
 
 
 SHARED_BAD_INPUTS = [  # values both entry points take: one validation, one message

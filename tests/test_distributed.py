@@ -321,7 +321,7 @@ def test_a_distributed_cli_run_leaves_no_process_behind(saved_model):
             "from multiprocessing import forkserver\n"
             "from ppsd.cli import main\n"
             f"code = main(['generate', '--model', {saved_model!r}, '--prompt', 'hi', '--max-new-tokens', '4',\n"
-            "              '--executor', 'distributed'])\n"
+            "              '--executor', 'processes'])\n"
             "print('FORKSERVER', forkserver._forkserver._forkserver_pid, flush=True)\n"
             "sys.exit(code)\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,

@@ -129,19 +129,3 @@ def test_it_decodes_inside_a_daemonic_process_as_a_zerogpu_call_runs():
     finally:
         child.join(timeout=10)
     assert threaded == in_process and len(threaded) == 8
-
-
-def test_auto_picks_processes_where_they_start_on_a_cpu_else_threads(monkeypatch):
-    from ppsd.executors import pool
-
-    monkeypatch.setattr(pool, "usable_cores", lambda: 2)
-    assert pool.pipeline_kind("auto", 2, "cpu") == "processes"
-    assert pool.pipeline_kind("auto", 3, "cpu") == "threads"  # too few cores for a process each
-    assert pool.pipeline_kind("auto", 2, "cuda:0") == "threads"  # one GPU: CUDA streams in one process
-    assert pool.pipeline_kind("processes", 3, "cpu") == "processes"  # asked for: refused later, with the reason
-    monkeypatch.setattr(pool.multiprocessing, "current_process", lambda: type("P", (), {"daemon": True})())
-    assert pool.pipeline_kind("auto", 2, "cpu") == "threads"  # a daemonic process (ZeroGPU) cannot start workers
-    with pytest.raises(ValueError, match="pipeline 'fibres' is unknown; choose one of: auto, processes, threads"):
-        pool.pipeline_kind("fibres", 2, "cpu")
-    assert pool.concurrent_by_default(2, "cpu") and not pool.concurrent_by_default(3, "cpu")
-    assert pool.concurrent_by_default(3, "cuda:0")

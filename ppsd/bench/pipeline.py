@@ -32,6 +32,7 @@ from ..chat import encode_prompt, use_chat
 from ..cli import options, thread_count
 from ..model_source import resolve
 from ..config import DEFAULTS, DecodeConfig, balanced_exit_layer
+from ..executors.kinds import KINDS, ExecutorKind, WorkerOptions, concurrent_kinds
 from ..generate import Result, generate
 from ..metrics import break_even_acceptance, ideal_ppsd_speedup_slowest_stage, slot_fraction, speedup
 from ..model import StagedModel, load_model
@@ -47,7 +48,7 @@ class Method:
 
     label: str
     method: str
-    executor: str  # "in-process", "pipeline" (worker processes) or "threads" (ThreadedExecutor)
+    executor: str  # the name of an executor kind (`ppsd.executors.kinds.KINDS`)
     threads: int  # torch threads of this (coordinator) process
     clock: str = "measured"
 
@@ -86,37 +87,62 @@ def run(args: argparse.Namespace) -> int:
         num_stages=args.stages, exit_layer=args.exit_layer, max_new_tokens=args.new_tokens, draft_len=args.draft_len))
     setup = set_up(model, config, exit_head=args.exit_head)
     model, config = setup.model, setup.config
-    methods = [
-        Method("AR, 1 process, 1 thread", "ar", "in-process", 1),
-        Method("AR, 1 process, 2 threads", "ar", "in-process", 2),
-        Method("HF generate(), 1 thread", "hf", "in-process", 1),
-        Method("HF generate(), 2 threads", "hf", "in-process", 2),
-        Method(f"AR, {args.stages}-worker pipeline", "ar", "pipeline", 1),
-        Method(f"PPSD, {args.stages}-worker pipeline", "ppsd", "pipeline", 1),
-        Method(f"AR, {args.stages} threads in 1 process", "ar", "threads", 1),
-        Method(f"PPSD, {args.stages} threads in 1 process", "ppsd", "threads", 1),
-        Method("PPSD, 1 process, projected", "ppsd", "in-process", 1, clock="projected"),
-        Method(f"EESD g={config.draft_len}, 1 process, 1 thread", "eesd", "in-process", 1),
-    ]
-    from ..executors.pool import shared_pipeline
-    from ..executors.threads import ThreadedExecutor
-
+    at_once = _kinds_here(model, config)
+    methods = rows(args.stages, config.draft_len, at_once)
     load_before = os.getloadavg()
-    started = time.perf_counter()
-    pool = shared_pipeline(model, config, threads_per_worker=args.threads_per_worker, timeout=60.0)
-    startup = time.perf_counter() - started
-    print(f"model: {source}; {len(prompts)} prompts x {args.new_tokens} tokens; K={args.stages}, "
-          f"E={config.exit_layer}, exit head {setup.head}; pool started in {startup:.1f} s (pids {pool.pids})",
-          flush=True)
-    with ThreadedExecutor(model, setup.partition) as threads:
-        measured = _measure(args, model, config, methods, prompts, {"pipeline": pool, "threads": threads})
-    pool.close()
-    report = _report(args, config, methods, prompts, measured, source, load_before, startup)
+    options = WorkerOptions(threads_per_worker=args.threads_per_worker, timeout=60.0)
+    executors, startup = {}, {}
+    try:
+        for kind in at_once:
+            started = time.perf_counter()
+            executors[kind.name] = kind.ready(setup, options=options)
+            startup[kind.name] = time.perf_counter() - started
+        print(f"model: {source}; {len(prompts)} prompts x {args.new_tokens} tokens; K={args.stages}, "
+              f"E={config.exit_layer}, exit head {setup.head}; pool started and warmed up in "
+              f"{startup['processes']:.1f} s (pids {executors['processes'].pids})", flush=True)
+        measured = _measure(args, model, config, methods, prompts, executors)
+    finally:
+        for executor in executors.values():
+            executor.close()  # the bench's last run: even the shared pipeline ends with it
+    report = _report(args, config, methods, prompts, measured, source, load_before, startup["processes"])
     report["exit_head"] = setup.head
     print(_table(report))
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=2))
     return 0
+
+
+SINGLE = KINDS["in-process"]  # the single-process rows' kind
+COMPARED = (KINDS["processes"], KINDS["threads"])  # the kinds the report's comparisons name
+
+
+def _kinds_here(model: StagedModel, config: DecodeConfig) -> tuple[ExecutorKind, ...]:
+    """The concurrent kinds that can run here; ValueError saying why where one the report
+    compares cannot."""
+    here = []
+    for kind in concurrent_kinds():
+        reason = kind.unavailable(model.info.device, config.num_stages)
+        if reason is None:
+            here.append(kind)
+        elif kind in COMPARED:
+            raise ValueError(reason)
+    return tuple(here)
+
+
+def rows(num_stages: int, draft_len: int, at_once: tuple[ExecutorKind, ...]) -> list[Method]:
+    """The table's methods: single-process AR and HF on 1 and 2 threads, AR and PPSD on each of
+    the `at_once` kinds, PPSD projected, EESD."""
+    one = SINGLE
+    return [
+        Method(f"AR, {one.row}, 1 thread", "ar", one.name, 1),
+        Method(f"AR, {one.row}, 2 threads", "ar", one.name, 2),
+        Method("HF generate(), 1 thread", "hf", one.name, 1),
+        Method("HF generate(), 2 threads", "hf", one.name, 2),
+        *(Method(f"{name}, {kind.row.format(k=num_stages)}", method, kind.name, 1)
+          for kind in at_once for method, name in (("ar", "AR"), ("ppsd", "PPSD"))),
+        Method(f"PPSD, {one.row}, projected", "ppsd", one.name, 1, clock="projected"),
+        Method(f"EESD g={draft_len}, {one.row}, 1 thread", "eesd", one.name, 1),
+    ]
 
 
 def _measure(args, model: StagedModel, config: DecodeConfig, methods: list[Method], prompts: list[list[int]],
@@ -208,10 +234,12 @@ def _report(args, config, methods, prompts, measured: Measured, source, load_bef
     wall = {m.label: sum(statistics.median(walls[(m.label, i)]) for i in range(len(prompts))) for m in methods}
     speed = {label: tokens / seconds for label, seconds in wall.items()}
     by = {(m.method, m.executor, m.threads, m.clock): m.label for m in methods}
-    ar1, ar2, hf = by[("ar", "in-process", 1, "measured")], by[("ar", "in-process", 2, "measured")], \
-        by[("hf", "in-process", 1, "measured")]
-    ppsd_label, ar_label = by[("ppsd", "pipeline", 1, "measured")], by[("ar", "pipeline", 1, "measured")]
-    ppsd_threads, ar_threads = by[("ppsd", "threads", 1, "measured")], by[("ar", "threads", 1, "measured")]
+    single = SINGLE.name
+    ar1, ar2 = by[("ar", single, 1, "measured")], by[("ar", single, 2, "measured")]
+    hf = by[("hf", single, 1, "measured")]
+    at_once = {m.executor: by[("ar", m.executor, 1, "measured")] for m in methods if KINDS[m.executor].concurrent}
+    ppsd_label, ar_label = by[("ppsd", "processes", 1, "measured")], at_once["processes"]
+    ppsd_threads, ar_threads = by[("ppsd", "threads", 1, "measured")], at_once["threads"]
     ppsd_metrics = [r.metrics("measured") for r in runs[ppsd_label]]
     accepted = sum(m.accepted for m in ppsd_metrics)
     verified = accepted + sum(m.rejected for m in ppsd_metrics)
@@ -219,7 +247,7 @@ def _report(args, config, methods, prompts, measured: Measured, source, load_bef
     slot = slot_fraction(runs[ar_label][0].trace.partition)
     ideal = ideal_ppsd_speedup_slowest_stage(acceptance, slot)
     measured = speedup(wall[ar_label], wall[ppsd_label])
-    singles = [m.label for m in methods if m.executor == "in-process" and m.clock == "measured" and m.method != "eesd"]
+    singles = [m.label for m in methods if m.executor == single and m.clock == "measured" and m.method != "eesd"]
     best_single = min(wall[label] for label in singles)
     threads_gain = speedup(wall[ar1], wall[ar2])  # T: what a second thread gives single-process AR
     # PPSD on the pipeline is S_PPSD(a) x the pipeline's AR; it beats the best single-process
@@ -245,14 +273,13 @@ def _report(args, config, methods, prompts, measured: Measured, source, load_bef
         "ppsd_threads_speedup_vs_best_single_process_ar": speedup(best_single, wall[ppsd_threads]),
         "measured_ppsd_speedup_vs_threads_ar": speedup(wall[ar_threads], wall[ppsd_threads]),
         # what the pipeline costs plain AR: its AR over 1-thread single-process AR (1.0: nothing)
-        "pipeline_ar_over_ar_1_thread": {"processes": speedup(wall[ar1], wall[ar_label]),
-                                         "threads": speedup(wall[ar1], wall[ar_threads])},
+        "pipeline_ar_over_ar_1_thread": {kind: speedup(wall[ar1], wall[label]) for kind, label in at_once.items()},
         "ppsd_speedup_vs_single_process_ar_1_thread": speedup(wall[ar1], wall[ppsd_label]),
         "ar_two_thread_gain_T": threads_gain,
         "break_even_acceptance": break_even,
         "hf_over_ar_1_thread": speedup(wall[ar1], wall[hf]),
         "ppsd_stage_utilization_measured": utilization,
-        "ar_ms_per_token": {label: overhead(runs[label]) for label in (ar1, ar_label, ar_threads) if label in runs},
+        "ar_ms_per_token": {label: overhead(runs[label]) for label in (ar1, *at_once.values()) if label in runs},
         "loadavg_before": load_before, "loadavg_after": os.getloadavg(),
         "cpus": len(os.sched_getaffinity(0)),
     }

@@ -11,6 +11,8 @@ import transformers
 
 from . import check_output_file, options, thread_count
 from ..chat import check_text
+from ..executors.kinds import ALIASES, KINDS, ExecutorKind
+from ..executors.wire import PipelineError
 from ..generate import Result, decode
 from ..model import load_model, model_config
 from ..setup import set_up_text
@@ -23,10 +25,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="cpu", help="cpu, cuda or auto (default cpu)")
     parser.add_argument("--threads", type=thread_count, default=None,
                         help="CPU threads for torch (default: torch's choice; 1 is faster on a busy shared CPU)")
-    parser.add_argument("--executor", default="in-process", choices=("in-process", "threads", "distributed"),
-                        help="in-process: stages in turn, PPSD's overlap projected (default); "
-                             "threads: one thread per stage in this process (a CUDA stream each on a GPU), measured; "
-                             "distributed: one process per stage over torch.distributed, measured")
+    parser.add_argument("--executor", default="in-process", type=_kind_name, choices=tuple(KINDS),
+                        help="; ".join(f"{kind.name}: {kind.choice}, "
+                                       + ("measured" if kind.concurrent else "PPSD's overlap projected")
+                                       for kind in KINDS.values()) + " (default in-process)")
     parser.add_argument("--chrome-trace", default=None, help="also write the trace here (Chrome JSON)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
 
@@ -42,23 +44,15 @@ def run(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     model, tokenizer = load_model(args.model, device=args.device, progress=_tell)
     setup = set_up_text(model, tokenizer, args.prompt, config, exit_head=args.exit_head, chat=args.chat)
-    if args.executor == "distributed":
-        from ..executors.wire import PipelineError
-        from ..executors.pool import shared_pipeline
-
-        try:
-            with shared_pipeline(setup.model, setup.config) as executor:
-                result = decode(setup, executor=executor)
-        except PipelineError as error:  # a worker died or hung: not bad input, so status 1
-            print(f"error: the pipeline failed: {error}", file=sys.stderr)
-            return 1
-    elif args.executor == "threads":
-        from ..executors.threads import ThreadedExecutor
-
-        with ThreadedExecutor(setup.model, setup.partition) as executor:
-            result = decode(setup, executor=executor)
-    else:
-        result = decode(setup)
+    executor = KINDS[args.executor].ready(setup, progress=_tell)
+    try:
+        result = decode(setup, executor=executor)
+    except PipelineError as error:  # a worker died or hung: not bad input, so status 1
+        print(f"error: the pipeline failed: {error}", file=sys.stderr)
+        return 1
+    finally:
+        if executor is not None:
+            executor.close()  # the command's one run: even a shared pipeline ends with it
     if args.chrome_trace:
         with open(args.chrome_trace, "w") as f:
             json.dump(result.trace.to_chrome(), f)
@@ -66,20 +60,24 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(to_json(result, tokenizer, model.info, chat=setup.chat, exit_head=setup.head), ensure_ascii=False))
     else:
         print(tokenizer.decode(result.token_ids, skip_special_tokens=True))
-        print(summary_line(result))
+        print(summary_line(result, KINDS[args.executor]))
     return 0
+
+
+def _kind_name(name: str) -> str:
+    return ALIASES.get(name, name)  # "distributed", the earlier name of "processes", still works
 
 
 def _tell(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-def summary_line(result: Result) -> str:
+def summary_line(result: Result, on: ExecutorKind) -> str:
     """One line: both clocks, so that two methods' lines compare like with like (in one process
     the measured clock runs the stages in turn; the projected one replays their costs on K devices)."""
     measured, projected = result.metrics("measured"), result.metrics("projected")
     rate = "n/a" if measured.acceptance_rate is None else f"{measured.acceptance_rate:.2f}"
-    where = "K worker processes at once" if result.trace.concurrent else "stages in turn, one process"
+    where = f"{on.label} at once" if result.trace.concurrent else "stages in turn, one process"
     return (f"[{result.config.method}] {measured.tokens} tokens, {measured.tokens_per_second:.1f} tok/s measured "
             f"({where}), {projected.tokens_per_second:.1f} tok/s projected (each stage on its own device), "
             f"acceptance {rate}, ideal speedup {measured.ideal_speedup:.2f}x, "

@@ -5,7 +5,7 @@ head. `base` holds the protocol and the compute at both ends, `schedule` which s
 what in each call (as data), `local` the in-process executor (stages in turn), `threads` the
 same with a slot's stages at once on a thread each. The K-process pipeline is `pipeline` (the
 coordinator), `worker`, `wire`, `placement`, `processes` and `pool` (what callers use); import
-those only when wanted (they bring torch.distributed).
+those only when wanted (they bring torch.distributed). `kinds` is the list the front ends offer.
 """
 
 from .base import Executor, Feed, Output

@@ -1,10 +1,10 @@
 """The process's shared pipeline: started on first use, reused by every run whose stages and
 weights match, replaced when they do not or when a worker has died.
 
-Boundary: the measured pipelines as their callers (the CLI, the app, the benchmarks) see them:
-which one runs here (`pipeline_kind`: K worker processes, or K threads in this process), whether
-worker processes can run, the one they get, and the error it raises. The executors themselves
-live in `pipeline` (with `processes`) and `threads`.
+Boundary: the K-process pipeline as its callers (the CLI, the app, the benchmarks) see it:
+whether worker processes can run here, the one they get, ready to use, and the error it raises.
+The executor itself lives in `pipeline` (with `processes`); which kind of executor a front end
+runs, and how it gets one, is `kinds`.
 """
 
 from __future__ import annotations
@@ -17,12 +17,10 @@ from ..config import DecodeConfig
 from ..model import StagedModel
 from .pipeline import DistributedExecutor
 from .placement import usable_cores
-from .threads import ThreadedExecutor
 from .wire import PipelineBusy, PipelineError, PipelineSpec
 
-__all__ = ["PIPELINES", "DistributedExecutor", "PipelineBusy", "PipelineError", "ThreadedExecutor", "concurrent_by_default",
-           "current_pool", "pipeline_kind", "ready_pipeline", "ready_threads", "shared_pipeline", "usable_cores",
-           "workers_unavailable"]
+__all__ = ["DistributedExecutor", "PipelineBusy", "PipelineError", "current_pool", "ready_pipeline", "shared_pipeline",
+           "usable_cores", "workers_unavailable"]
 
 _current: DistributedExecutor | None = None  # the one `shared_pipeline` hands out
 
@@ -68,38 +66,8 @@ def workers_unavailable(num_stages: int, device: str) -> str | None:
     return None
 
 
-PIPELINES = ("auto", "processes", "threads")
-
-
-def pipeline_kind(requested: str, num_stages: int, device: str) -> str:
-    """"processes" or "threads": `requested`, or for "auto" worker processes where they can start
-    on a CPU (measured faster there on the default model: docs/distributed.md), else threads (on
-    one GPU, the stages overlap only as CUDA streams in one process). ValueError for other names."""
-    if requested not in PIPELINES:
-        raise ValueError(f"pipeline {requested!r} is unknown; choose one of: {', '.join(PIPELINES)}")
-    if requested != "auto":
-        return requested
-    cpu = not device.startswith("cuda")
-    return "processes" if cpu and workers_unavailable(num_stages, device) is None else "threads"
-
-
-def concurrent_by_default(num_stages: int, device: str) -> bool:
-    """Whether a front end should run the K stages at once by default: on a GPU (worker processes
-    or CUDA streams), or where K cores are there for them."""
-    return device.startswith("cuda") or usable_cores() >= num_stages
-
-
-def ready_threads(model: StagedModel, config: DecodeConfig, partition: tuple[range, ...]) -> ThreadedExecutor:
-    """A `ThreadedExecutor` for `partition`, warmed up (untimed); the caller closes it."""
-    from ..generate import warm_up  # generate decodes on executors: imported when first needed
-
-    threads = ThreadedExecutor(model, partition)
-    warm_up(model, [0], config, executor=threads)
-    return threads
-
-
-def ready_pipeline(model: StagedModel, config: DecodeConfig, *,
-                   progress: Callable[[str], None] | None = None) -> DistributedExecutor:
+def ready_pipeline(model: StagedModel, config: DecodeConfig, *, progress: Callable[[str], None] | None = None,
+                   threads_per_worker: int = 1, timeout: float = 30.0) -> DistributedExecutor:
     """`shared_pipeline`, started and warmed up (untimed) on first use, saying what it does to
     `progress` (it takes seconds). ValueError says why it cannot run here or failed to start."""
     from ..generate import warm_up  # generate decodes on executors: imported when first needed
@@ -111,7 +79,7 @@ def ready_pipeline(model: StagedModel, config: DecodeConfig, *,
     try:
         if current_pool() is None or current_pool().runs == 0:
             tell(f"Starting {config.num_stages} worker processes, one per stage, and loading the weights in each")
-        pipeline = shared_pipeline(model, config)
+        pipeline = shared_pipeline(model, config, threads_per_worker=threads_per_worker, timeout=timeout)
         if pipeline.runs == 0:
             tell("Warming up the worker processes (untimed)")
             warm_up(model, [0], config, executor=pipeline)

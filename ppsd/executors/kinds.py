@@ -1,0 +1,169 @@
+"""The executor kinds a front end can choose: their names, their words, whether they can run
+here, and how to get one ready and let it go. The CLI's `--executor`, the page's "at once"
+choice and its summary, and `bench-pipeline`'s rows all read `KINDS`, so a kind is named and
+described once.
+
+Boundary: choosing and readying executors; the executors themselves live in `local`,
+`threads`, `pipeline` (with `pool`, the process's shared pipeline). Those that bring
+torch.distributed are imported only when a kind needs them.
+
+Adding a kind: write its executor in a module of its own (the `Executor` protocol of `base`,
+with `close()`), then add one `ExecutorKind` to `KINDS`: its name and words, whether its stages
+run at once, why it cannot run somewhere (`unavailable`), and `build`, which constructs it and
+warms it up untimed (`ready` checks `unavailable` before it calls `build`). For example:
+
+    def _graphed(setup, tell, options):
+        from .graphed import GraphedExecutor
+
+        tell("Capturing the stages' steps")
+        return _warmed(setup, GraphedExecutor(setup.model, setup.partition))
+
+    ExecutorKind("graphed", "K captured stages", "captured steps, one per stage", "...", "{k} captured stages",
+                 concurrent=..., unavailable=_cuda_only, build=_graphed)
+
+Every front end then offers it: the CLI's `--executor` by name; the page, when it is
+concurrent, as a choice under "The stages at once on" ("auto" keeps today's rule); and
+bench-pipeline, when it is concurrent and can run here, as an AR and a PPSD row.
+`tests/test_kinds.py` then wants a case where it cannot run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable
+
+from .base import Executor
+
+if TYPE_CHECKING:
+    from ..setup import RunSetup
+
+__all__ = ["AUTO", "ExecutorKind", "KINDS", "WorkerOptions", "choose", "concurrent_by_default", "concurrent_kinds",
+           "kind_named"]
+
+Progress = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class WorkerOptions:
+    """How a kind with worker processes starts them; other kinds ignore it."""
+
+    threads_per_worker: int = 1  # torch threads of each worker
+    timeout: float = 30.0  # seconds a worker may take to answer before the run fails
+
+
+@dataclass(frozen=True)
+class ExecutorKind:
+    """One way to run the K stages. Its words are the ones the page and the summaries show."""
+
+    name: str  # what the CLI takes, the page's choice sends and a bench row records
+    label: str  # the summary's "executor": "K worker processes"
+    choice: str  # the page's radio button: "worker processes, one per stage"
+    where: str  # where its measured clock ran: "each stage in its own worker process, at once"
+    row: str  # a bench-pipeline row after the method, "{k}" for K: "{k}-worker pipeline"
+    concurrent: bool  # the stages at once, so the measured clock shows the overlap (else projected)
+    unavailable: Callable[[str, int], str | None]  # (model device, K) -> None, or why it cannot run here
+    build: Callable[[RunSetup, Progress, WorkerOptions], Executor | None]  # warmed up; None: in-process, one per run
+    shared: bool = False  # one per process, reused run after run: a run leaves it open, a command closes it
+
+    def ready(self, setup: RunSetup, *, progress: Progress | None = None,
+              options: WorkerOptions = WorkerOptions()) -> Executor | None:
+        """An executor for `setup`'s model and stages, warmed up (untimed), telling `progress`
+        what takes long; ValueError saying why it cannot run here."""
+        reason = self.unavailable(setup.model.info.device, setup.config.num_stages)
+        if reason is not None:
+            raise ValueError(reason)
+        return self.build(setup, progress or (lambda message: None), options)
+
+    def release(self, executor: Executor | None) -> None:
+        """After a run: close what was built for it; the shared one stays for the next run."""
+        if executor is not None and not self.shared:
+            executor.close()
+
+
+def _nowhere(device: str, num_stages: int) -> str | None:
+    return None
+
+
+def _threads_unavailable(device: str, num_stages: int) -> str | None:
+    if device.startswith(("cpu", "cuda")):
+        return None
+    return f"the threads executor runs on CPU or CUDA, not {device}: use one process (projected clock)"
+
+
+def _processes_unavailable(device: str, num_stages: int) -> str | None:
+    from .pool import workers_unavailable  # brings torch.distributed: imported when asked
+
+    return workers_unavailable(num_stages, device)
+
+
+def _in_process(setup: RunSetup, tell: Progress, options: WorkerOptions) -> None:
+    return None  # each run makes its own `InProcessExecutor` on its stopwatch
+
+
+def _warmed(setup: RunSetup, executor: Executor) -> Executor:
+    """`executor` after a few untimed tokens of every method: first-call costs stay out of runs."""
+    from ..generate import warm_up  # generate decodes on executors: imported when first needed
+
+    warm_up(setup.model, [0], setup.config, executor=executor)
+    return executor
+
+
+def _threads(setup: RunSetup, tell: Progress, options: WorkerOptions) -> Executor:
+    from .threads import ThreadedExecutor
+
+    tell(f"Starting {setup.config.num_stages} stage threads in this process and warming them up")
+    return _warmed(setup, ThreadedExecutor(setup.model, setup.partition))
+
+
+def _processes(setup: RunSetup, tell: Progress, options: WorkerOptions) -> Executor:
+    from .pool import ready_pipeline
+
+    return ready_pipeline(setup.model, setup.config, progress=tell, threads_per_worker=options.threads_per_worker,
+                          timeout=options.timeout)
+
+
+KINDS: dict[str, ExecutorKind] = {kind.name: kind for kind in (
+    ExecutorKind("in-process", "one process", "one process, the stages in turn", "stages in turn on one device",
+                 "1 process", concurrent=False, unavailable=_nowhere, build=_in_process),
+    ExecutorKind("processes", "K worker processes", "worker processes, one per stage",
+                 "each stage in its own worker process, at once", "{k}-worker pipeline", concurrent=True,
+                 unavailable=_processes_unavailable, build=_processes, shared=True),
+    ExecutorKind("threads", "K threads in one process", "threads in this process",
+                 "each stage on its own thread in one process, at once", "{k} threads in 1 process", concurrent=True,
+                 unavailable=_threads_unavailable, build=_threads),
+)}
+ALIASES = {"distributed": "processes"}  # the CLI's earlier name
+AUTO = "auto"
+
+
+def concurrent_kinds() -> tuple[ExecutorKind, ...]:
+    """The kinds that run the stages at once: the page's choices, bench-pipeline's rows."""
+    return tuple(kind for kind in KINDS.values() if kind.concurrent)
+
+
+def kind_named(name: str) -> ExecutorKind:
+    """The kind `name` (or its alias) names; ValueError naming the choices for any other."""
+    kind = KINDS.get(ALIASES.get(name, name))
+    if kind is None:
+        raise ValueError(f"executor {name!r} is unknown; choose one of: {', '.join((AUTO, *KINDS))}")
+    return kind
+
+
+def choose(requested: str, num_stages: int, device: str) -> ExecutorKind:
+    """The kind `requested` names, or for "auto" worker processes where they can start on a CPU
+    (measured faster there on the default model: docs/distributed.md), else threads (on one
+    GPU, the stages overlap only as CUDA streams in one process). A kind asked for by name is
+    returned even where it cannot run: its `ready` says why. ValueError for unknown names."""
+    if requested != AUTO:
+        return kind_named(requested)
+    processes = KINDS["processes"]
+    cpu = not device.startswith("cuda")
+    return processes if cpu and processes.unavailable(device, num_stages) is None else KINDS["threads"]
+
+
+def concurrent_by_default(num_stages: int, device: str) -> bool:
+    """Whether a front end should run the K stages at once by default: on a GPU (worker processes
+    or CUDA streams), or where K cores are there for them."""
+    from .pool import usable_cores  # where workers_unavailable counts them
+
+    return device.startswith("cuda") or usable_cores() >= num_stages

@@ -1,0 +1,115 @@
+"""The executor kinds: unknown names refused in words, "auto" resolved by its rule, every kind
+saying why it cannot run where it cannot, and every front end offering exactly the kinds of
+`KINDS`, whose names and words are written nowhere else."""
+
+from __future__ import annotations
+
+import argparse
+import re
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from ppsd.executors import pool
+from ppsd.executors.kinds import KINDS, choose, concurrent_by_default, concurrent_kinds, kind_named
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _setup(device: str, num_stages: int) -> SimpleNamespace:
+    """As much of a `RunSetup` as `ready` reads before it builds anything."""
+    return SimpleNamespace(model=SimpleNamespace(info=SimpleNamespace(device=device)),
+                           config=SimpleNamespace(num_stages=num_stages))
+
+
+def test_an_unknown_name_is_refused_naming_the_choices():
+    for ask in (lambda: kind_named("fibres"), lambda: choose("fibres", 2, "cpu")):
+        with pytest.raises(ValueError, match="executor 'fibres' is unknown; choose one of: auto, in-process, "
+                                             "processes, threads"):
+            ask()
+    assert kind_named("distributed") is KINDS["processes"]  # the CLI's earlier name
+
+
+def test_auto_picks_processes_where_they_start_on_a_cpu_else_threads(monkeypatch):
+    monkeypatch.setattr(pool, "usable_cores", lambda: 2)
+    assert choose("auto", 2, "cpu").name == "processes"
+    assert choose("auto", 3, "cpu").name == "threads"  # too few cores for a process each
+    assert choose("auto", 2, "cuda:0").name == "threads"  # one GPU: CUDA streams in one process
+    assert choose("processes", 3, "cpu").name == "processes"  # asked for by name: refused by `ready`, with the reason
+    assert choose("in-process", 2, "cpu").name == "in-process"
+    assert concurrent_by_default(2, "cpu") and not concurrent_by_default(3, "cpu")
+    assert concurrent_by_default(3, "cuda:0")
+    monkeypatch.setattr(pool.multiprocessing, "current_process", lambda: type("P", (), {"daemon": True})())
+    assert choose("auto", 2, "cpu").name == "threads"  # a daemonic process (ZeroGPU) cannot start workers
+
+
+def test_every_kind_says_why_it_cannot_run_and_ready_refuses_with_that_reason(monkeypatch):
+    monkeypatch.setattr(pool, "usable_cores", lambda: 2)
+    impossible = {"processes": ("cpu", 3, "K = 3 worker processes need 3 CPU cores, one each; this machine gives 2"),
+                  "threads": ("mps", 2, "the threads executor runs on CPU or CUDA, not mps")}
+    assert set(impossible) | {"in-process"} == set(KINDS)  # a new kind gets a case here
+    for name, (device, k, reason) in impossible.items():
+        kind = KINDS[name]
+        assert reason in kind.unavailable(device, k)
+        with pytest.raises(ValueError, match=re.escape(reason)):
+            kind.ready(_setup(device, k))
+        assert kind.unavailable("cpu", 2) is None
+    assert KINDS["in-process"].unavailable("mps", 64) is None  # one process runs anywhere
+    monkeypatch.setattr(pool.multiprocessing, "current_process", lambda: type("P", (), {"daemon": True})())
+    assert "daemonic" in KINDS["processes"].unavailable("cpu", 2)
+    assert KINDS["threads"].unavailable("cpu", 2) is None  # the way a daemonic process runs the stages at once
+
+
+def test_release_closes_what_a_run_built_and_leaves_the_shared_pipeline():
+    closed = []
+    executor = SimpleNamespace(close=lambda: closed.append(True))
+    KINDS["processes"].release(executor)
+    KINDS["in-process"].release(None)
+    assert closed == []
+    KINDS["threads"].release(executor)
+    assert closed == [True]
+
+
+def test_the_cli_offers_every_kind_and_takes_the_earlier_name():
+    from ppsd.cli import generate
+
+    parser = argparse.ArgumentParser()
+    generate.add_arguments(parser)
+    action = next(a for a in parser._actions if a.dest == "executor")
+    assert tuple(action.choices) == tuple(KINDS)
+    assert all(kind.choice in action.help for kind in KINDS.values())
+    assert parser.parse_args(["--prompt", "hi", "--executor", "distributed"]).executor == "processes"
+
+
+def test_the_page_offers_the_concurrent_kinds_in_their_words():
+    import gradio as gr
+
+    from app import ui
+
+    with gr.Blocks():
+        radio = ui._pipeline_controls()["pipeline"]
+    assert [tuple(choice) for choice in radio.choices] == [(kind.choice, kind.name) for kind in concurrent_kinds()]
+
+
+def test_bench_pipeline_has_an_ar_and_a_ppsd_row_per_concurrent_kind():
+    from ppsd.bench.pipeline import rows
+
+    methods = rows(3, 4, concurrent_kinds())
+    at_once = [(m.method, m.executor, m.label) for m in methods if KINDS[m.executor].concurrent]
+    assert at_once == [(method, kind.name, f"{name}, {kind.row.format(k=3)}") for kind in concurrent_kinds()
+                       for method, name in (("ar", "AR"), ("ppsd", "PPSD"))]
+    assert {m.executor for m in methods} == set(KINDS)
+
+
+def test_the_kinds_names_and_words_are_written_only_in_their_module():
+    """A list of kind names, or a kind's words, anywhere else would be a second place to update."""
+    names = "|".join(re.escape(n) for n in (*KINDS, "distributed"))
+    listed = re.compile(rf"""["']({names})["'][\s,()\[\]]*["']({names})["']""")
+    words = [w for kind in KINDS.values() for w in (kind.label, kind.choice, kind.where) if len(w.split()) > 2]
+    sources = [p for folder in ("ppsd", "app") for p in (ROOT / folder).rglob("*.py") if p.name != "kinds.py"]
+    for path in sources:
+        text = path.read_text()
+        assert not listed.search(text), f"{path}: a list of executor kinds: {listed.search(text).group(0)}"
+        for w in words:
+            assert f'"{w}"' not in text, f"{path} repeats {w!r}"
