@@ -113,7 +113,9 @@ def plain_sentence(c: Comparison) -> str:
             "the measured pipeline needs somewhat more" if a_star <= 1 else
             f"no acceptance can make it beat it on this pipeline (a* = {a_star:.2f} by the ideal model, above 1){rate}")
     runs = f"median of {p.runs}" if p.runs > 1 else "one run"
-    on = f"the {c.num_stages} worker processes" if c.pipeline == "processes" else f"the {c.num_stages} stage threads"
+    on = (f"the {c.num_stages} worker processes" if c.pipeline == "processes" else
+          f"the {c.num_stages} stage threads" if c.pipeline == "threads" else
+          f"the {c.num_stages}-stage pipeline ({KINDS[c.pipeline].where})")
     return (f"Plain decoding, AR in this one process on {p.threads} thread{'s' * (p.threads != 1)} with no pipeline, "
             f"took {duration_text(p.seconds)} ({runs}, measured): PPSD on {on} runs at "
             f"{ratio:.2f}× its speed, so PPSD {verdict}; {need}.")
@@ -146,7 +148,8 @@ def compared_sentence(c: Comparison) -> str:
     """In one sentence, what was compared with what."""
     where = (f"one process, the measured stage costs replayed on {c.num_stages} workers" if not c.workers else
              f"{c.num_stages} worker processes running at once" if c.pipeline == "processes" else
-             f"{pipeline_threads(c.num_stages, c.device)} running at once")
+             f"{pipeline_threads(c.num_stages, c.device)} running at once" if c.pipeline == "threads" else
+             KINDS[c.pipeline].where)
     timed = f"each timed {len(c.speedups)}×, interleaved" if len(c.speedups) > 1 else "each timed once"
     return (f"Compared: AR and PPSD decoding the same prompt to the same {c.ar.tokens} tokens on the same "
             f"{c.num_stages}-stage pipeline ({where}), {timed}; the decoder alone is timed.")
@@ -196,6 +199,11 @@ def render_headline(c: Comparison | None, *, status: str = "", agreement: str = 
             f"({pipeline_threads(c.num_stages, c.device)}), at the same time, sharing the weights and the KV cache; "
             f"AR ran on the same threads. The same stage costs replayed (projected clock) give {other:.2f}×: the "
             "difference is what the threads lose to each other (on a CPU, Python's lock between short kernels)."))
+    elif c.workers and c.pipeline == "graphed":
+        lines.append(note(
+            f"Measured: each of the K={c.num_stages} stages ran as one captured step in this one process "
+            f"({KINDS[c.pipeline].where}), sharing the weights and a static KV cache; AR ran on the same steps. "
+            f"The same stage costs replayed (projected clock) give {other:.2f}×."))
     elif c.workers:
         lines.append(note(
             f"Measured: each of the K={c.num_stages} stages ran in its own worker process (pinned to its own cores or "

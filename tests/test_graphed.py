@@ -292,3 +292,16 @@ def test_on_cuda_in_bf16_ar_eesd_and_ppsd_are_token_identical():
             method=method, exit_layer=4, max_new_tokens=2 * NEW_TOKENS), executor=graphed).token_ids
             for method in ("ar", "eesd", "ppsd")}
     assert outputs["ar"] == outputs["eesd"] == outputs["ppsd"]
+
+
+def test_compiled_steps_on_stage_threads_return_what_the_in_process_executor_returns(layer_model):
+    """The CPU's fast path: each step compiled (Inductor, C++ wrapper), stages 2..K on threads."""
+    partition = stage_layers(layer_model.num_layers, 4, 2)
+    with GraphedExecutor(layer_model, partition, compiled=True) as graphed:
+        assert graphed.concurrent
+        for method in ("ppsd", "ar"):
+            config = DecodeConfig(method=method, exit_layer=4, max_new_tokens=NEW_TOKENS)
+            twin = Checked(InProcessExecutor(layer_model, partition, Stopwatch()), graphed)
+            result = ppsd.generate(layer_model, PROMPTS["long"], config, executor=twin)
+        assert graphed._compiled_keys >= {(0, 64, True), (0, 64, False), (1, 64, False)}
+    assert result.trace.concurrent and twin.calls > NEW_TOKENS

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from ppsd.executors import pool
+from ppsd.executors import kinds, pool
 from ppsd.executors.kinds import KINDS, choose, concurrent_by_default, concurrent_kinds, kind_named
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -26,7 +26,7 @@ def _setup(device: str, num_stages: int) -> SimpleNamespace:
 def test_an_unknown_name_is_refused_naming_the_choices():
     for ask in (lambda: kind_named("fibres"), lambda: choose("fibres", 2, "cpu")):
         with pytest.raises(ValueError, match="executor 'fibres' is unknown; choose one of: auto, in-process, "
-                                             "processes, threads"):
+                                             "processes, threads, graphed"):
             ask()
     assert kind_named("distributed") is KINDS["processes"]  # the CLI's earlier name
 
@@ -35,7 +35,7 @@ def test_auto_picks_processes_where_they_start_on_a_cpu_else_threads(monkeypatch
     monkeypatch.setattr(pool, "usable_cores", lambda: 2)
     assert choose("auto", 2, "cpu").name == "processes"
     assert choose("auto", 3, "cpu").name == "threads"  # too few cores for a process each
-    assert choose("auto", 2, "cuda:0").name == "threads"  # one GPU: CUDA streams in one process
+    assert choose("auto", 2, "cuda:0").name == "graphed"  # one GPU: captured steps, a CUDA stream each
     assert choose("processes", 3, "cpu").name == "processes"  # asked for by name: refused by `ready`, with the reason
     assert choose("in-process", 2, "cpu").name == "in-process"
     assert concurrent_by_default(2, "cpu") and not concurrent_by_default(3, "cpu")
@@ -47,7 +47,8 @@ def test_auto_picks_processes_where_they_start_on_a_cpu_else_threads(monkeypatch
 def test_every_kind_says_why_it_cannot_run_and_ready_refuses_with_that_reason(monkeypatch):
     monkeypatch.setattr(pool, "usable_cores", lambda: 2)
     impossible = {"processes": ("cpu", 3, "K = 3 worker processes need 3 CPU cores, one each; this machine gives 2"),
-                  "threads": ("mps", 2, "the threads executor runs on CPU or CUDA, not mps")}
+                  "threads": ("mps", 2, "the threads executor runs on CPU or CUDA, not mps"),
+                  "graphed": ("mps", 2, "the graphed executor runs on CPU or CUDA, not mps")}
     assert set(impossible) | {"in-process"} == set(KINDS)  # a new kind gets a case here
     for name, (device, k, reason) in impossible.items():
         kind = KINDS[name]
@@ -59,6 +60,9 @@ def test_every_kind_says_why_it_cannot_run_and_ready_refuses_with_that_reason(mo
     monkeypatch.setattr(pool.multiprocessing, "current_process", lambda: type("P", (), {"daemon": True})())
     assert "daemonic" in KINDS["processes"].unavailable("cpu", 2)
     assert KINDS["threads"].unavailable("cpu", 2) is None  # the way a daemonic process runs the stages at once
+    assert KINDS["graphed"].unavailable("cuda:0", 2) is None
+    monkeypatch.setattr(kinds.shutil, "which", lambda name: None)
+    assert "no C++ compiler" in KINDS["graphed"].unavailable("cpu", 2)  # it compiles its steps on a CPU
 
 
 def test_release_closes_what_a_run_built_and_leaves_the_shared_pipeline():

@@ -30,6 +30,7 @@ from ..static_cache import StaticKVCache, bucket_for
 from ..trace import Stopwatch
 from . import schedule
 from .base import Feed, Output, final_position, logit_width
+from .threads import StageThreads
 
 
 @dataclass
@@ -60,8 +61,17 @@ class GraphedExecutor:
             raise ValueError(f"the graphed executor runs on CPU or CUDA, not {self.device}")
         if compiled and self.cuda:
             raise ValueError("compiled steps are for a CPU: on CUDA the steps are captured as CUDA graphs")
-        self.concurrent = self.cuda  # one stream per stage; a CPU runs the steps in turn
+        # At once: on a GPU a stream per stage; on a CPU a thread per stage, which pays only for
+        # compiled steps (their C++ wrapper releases the GIL; eager steps hold it).
+        self.concurrent = self.cuda or compiled
         self.compiled = compiled
+        self.threads = StageThreads(len(partition)) if compiled else None
+        if compiled:
+            # Set for the whole process, once: the compiler's settings are part of what a compiled
+            # step is checked against before each call, so switching them per call recompiles.
+            torch._inductor.config.cpp_wrapper = True
+            torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
+        self._compiled_keys: set[tuple[int, int, bool]] = set()
         self.cache = StaticKVCache.for_model(model.hf_model)
         self._clock = stopwatch or Stopwatch()
         self._queues = schedule.empty(len(partition))
@@ -92,6 +102,8 @@ class GraphedExecutor:
     def begin(self, stopwatch: Stopwatch) -> None:
         """One run at a time (a second waits); on CUDA, one clock stamp places the run's events."""
         self._run_lock.acquire()
+        if self.threads is not None:
+            self.threads.begin()
         self._clock = stopwatch
         self.rollback(0)
         if self.cuda:
@@ -100,6 +112,8 @@ class GraphedExecutor:
             self._origin_at = stopwatch.now()
 
     def end(self) -> None:
+        if self.threads is not None:
+            self.threads.end()
         self._run_lock.release()
 
     def slot(self, feed: Feed | None, *, slot: int) -> Output:
@@ -118,6 +132,8 @@ class GraphedExecutor:
 
     def close(self) -> None:
         self._graphs.clear()
+        if self.threads is not None:
+            self.threads.close()
 
     def __enter__(self) -> "GraphedExecutor":
         return self
@@ -140,8 +156,14 @@ class GraphedExecutor:
             self._host_values[0] = feed.tokens[0]
         self._dev_in.copy_(self._host_in, non_blocking=True)
         if at_once:
-            inputs = [self._take(a) for a in actions]
-            done = [self._launch(a, x, g, feed) for a, x, g in zip(actions, inputs, graphed)]
+            work = [(a, self._take(a), g) for a, g in zip(actions, graphed)]
+            if self.threads is not None and all(map(self._compiled_already, actions)):
+                running = {i: self.threads.submit(a.index, self._launch, a, x, g, feed)
+                           for i, (a, x, g) in enumerate(work) if a.index > 0}
+                here = {i: self._launch(a, x, g, feed) for i, (a, x, g) in enumerate(work) if i not in running}
+                done = [here[i] if i in here else running[i].result() for i in range(len(work))]
+            else:  # on CUDA the launches return at once; a step compiled now compiles on this thread
+                done = [self._launch(a, x, g, feed) for a, x, g in work]
         else:
             done = []
             for a, g in zip(actions, graphed):
@@ -274,12 +296,18 @@ class GraphedExecutor:
         x = hidden if k > 0 else torch.tensor([feed.tokens], dtype=torch.long, device=self.device)
         return self._step(k, x, positions, bucket, draft=draft, logits_for=logit_width(item.kind, item.width))
 
+    def _compiled_already(self, action: schedule.Action) -> bool:
+        return action.item.width > 1 or (action.index, bucket_for(action.item.position + 1),
+                                          action.kind == "draft") in self._compiled_keys
+
     def _compiled_step(self, k: int, bucket: int, draft: bool):
         """`_static_step` compiled by Inductor with its C++ wrapper (the step then runs as one C++
-        call): compiled on first use for each (stage, bucket, drafting), which takes tens of
-        seconds on a small CPU, so only the engine bench and callers who ask use it."""
-        with torch._inductor.config.patch(cpp_wrapper=True), torch._dynamo.config.patch(recompile_limit=64):
-            return _COMPILED_STEP(self, k, bucket, draft)
+        call, without the GIL): compiled on first use of each (stage, bucket, drafting), on the
+        caller's thread (compiling is not thread-safe), which takes seconds to a minute on a small
+        CPU."""
+        out = _COMPILED_STEP(self, k, bucket, draft)
+        self._compiled_keys.add((k, bucket, draft))
+        return out
 
     def _graph(self, action: schedule.Action):
         """The captured one-token step for `action` (captured on first use), host lengths advanced."""

@@ -10,16 +10,8 @@ torch.distributed are imported only when a kind needs them.
 Adding a kind: write its executor in a module of its own (the `Executor` protocol of `base`,
 with `close()`), then add one `ExecutorKind` to `KINDS`: its name and words, whether its stages
 run at once, why it cannot run somewhere (`unavailable`), and `build`, which constructs it and
-warms it up untimed (`ready` checks `unavailable` before it calls `build`). For example:
-
-    def _graphed(setup, tell, options):
-        from .graphed import GraphedExecutor
-
-        tell("Capturing the stages' steps")
-        return _warmed(setup, GraphedExecutor(setup.model, setup.partition))
-
-    ExecutorKind("graphed", "K captured stages", "captured steps, one per stage", "...", "{k} captured stages",
-                 concurrent=..., unavailable=_cuda_only, build=_graphed)
+warms it up untimed (`ready` checks `unavailable` before it calls `build`). "graphed" is the
+newest such entry: `_graphed_unavailable`, `_graphed` and one line in `KINDS`.
 
 Every front end then offers it: the CLI's `--executor` by name; the page, when it is
 concurrent, as a choice under "The stages at once on" ("auto" keeps today's rule); and
@@ -29,6 +21,7 @@ bench-pipeline, when it is concurrent and can run here, as an AR and a PPSD row.
 
 from __future__ import annotations
 
+import shutil
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
@@ -96,6 +89,16 @@ def _processes_unavailable(device: str, num_stages: int) -> str | None:
     return workers_unavailable(num_stages, device)
 
 
+def _graphed_unavailable(device: str, num_stages: int) -> str | None:
+    if device.startswith("cuda"):
+        return None
+    if device != "cpu":
+        return f"the graphed executor runs on CPU or CUDA, not {device}: use one process (projected clock)"
+    if shutil.which("g++") is None and shutil.which("c++") is None:
+        return "the graphed executor compiles its steps on a CPU, and this machine has no C++ compiler (g++)"
+    return None
+
+
 def _in_process(setup: RunSetup, tell: Progress, options: WorkerOptions) -> None:
     return None  # each run makes its own `InProcessExecutor` on its stopwatch
 
@@ -115,6 +118,15 @@ def _threads(setup: RunSetup, tell: Progress, options: WorkerOptions) -> Executo
     return _warmed(setup, ThreadedExecutor(setup.model, setup.partition))
 
 
+def _graphed(setup: RunSetup, tell: Progress, options: WorkerOptions) -> Executor:
+    from .graphed import GraphedExecutor
+
+    cuda = setup.model.info.device.startswith("cuda")
+    tell("Capturing each stage's step as a CUDA graph" if cuda else
+         "Compiling each stage's step (first use: about a minute on a small CPU)")
+    return _warmed(setup, GraphedExecutor(setup.model, setup.partition, compiled=not cuda))
+
+
 def _processes(setup: RunSetup, tell: Progress, options: WorkerOptions) -> Executor:
     from .pool import ready_pipeline
 
@@ -131,6 +143,9 @@ KINDS: dict[str, ExecutorKind] = {kind.name: kind for kind in (
     ExecutorKind("threads", "K threads in one process", "threads in this process",
                  "each stage on its own thread in one process, at once", "{k} threads in 1 process", concurrent=True,
                  unavailable=_threads_unavailable, build=_threads),
+    ExecutorKind("graphed", "K captured steps in one process", "captured steps, one per stage",
+                 "each stage a captured step (a CUDA graph on its stream, or a compiled step on its thread), at once",
+                 "{k} captured steps", concurrent=True, unavailable=_graphed_unavailable, build=_graphed),
 )}
 ALIASES = {"distributed": "processes"}  # the CLI's earlier name
 AUTO = "auto"
@@ -150,15 +165,16 @@ def kind_named(name: str) -> ExecutorKind:
 
 
 def choose(requested: str, num_stages: int, device: str) -> ExecutorKind:
-    """The kind `requested` names, or for "auto" worker processes where they can start on a CPU
-    (measured faster there on the default model: docs/distributed.md), else threads (on one
-    GPU, the stages overlap only as CUDA streams in one process). A kind asked for by name is
-    returned even where it cannot run: its `ready` says why. ValueError for unknown names."""
+    """The kind `requested` names, or for "auto": on a GPU the captured steps (CUDA graphs, one
+    stream per stage: docs/benchmarks.md); on a CPU worker processes where they can start (no
+    compilation before the first run), else threads. A kind asked for by name is returned even
+    where it cannot run: its `ready` says why. ValueError for unknown names."""
     if requested != AUTO:
         return kind_named(requested)
+    if device.startswith("cuda"):
+        return KINDS["graphed"]
     processes = KINDS["processes"]
-    cpu = not device.startswith("cuda")
-    return processes if cpu and processes.unavailable(device, num_stages) is None else KINDS["threads"]
+    return processes if processes.unavailable(device, num_stages) is None else KINDS["threads"]
 
 
 def concurrent_by_default(num_stages: int, device: str) -> bool:

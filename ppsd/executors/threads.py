@@ -43,37 +43,27 @@ class ThreadedExecutor(InProcessExecutor):
                              "(projected clock)")
         super().__init__(model, partition, stopwatch or Stopwatch())
         self._streams = [torch.cuda.Stream(device) for _ in partition] if device.startswith("cuda") else None
-        self.cores = _stage_cores(len(partition))
-        self._stages = [ThreadPoolExecutor(1, f"ppsd-stage-{k + 1}", initializer=_pin, initargs=(self.cores, k))
-                        for k in range(1, len(partition))]
-        self._run_lock = threading.Lock()
-        self._caller: tuple[int, set[int] | None] | None = None  # intra-op threads and cores to give back
+        self.threads = StageThreads(len(partition))
+
+    @property
+    def cores(self) -> list[set[int]] | None:
+        return self.threads.cores
 
     def begin(self, stopwatch: Stopwatch) -> None:
         """One run at a time: a second waits. The caller's thread becomes stage 1's (one intra-op
         thread, its core) until `end`."""
-        self._run_lock.acquire()
+        self.threads.begin()
         try:
             super().begin(stopwatch)
-            self._caller = (torch.get_num_threads(), _affinity())
-            torch.set_num_threads(1)
-            _pin(self.cores, 0)
         except BaseException:
-            self._run_lock.release()
+            self.threads.end()
             raise
 
     def end(self) -> None:
-        if self._caller is not None:
-            threads, cores = self._caller
-            torch.set_num_threads(threads)
-            if cores is not None:
-                os.sched_setaffinity(0, cores)
-            self._caller = None
-        self._run_lock.release()
+        self.threads.end()
 
     def close(self) -> None:
-        for stage in self._stages:
-            stage.shutdown(wait=True)
+        self.threads.close()
 
     def __enter__(self) -> "ThreadedExecutor":
         return self
@@ -88,9 +78,7 @@ class ThreadedExecutor(InProcessExecutor):
         work = [(action, self._input(action)) for action in plan.actions]
         compute = self._compute if self._streams is None else self._compute_on_stream
         timing = _SlotTiming(self._streams, self._clock)
-        modes = (torch.is_inference_mode_enabled(), torch.is_grad_enabled())  # thread-local: passed on
-        running = {action.index: self._stages[action.index - 1].submit(_in_modes, modes, compute, action,
-                                                                        hidden, feed, slot)
+        running = {action.index: self.threads.submit(action.index, compute, action, hidden, feed, slot)
                    for action, hidden in work if action.index > 0}
         here = {action.index: compute(action, hidden, feed, slot) for action, hidden in work if action.index == 0}
         done = timing.finish({**here, **{k: future.result() for k, future in running.items()}})
@@ -144,6 +132,46 @@ class _SlotTiming:
             timed[k] = (hidden, logits, action.event(self.at + self.mark.elapsed_time(begun) / 1e3,
                                                      self.at + self.mark.elapsed_time(ended) / 1e3, slot))
         return timed
+
+
+class StageThreads:
+    """A thread for each of stages 2..K and, while a run lasts, the caller's thread as stage 1's:
+    each with one intra-op thread and, where the process may use K cores, a core of its own. One
+    run at a time: `begin` waits for the run before to `end`."""
+
+    def __init__(self, num_stages: int) -> None:
+        self.cores = _stage_cores(num_stages)
+        self._stages = [ThreadPoolExecutor(1, f"ppsd-stage-{k + 1}", initializer=_pin, initargs=(self.cores, k))
+                        for k in range(1, num_stages)]
+        self._run_lock = threading.Lock()
+        self._caller: tuple[int, set[int] | None] | None = None  # intra-op threads and cores to give back
+
+    def begin(self) -> None:
+        self._run_lock.acquire()
+        try:
+            self._caller = (torch.get_num_threads(), _affinity())
+            _pin(self.cores, 0)
+        except BaseException:
+            self._run_lock.release()
+            raise
+
+    def end(self) -> None:
+        if self._caller is not None:
+            threads, cores = self._caller
+            torch.set_num_threads(threads)
+            if cores is not None:
+                os.sched_setaffinity(0, cores)
+            self._caller = None
+        self._run_lock.release()
+
+    def submit(self, k: int, fn, *args):
+        """`fn(*args)` on stage k's thread (k >= 1), under the caller's inference and grad modes."""
+        modes = (torch.is_inference_mode_enabled(), torch.is_grad_enabled())  # thread-local: passed on
+        return self._stages[k - 1].submit(_in_modes, modes, fn, *args)
+
+    def close(self) -> None:
+        for stage in self._stages:
+            stage.shutdown(wait=True)
 
 
 def _in_modes(modes: tuple[bool, bool], compute, *args):
