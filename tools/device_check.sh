@@ -5,8 +5,9 @@
 #    bucket, the same sampled draw, bf16 AR = EESD = PPSD;
 # 2. tools/engine_bench.py on a random Llama of the default model's exact shape in bf16: ms per
 #    token of eager AR, HF generate(), graphed AR and graphed PPSD; both stage times alone, the
-#    overlap factor (t1 + t2) / slot, host waits per slot; then the same with every draft
-#    accepted (layers >= E zeroed), the upper-bound control.
+#    overlap factor (t1 + t2) / slot, the slot's span on the GPU and the host's share, host waits
+#    per slot, each stage alone at other E; then the same with every draft accepted (layers >= E
+#    zeroed), the upper-bound control.
 #
 #   bash tools/device_check.sh [OUT_DIR]        # logs and JSON land in OUT_DIR (default runs/device-check)
 #
@@ -23,16 +24,16 @@ export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
 print('RESULT device:', torch.cuda.get_device_name(0) if ok else 'no CUDA device', '| torch', torch.__version__); \
 sys.exit(0 if ok else 1)" || exit 1
 
-timeout 90 "$py" -m pytest -q -m gpu -rs -p no:cacheprovider tests/test_graphed.py tests/test_threads.py \
+timeout 60 "$py" -m pytest -q -m gpu -rs -p no:cacheprovider tests/test_graphed.py tests/test_threads.py \
     >"$out/gpu-tests.log" 2>&1
 echo "RESULT gpu tests (exit $?): $(tail -n 1 "$out/gpu-tests.log")"
 grep -E "^(FAILED|ERROR)" "$out/gpu-tests.log" | head -n 8 | sed 's/^/RESULT   /'
 
-timeout 150 "$py" tools/engine_bench.py --device cuda --repeats 3 --json "$out/engine-bf16.json" >"$out/engine.log" 2>&1
+timeout 150 "$py" tools/engine_bench.py --device cuda --repeats 3 --sweep-exit-layers 12 15 21 --json "$out/engine-bf16.json" >"$out/engine.log" 2>&1
 echo "RESULT engine bench (exit $?), random SmolLM2-shaped Llama, bf16:"
 grep RESULT "$out/engine.log" | sed 's/^RESULT/RESULT  /' || tail -n 5 "$out/engine.log"
 
-timeout 100 "$py" tools/engine_bench.py --device cuda --repeats 3 --perfect-exit \
+timeout 90 "$py" tools/engine_bench.py --device cuda --repeats 3 --perfect-exit \
     --json "$out/engine-bf16-perfect.json" >"$out/engine-perfect.log" 2>&1
 echo "RESULT engine bench (exit $?), every draft accepted:"
 grep RESULT "$out/engine-perfect.log" | sed 's/^RESULT/RESULT  /' || tail -n 5 "$out/engine-perfect.log"

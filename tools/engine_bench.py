@@ -54,20 +54,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--perfect-exit", action="store_true",
                         help="random model: layers from E on add nothing and the head drafts the whole "
                              "vocabulary, so every draft is accepted (a = 1): the upper-bound control")
+    parser.add_argument("--compiled", action="store_true",
+                        help="on a CPU: the graphed executor's steps compiled (Inductor, C++ wrapper), stages on threads")
+    parser.add_argument("--sweep-exit-layers", type=int, nargs="*", default=[],
+                        help="CUDA: also each stage's step time alone at these E (an untrained head of the same shape)")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
 
-    model, source = _model(args)
+    model, source, prompt = _model(args)
     model = fixed_length(model)
-    prompt = torch.randint(1, model.info.vocab_size, (args.prompt_tokens,),
-                           generator=torch.Generator().manual_seed(0)).tolist()
     partition = stage_layers(model.num_layers, args.exit_layer, 2)
     config = DecodeConfig(exit_layer=args.exit_layer, num_stages=2, max_new_tokens=args.new_tokens)
     sync = torch.cuda.synchronize if args.device.startswith("cuda") else (lambda: None)
     eager = InProcessExecutor(model, partition, Stopwatch())
-    graphed = GraphedExecutor(model, partition)
+    graphed = GraphedExecutor(model, partition, compiled=args.compiled)
 
     def run(method: str, executor):
         return lambda: generate(model, prompt, DecodeConfig(**{**vars(config), "method": method}), executor=executor)
@@ -96,7 +98,8 @@ def main(argv: list[str] | None = None) -> int:
                     results[label] = result
         ppsd_result = results["graphed PPSD"]
         waits = _host_waits(lambda: run("ppsd", graphed)(), args.device)
-        alone = _stage_alone_ms(graphed, args.device, bucket_for(args.prompt_tokens + args.new_tokens))
+        alone = _stage_alone_ms(graphed, args.device, bucket_for(len(prompt) + args.new_tokens))
+        sweep = {e: _sweep_point(model, e, prompt, args) for e in args.sweep_exit_layers}
 
     ms = {label: statistics.median(t) / args.new_tokens * 1e3 for label, t in timed.items()}
     slots = max(e.slot for e in ppsd_result.trace.events if e.slot is not None) + 1
@@ -105,6 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     verified = sum(t.status in ("accepted", "corrected") for t in ppsd_result.tokens)
     acceptance = accepted / verified if verified else 0.0
     t1, t2 = alone.get(0, float("nan")), alone.get(1, float("nan"))
+    span, during, host = _slot_spans(ppsd_result, slot_ms) if args.device.startswith("cuda") else ({}, {}, None)
     projected = slot_ms * (SHIPPED_ACCEPTANCE + (1 - SHIPPED_ACCEPTANCE) * 2)  # 1 slot accepted, K = 2 corrected
     report = {
         "device": torch.cuda.get_device_name(0) if args.device.startswith("cuda") else "cpu",
@@ -116,6 +120,8 @@ def main(argv: list[str] | None = None) -> int:
         "ppsd_acceptance": acceptance, "ppsd_slots": slots, "ppsd_slot_ms": slot_ms,
         "stage_alone_ms": {"stage 1 (layers 0..E + head)": t1, "stage 2 (layers E..L + LM head)": t2},
         "overlap_factor": (t1 + t2) / slot_ms,
+        "ppsd_slot_gpu_span_ms": span, "ppsd_stage_ms_during_slots": during, "ppsd_host_ms_per_slot": host,
+        "stage_alone_ms_by_exit_layer": sweep,
         "host_waits_per_slot": waits,
         "projected_ppsd_ms_per_token_at_shipped_acceptance": {
             "acceptance": SHIPPED_ACCEPTANCE, "ms_per_token": projected,
@@ -129,6 +135,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"RESULT stage alone: t1 {t1:.3f} ms, t2 {t2:.3f} ms; PPSD slot {slot_ms:.3f} ms; "
           f"overlap (t1 + t2) / slot = {report['overlap_factor']:.2f}")
     print(f"RESULT host waits per slot (graphed PPSD): {waits}")
+    if host is not None:
+        print(f"RESULT PPSD slot on the GPU (first start to last end, median): {span:.3f} ms; stages during it "
+              f"{during.get(1, float('nan')):.3f} / {during.get(2, float('nan')):.3f} ms; host {host:.3f} ms a slot")
+    for e, (a1, a2) in sweep.items():
+        print(f"RESULT E = {e}: stage 1 alone {a1:.3f} ms, stage 2 alone {a2:.3f} ms")
     print(f"RESULT projected graphed PPSD at a = {SHIPPED_ACCEPTANCE}: {projected:.3f} ms/token, "
           f"{ms['graphed AR'] / projected:.2f}x graphed AR (projected from the measured slot)")
     if args.json:
@@ -141,9 +152,14 @@ def _model(args) -> tuple[StagedModel, str]:
         from ppsd import DEFAULT_MODEL, load_model
 
         name = DEFAULT_MODEL if args.model == "default" else args.model
-        model, _ = load_model(name, device=args.device)
+        from ppsd.bench.prompts import CHAT_PROMPTS_FILE, load_prompts
+        from ppsd.chat import encode_prompt
+
+        model, tokenizer = load_model(name, device=args.device)
         setup = set_up(model, DecodeConfig(exit_layer=args.exit_layer, num_stages=2))
-        return setup.model, f"{name} with {setup.head}"
+        question = load_prompts(str(CHAT_PROMPTS_FILE))[0][0]  # a held-out chat question: real acceptance
+        prompt = encode_prompt(tokenizer, question["prompt"], chat=True)
+        return setup.model, f"{name} with {setup.head}, prompt {question['name']!r}", prompt
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
@@ -164,9 +180,34 @@ def _model(args) -> tuple[StagedModel, str]:
     drafts = None if args.perfect_exit else 8192
     head = build_head("layer", model, args.exit_layer, draft_vocab=drafts)
     perfect = ", layers >= E zeroed (every draft accepted)" if args.perfect_exit else ""
+    prompt = torch.randint(1, config.vocab_size, (args.prompt_tokens,), generator=torch.Generator().manual_seed(0))
     return model.with_exit_head(head), (f"random Llama ({args.layers} layers, width {args.hidden}, 9/3 heads, "
                                         f"vocab 49152{perfect}) with an untrained layer head at E = {args.exit_layer}, "
-                                        f"{drafts or 49152} draft tokens")
+                                        f"{drafts or 49152} draft tokens"), prompt.tolist()
+
+
+def _slot_spans(result, slot_ms: float) -> tuple[float, dict[int, float], float]:
+    """From a measured (CUDA-event) PPSD trace: the median slot's span on the GPU (first stage's
+    start to last stage's end), each stage's median time during slots, and the host's share of
+    a slot (the wall slot less the span)."""
+    by_slot: dict[int, list] = {}
+    for event in result.trace.events:
+        if event.slot is not None:
+            by_slot.setdefault(event.slot, []).append(event)
+    spans = [max(e.end for e in es) - min(e.start for e in es) for es in by_slot.values() if len(es) > 1]
+    span = statistics.median(spans) * 1e3 if spans else float("nan")
+    during = {k: statistics.median(e.duration for es in by_slot.values() for e in es if e.stage == k) * 1e3
+              for k in (1, 2)}
+    return span, during, slot_ms - span
+
+
+def _sweep_point(model: StagedModel, exit_layer: int, prompt: list[int], args) -> tuple[float, float]:
+    """Stage times alone at another E: an untrained layer head there, the steps captured by a short run."""
+    at = model.with_exit_head(build_head("layer", model, exit_layer, draft_vocab=8192))
+    executor = GraphedExecutor(at, stage_layers(model.num_layers, exit_layer, 2))
+    generate(at, prompt, DecodeConfig(exit_layer=exit_layer, num_stages=2, max_new_tokens=8), executor=executor)
+    alone = _stage_alone_ms(executor, args.device, bucket_for(len(prompt) + 8))
+    return alone.get(0, float("nan")), alone.get(1, float("nan"))
 
 
 def _host_waits(run, device: str) -> float:
