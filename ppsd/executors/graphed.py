@@ -164,14 +164,15 @@ class GraphedExecutor:
                 done = [here[i] if i in here else running[i].result() for i in range(len(work))]
             else:  # on CUDA the launches return at once; a step compiled now compiles on this thread
                 done = [self._launch(a, x, g, feed) for a, x, g in work]
+            self._join(done)  # only now: a stream joined earlier would hold back the stages after it
+            for d in done:
+                self._pass_on(d)
         else:
             done = []
             for a, g in zip(actions, graphed):
                 done.append(self._launch(a, self._take(a), g, feed))
+                self._join(done[-1:])
                 self._pass_on(done[-1])
-        if at_once:
-            for d in done:
-                self._pass_on(d)
         self._queues = plan.queues
         return self._read(done, feed, slot)
 
@@ -186,7 +187,8 @@ class GraphedExecutor:
         return taken[0] if len(taken) == 1 else torch.cat(taken, dim=1)
 
     def _launch(self, action: schedule.Action, hidden: torch.Tensor | None, graph, feed: Feed | None) -> _Done:
-        """Start `action`'s step: its graph's replay on its stage's stream, or the step eagerly."""
+        """Start `action`'s step: its graph's replay on its stage's stream, or the step eagerly
+        (on a CPU it is done when this returns; on CUDA once `_join` has joined its stream)."""
         k = action.index
         if not self.cuda:
             start = self._clock.now()
@@ -207,12 +209,20 @@ class GraphedExecutor:
                     hidden.record_stream(stream)  # made on another stream
                 out = self._eager(action, hidden, feed)
             ended.record(stream)
-        torch.cuda.current_stream().wait_stream(stream)
-        if graph is None:
-            for t in out:
-                if t is not None:
-                    t.record_stream(torch.cuda.current_stream())  # read next on this stream
         return _Done(action, *out, begun, ended, replayed=graph is not None)
+
+    def _join(self, done: list[_Done]) -> None:
+        """On CUDA, this thread's stream waits for the stages' streams, where their outputs are
+        read next."""
+        if not self.cuda:
+            return
+        caller = torch.cuda.current_stream()
+        for d in done:
+            caller.wait_stream(self._streams[d.action.index])
+            if not d.replayed:
+                for t in (d.hidden, d.logits, d.best):
+                    if t is not None:
+                        t.record_stream(caller)  # made on the stage's stream
 
     def _pass_on(self, done: _Done) -> None:
         """`done`'s hidden states onto the next stage's queue (a replayed graph's copied: its
