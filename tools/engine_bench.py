@@ -41,33 +41,12 @@ SHIPPED_ACCEPTANCE = 0.532  # greedy PPSD on the 12 held-out chat prompts, CPU, 
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--model", default=None, help="'default' or a path: a real model instead of the random one")
-    parser.add_argument("--layers", type=int, default=30, help="random model: layers (30 = the default model)")
-    parser.add_argument("--hidden", type=int, default=576, help="random model: width")
-    parser.add_argument("--exit-layer", type=int, default=18)
-    parser.add_argument("--prompt-tokens", type=int, default=48)
-    parser.add_argument("--new-tokens", type=int, default=128)
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--warmup", type=int, default=1)
-    parser.add_argument("--perfect-exit", action="store_true",
-                        help="random model: layers from E on add nothing and the head drafts the whole "
-                             "vocabulary, so every draft is accepted (a = 1): the upper-bound control")
-    parser.add_argument("--compiled", action="store_true",
-                        help="on a CPU: the graphed executor's steps compiled (Inductor, C++ wrapper), stages on threads")
-    parser.add_argument("--sweep-exit-layers", type=int, nargs="*", default=[],
-                        help="CUDA: also each stage's step time alone at these E (an untrained head of the same shape)")
-    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
-    parser.add_argument("--json", default=None)
-    args = parser.parse_args(argv)
+    args = _arguments().parse_args(argv)
     torch.set_num_threads(args.threads)
-
     model, source, prompt = _model(args)
     model = fixed_length(model)
     partition = stage_layers(model.num_layers, args.exit_layer, 2)
     config = DecodeConfig(exit_layer=args.exit_layer, num_stages=2, max_new_tokens=args.new_tokens)
-    sync = torch.cuda.synchronize if args.device.startswith("cuda") else (lambda: None)
     eager = InProcessExecutor(model, partition, Stopwatch())
     graphed = GraphedExecutor(model, partition, compiled=args.compiled)
 
@@ -81,73 +60,109 @@ def main(argv: list[str] | None = None) -> int:
 
     methods = {"eager AR (in-process)": run("ar", eager), "HF generate()": hf,
                "graphed AR": run("ar", graphed), "graphed PPSD": run("ppsd", graphed)}
-    timed: dict[str, list[float]] = {label: [] for label in methods}
-    results: dict[str, object] = {}
     with torch.inference_mode():
-        for repeat in range(args.warmup + args.repeats):
-            for label, method in methods.items():  # interleaved: a drifting machine hits every method alike
-                sync()
-                started = time.perf_counter()
-                result = method()
-                sync()
-                elapsed = time.perf_counter() - started
-                print(f"{label}, {'repeat' if repeat >= args.warmup else 'warm-up'} {repeat}: {elapsed:.3f} s",
-                      flush=True)
-                if repeat >= args.warmup:
-                    timed[label].append(elapsed)
-                    results[label] = result
-        ppsd_result = results["graphed PPSD"]
-        waits = _host_waits(lambda: run("ppsd", graphed)(), args.device)
-        alone = _stage_alone_ms(graphed, args.device, bucket_for(len(prompt) + args.new_tokens))
-        sweep = {e: _sweep_point(model, e, prompt, args) for e in args.sweep_exit_layers}
-
-    ms = {label: statistics.median(t) / args.new_tokens * 1e3 for label, t in timed.items()}
-    slots = max(e.slot for e in ppsd_result.trace.events if e.slot is not None) + 1
-    slot_ms = statistics.median(timed["graphed PPSD"]) * 1e3 / slots
-    accepted = sum(t.status == "accepted" for t in ppsd_result.tokens)
-    verified = sum(t.status in ("accepted", "corrected") for t in ppsd_result.tokens)
-    acceptance = accepted / verified if verified else 0.0
-    t1, t2 = alone.get(0, float("nan")), alone.get(1, float("nan"))
-    span, during, host = _slot_spans(ppsd_result, slot_ms) if args.device.startswith("cuda") else ({}, {}, None)
-    projected = slot_ms * (SHIPPED_ACCEPTANCE + (1 - SHIPPED_ACCEPTANCE) * 2)  # 1 slot accepted, K = 2 corrected
-    report = {
-        "device": torch.cuda.get_device_name(0) if args.device.startswith("cuda") else "cpu",
-        "model": source, "dtype": model.info.dtype, "torch": torch.__version__, "threads": args.threads,
-        "prompt_tokens": args.prompt_tokens, "new_tokens": args.new_tokens, "repeats": args.repeats,
-        "warmup": args.warmup, "exit_layer": args.exit_layer, "ms_per_token": ms,
-        "graphed_ar_vs_eager_ar": ms["eager AR (in-process)"] / ms["graphed AR"],
-        "graphed_ppsd_vs_graphed_ar": ms["graphed AR"] / ms["graphed PPSD"],
-        "ppsd_acceptance": acceptance, "ppsd_slots": slots, "ppsd_slot_ms": slot_ms,
-        "stage_alone_ms": {"stage 1 (layers 0..E + head)": t1, "stage 2 (layers E..L + LM head)": t2},
-        "overlap_factor": (t1 + t2) / slot_ms,
-        "ppsd_slot_gpu_span_ms": span, "ppsd_stage_ms_during_slots": during, "ppsd_host_ms_per_slot": host,
-        "stage_alone_ms_by_exit_layer": sweep,
-        "host_waits_per_slot": waits,
-        "projected_ppsd_ms_per_token_at_shipped_acceptance": {
-            "acceptance": SHIPPED_ACCEPTANCE, "ms_per_token": projected,
-            "vs_graphed_ar": ms["graphed AR"] / projected,
-            "how": "projected: measured PPSD slot time x (a + 2 (1 - a)), a = the shipped head's CPU acceptance"},
-    }
-    for label, value in ms.items():
-        print(f"RESULT {label}: {value:.3f} ms/token")
-    print(f"RESULT graphed AR / eager AR speed: {report['graphed_ar_vs_eager_ar']:.2f}x; graphed PPSD / graphed AR: "
-          f"{report['graphed_ppsd_vs_graphed_ar']:.2f}x at this model's acceptance {acceptance:.3f}")
-    print(f"RESULT stage alone: t1 {t1:.3f} ms, t2 {t2:.3f} ms; PPSD slot {slot_ms:.3f} ms; "
-          f"overlap (t1 + t2) / slot = {report['overlap_factor']:.2f}")
-    print(f"RESULT host waits per slot (graphed PPSD): {waits}")
-    if host is not None:
-        print(f"RESULT PPSD slot on the GPU (first start to last end, median): {span:.3f} ms; stages during it "
-              f"{during.get(1, float('nan')):.3f} / {during.get(2, float('nan')):.3f} ms; host {host:.3f} ms a slot")
-    for e, (a1, a2) in sweep.items():
-        print(f"RESULT E = {e}: stage 1 alone {a1:.3f} ms, stage 2 alone {a2:.3f} ms")
-    print(f"RESULT projected graphed PPSD at a = {SHIPPED_ACCEPTANCE}: {projected:.3f} ms/token, "
-          f"{ms['graphed AR'] / projected:.2f}x graphed AR (projected from the measured slot)")
+        timed, results = _timed(methods, args)
+        extra = {"host_waits_per_slot": _host_waits(run("ppsd", graphed), args.device),
+                 "alone": _stage_alone_ms(graphed, args.device, bucket_for(len(prompt) + args.new_tokens)),
+                 "sweep": {e: _sweep_point(model, e, prompt, args) for e in args.sweep_exit_layers}}
+    report = _report(args, model, source, timed, results["graphed PPSD"], extra)
+    _print(report)
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
     return 0
 
 
-def _model(args) -> tuple[StagedModel, str]:
+def _arguments() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--model", default=None, help="'default' or a path: a real model instead of the random one")
+    parser.add_argument("--layers", type=int, default=30, help="random model: layers (30 = the default model)")
+    parser.add_argument("--hidden", type=int, default=576, help="random model: width")
+    parser.add_argument("--exit-layer", type=int, default=18)
+    parser.add_argument("--prompt-tokens", type=int, default=48, help="random model: prompt length")
+    parser.add_argument("--new-tokens", type=int, default=128)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--warmup", type=int, default=1)
+    parser.add_argument("--perfect-exit", action="store_true",
+                        help="random model: layers from E on add nothing and the head drafts the whole "
+                             "vocabulary, so every draft is accepted (a = 1): the upper-bound control")
+    parser.add_argument("--compiled", action="store_true",
+                        help="on a CPU: the graphed executor's steps compiled (Inductor, C++ wrapper), stages on threads")
+    parser.add_argument("--sweep-exit-layers", type=int, nargs="*", default=[],
+                        help="CUDA: also each stage's step time alone at these E (an untrained head of the same shape)")
+    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    parser.add_argument("--json", default=None)
+    return parser
+
+
+def _timed(methods: dict, args) -> tuple[dict[str, list[float]], dict[str, object]]:
+    """Seconds of each kept repeat per method, interleaved (a drifting machine hits every method
+    alike), and each method's last result."""
+    sync = torch.cuda.synchronize if args.device.startswith("cuda") else (lambda: None)
+    timed: dict[str, list[float]] = {label: [] for label in methods}
+    results: dict[str, object] = {}
+    for repeat in range(args.warmup + args.repeats):
+        for label, method in methods.items():
+            sync()
+            started = time.perf_counter()
+            result = method()
+            sync()
+            elapsed = time.perf_counter() - started
+            print(f"{label}, {'repeat' if repeat >= args.warmup else 'warm-up'} {repeat}: {elapsed:.3f} s", flush=True)
+            if repeat >= args.warmup:
+                timed[label].append(elapsed)
+                results[label] = result
+    return timed, results
+
+
+def _report(args, model: StagedModel, source: str, timed: dict, ppsd_result, extra: dict) -> dict:
+    ms = {label: statistics.median(t) / args.new_tokens * 1e3 for label, t in timed.items()}
+    slots = max(e.slot for e in ppsd_result.trace.events if e.slot is not None) + 1
+    slot_ms = statistics.median(timed["graphed PPSD"]) * 1e3 / slots
+    accepted = sum(t.status == "accepted" for t in ppsd_result.tokens)
+    verified = sum(t.status in ("accepted", "corrected") for t in ppsd_result.tokens)
+    t1, t2 = extra["alone"].get(0, float("nan")), extra["alone"].get(1, float("nan"))
+    span, during, host = _slot_spans(ppsd_result, slot_ms) if args.device.startswith("cuda") else (None, {}, None)
+    projected = slot_ms * (SHIPPED_ACCEPTANCE + (1 - SHIPPED_ACCEPTANCE) * 2)  # 1 slot accepted, K = 2 corrected
+    return {
+        "device": torch.cuda.get_device_name(0) if args.device.startswith("cuda") else "cpu",
+        "model": source, "dtype": model.info.dtype, "torch": torch.__version__, "threads": args.threads,
+        "compiled": args.compiled, "new_tokens": args.new_tokens, "repeats": args.repeats, "warmup": args.warmup,
+        "exit_layer": args.exit_layer, "ms_per_token": ms,
+        "graphed_ar_vs_eager_ar": ms["eager AR (in-process)"] / ms["graphed AR"],
+        "graphed_ppsd_vs_graphed_ar": ms["graphed AR"] / ms["graphed PPSD"],
+        "ppsd_acceptance": accepted / verified if verified else 0.0, "ppsd_slots": slots, "ppsd_slot_ms": slot_ms,
+        "stage_alone_ms": {"stage 1 (layers 0..E + head)": t1, "stage 2 (layers E..L + LM head)": t2},
+        "overlap_factor": (t1 + t2) / slot_ms,
+        "ppsd_slot_gpu_span_ms": span, "ppsd_stage_ms_during_slots": during, "ppsd_host_ms_per_slot": host,
+        "stage_alone_ms_by_exit_layer": extra["sweep"], "host_waits_per_slot": extra["host_waits_per_slot"],
+        "projected_ppsd_ms_per_token_at_shipped_acceptance": {
+            "acceptance": SHIPPED_ACCEPTANCE, "ms_per_token": projected, "vs_graphed_ar": ms["graphed AR"] / projected,
+            "how": "projected: measured PPSD slot time x (a + 2 (1 - a)), a = the shipped head's CPU acceptance"},
+    }
+
+
+def _print(report: dict) -> None:
+    ms, (t1, t2) = report["ms_per_token"], report["stage_alone_ms"].values()
+    for label, value in ms.items():
+        print(f"RESULT {label}: {value:.3f} ms/token")
+    print(f"RESULT graphed AR / eager AR speed: {report['graphed_ar_vs_eager_ar']:.2f}x; graphed PPSD / graphed AR: "
+          f"{report['graphed_ppsd_vs_graphed_ar']:.2f}x at this model's acceptance {report['ppsd_acceptance']:.3f}")
+    print(f"RESULT stage alone: t1 {t1:.3f} ms, t2 {t2:.3f} ms; PPSD slot {report['ppsd_slot_ms']:.3f} ms; "
+          f"overlap (t1 + t2) / slot = {report['overlap_factor']:.2f}")
+    print(f"RESULT host waits per slot (graphed PPSD): {report['host_waits_per_slot']}")
+    if report["ppsd_host_ms_per_slot"] is not None:
+        during = report["ppsd_stage_ms_during_slots"]
+        print(f"RESULT PPSD slot on the GPU (first start to last end, median): {report['ppsd_slot_gpu_span_ms']:.3f} ms; "
+              f"stages during it {during[1]:.3f} / {during[2]:.3f} ms; host {report['ppsd_host_ms_per_slot']:.3f} ms a slot")
+    for e, (a1, a2) in report["stage_alone_ms_by_exit_layer"].items():
+        print(f"RESULT E = {e}: stage 1 alone {a1:.3f} ms, stage 2 alone {a2:.3f} ms")
+    projected = report["projected_ppsd_ms_per_token_at_shipped_acceptance"]
+    print(f"RESULT projected graphed PPSD at a = {SHIPPED_ACCEPTANCE}: {projected['ms_per_token']:.3f} ms/token, "
+          f"{projected['vs_graphed_ar']:.2f}x graphed AR (projected from the measured slot)")
+
+
+def _model(args) -> tuple[StagedModel, str, list[int]]:
     if args.model:
         from ppsd import DEFAULT_MODEL, load_model
 
@@ -214,7 +229,7 @@ def _host_waits(run, device: str) -> float:
     """Blocking host waits per PPSD slot in one untimed run: device and event synchronisations,
     scalar reads of device tensors and device-to-host copies to pageable memory."""
     if not device.startswith("cuda"):
-        return float("nan")
+        return float("nan")  # a CPU makes no host waits: it computes on the host
     from torch.utils._python_dispatch import TorchDispatchMode
 
     count = {"waits": 0}
