@@ -210,6 +210,7 @@ class Snapshot:
     status: str = ""  # what a long preparation (starting the workers, timing again) is doing now
     walls: dict[str, list[float]] = field(default_factory=dict)  # method -> wall of each timed run, page's clock
     plain_threads: int = 0  # the threads plain AR (walls[PLAIN], measured) ran on; 0: not timed
+    plain_on: str = ""  # how plain AR ran, in words ("in this one process on 2 threads with no pipeline")
     pipeline: str = "in-process"  # the name of the kind the methods ran on (`ppsd.executors.kinds.KINDS`)
     plain_run: MethodRun | None = None  # plain AR's first timed run (measured), for the race
 
@@ -318,10 +319,13 @@ def _time_again(snapshot: Snapshot, rounds: int, pipeline: Pipeline | None,
         for method, run in timed:
             snapshot.active = "repeats" if round_ > 1 else PLAIN
             name = "plain AR" if method == PLAIN else method.upper()
-            snapshot.status = (f"Timing again for the spread: run {round_} of {rounds}, {name}" if round_ > 1
-                               else "Timing plain AR in this one process, on every core, no pipeline")
+            gpu = run.setup.model.info.device.startswith("cuda")
+            snapshot.status = (f"Timing again for the spread: run {round_} of {rounds}, {name}" if round_ > 1 else
+                               "Timing plain AR on the captured steps, the fastest AR on a GPU" if gpu else
+                               "Timing plain AR in this one process, on every core, no pipeline")
             yield snapshot
-            wall = _time_plain(run, snapshot, stop) if method == PLAIN else _time_once(run, snapshot, pipeline, stop)
+            wall = (_time_plain(run, snapshot, pipeline, stop) if method == PLAIN else
+                    _time_once(run, snapshot, pipeline, stop))
             if wall is None:  # stopped: the runs timed so far stand
                 return
             snapshot.walls.setdefault(method, []).append(wall)
@@ -336,18 +340,28 @@ def _time_once(run: MethodRun, snapshot: Snapshot, pipeline: Pipeline | None,
     return None if again.result is None else again.wall()
 
 
-def _time_plain(ar: MethodRun, snapshot: Snapshot, stop: threading.Event) -> float | None:
-    """The measured wall of AR in this process on every core it may use (torch's threads), no
-    pipeline: the plain decoding PPSD on K workers must beat. None if stopped."""
+def _time_plain(ar: MethodRun, snapshot: Snapshot, pipeline: Pipeline | None, stop: threading.Event) -> float | None:
+    """The measured wall of the fastest plain AR here, the decoding PPSD on K workers must beat;
+    None if stopped. On a CPU: AR in this process on every core it may use (torch's threads), no
+    pipeline. On a GPU: AR on the captured steps (CUDA graphs), as eager AR there pays about 1,300
+    kernel launches a token and runs 5-6x slower (docs/benchmarks.md)."""
     plain = MethodRun.of(ar.setup, concurrent=False, alone=True)
     threads = torch.get_num_threads()
-    snapshot.plain_threads = usable_cores()
+    cuda = ar.setup.model.info.device.startswith("cuda")
+    graphed = KINDS["graphed"]
+    executor = (pipeline if snapshot.pipeline == graphed.name else graphed.ready(ar.setup)) if cuda else None
+    snapshot.plain_threads = 1 if cuda else usable_cores()
+    snapshot.plain_on = (f"on the captured steps in this one process ({graphed.where})" if cuda else
+                         f"in this one process on {snapshot.plain_threads} thread{'s' * (snapshot.plain_threads != 1)}"
+                         " with no pipeline")
     torch.set_num_threads(snapshot.plain_threads)
     try:
-        for _ in _decode(plain, snapshot, float("inf"), None, stop):
+        for _ in _decode(plain, snapshot, float("inf"), executor, stop):
             pass
     finally:
         torch.set_num_threads(threads)
+        if executor is not pipeline:
+            graphed.release(executor)
     if plain.result is None:
         return None
     snapshot.plain_run = snapshot.plain_run or plain

@@ -170,7 +170,7 @@ def _plain(snap: Snapshot) -> numbers.Plain | None:
         return None
     median = statistics.median
     return numbers.Plain(seconds=median(walls[PLAIN]), runs=len(walls[PLAIN]), threads=snap.plain_threads,
-                         ar_seconds=median(walls["ar"]), ppsd_seconds=median(walls["ppsd"]))
+                         ar_seconds=median(walls["ar"]), ppsd_seconds=median(walls["ppsd"]), on=snap.plain_on)
 
 
 def _timeline(snap: Snapshot):
@@ -232,7 +232,7 @@ def _summary(snap: Snapshot, finished: dict[str, Clocks]) -> dict:
     out["timed_runs"] = {"clock": "measured" if snap.concurrent else "projected", "speedups": snap.speedups(),
                          **{f"{m}_wall_seconds": walls for m, walls in snap.walls.items()}}
     if snap.plain_threads:  # plain AR is on the measured clock, whatever the page's
-        out["timed_runs"]["plain"] = f"AR in the server's one process on {snap.plain_threads} threads, no pipeline, measured"
+        out["timed_runs"]["plain"] = f"AR {snap.plain_on}, measured"
     if len(snap.speedups()) < snap.request.rounds():  # Stop or the time limit cut the timing again short
         out["stopped"] = _status_line(snap)
     return out
