@@ -13,6 +13,8 @@ from ppsd import StagedModel
 # Tests never need the hub; offline mode turns "not found" into an immediate error, not a retry loop.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: no GPU here")
+
 
 def tiny_llama(*, vocab: int = 64, layers: int = 8, seed: int = 0, **overrides) -> LlamaForCausalLM:
     """A random-weight Llama small enough to run hundreds of decodes per second."""

@@ -21,7 +21,7 @@ from ppsd.executors.graphed import GraphedExecutor
 from ppsd.heads import build_head
 from ppsd.trace import Stopwatch
 
-from conftest import tiny_llama
+from conftest import requires_cuda, tiny_llama
 from test_distributed import NEW_TOKENS, PROMPTS, Twin
 
 HOST_READS = {"aten::_local_scalar_dense", "aten::item", "aten::nonzero", "aten::is_nonzero", "aten::equal"}
@@ -73,16 +73,6 @@ def test_every_call_returns_what_the_in_process_executor_returns(model, method, 
         assert {t.status for t in result.tokens} >= {"accepted", "corrected"}
 
 
-@pytest.mark.parametrize("method", ["ppsd", "eesd"])
-def test_a_layer_head_reading_the_static_cache_drafts_what_it_drafts_in_process(layer_model, method):
-    partition = stage_layers(layer_model.num_layers, 4, 2)
-    config = DecodeConfig(method=method, exit_layer=4, max_new_tokens=NEW_TOKENS)
-    with GraphedExecutor(layer_model, partition) as graphed:
-        twin = Checked(InProcessExecutor(layer_model, partition, Stopwatch()), graphed)
-        result = ppsd.generate(layer_model, PROMPTS["long"], config, executor=twin)
-    assert {t.status for t in result.tokens} >= {"accepted", "corrected"}
-
-
 def test_sampling_is_the_same_draw_as_in_process(model):
     config = DecodeConfig(method="ppsd", exit_layer=4, max_new_tokens=NEW_TOKENS, temperature=0.9, top_p=0.95, seed=7)
     expected = ppsd.generate(model, PROMPTS["short"], config)
@@ -90,7 +80,7 @@ def test_sampling_is_the_same_draw_as_in_process(model):
         assert ppsd.generate(model, PROMPTS["short"], config, executor=graphed).token_ids == expected.token_ids
 
 
-class Poisoned(Twin):
+class Poisoned(Checked):
     """Before every call, every cache entry past its layer's committed length holds a large value."""
 
     def _poison(self):
@@ -113,7 +103,8 @@ class Poisoned(Twin):
 
 
 @pytest.mark.parametrize("method", ["ppsd", "eesd"])
-def test_stale_entries_past_the_committed_length_change_nothing(layer_model, method):
+def test_a_layer_head_drafts_from_the_static_cache_as_in_process_and_stale_entries_change_nothing(layer_model,
+                                                                                                   method):
     partition = stage_layers(layer_model.num_layers, 4, 2)
     config = DecodeConfig(method=method, exit_layer=4, max_new_tokens=NEW_TOKENS)
     with GraphedExecutor(layer_model, partition) as graphed:
@@ -243,8 +234,6 @@ def test_it_refuses_a_single_stage_or_another_device_in_words(model, monkeypatch
 
 
 # On a GPU: the same steps captured and replayed as CUDA graphs, one stream per stage.
-
-requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: no GPU here")
 
 
 @pytest.fixture(scope="module")

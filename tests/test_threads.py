@@ -17,7 +17,7 @@ from ppsd.executors import InProcessExecutor
 from ppsd.executors.threads import ThreadedExecutor
 from ppsd.trace import Stopwatch
 
-from conftest import tiny_llama
+from conftest import requires_cuda, tiny_llama
 from test_distributed import NEW_TOKENS, PROMPTS, Twin
 
 
@@ -69,8 +69,6 @@ def test_it_refuses_a_device_it_cannot_overlap_on_in_words(model, monkeypatch):
     with pytest.raises(ValueError, match="runs on CPU or CUDA, not mps"):
         ThreadedExecutor(model, stage_layers(model.num_layers, 4, 2))
 
-
-requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: no GPU here")
 
 
 @pytest.fixture(scope="module")
