@@ -319,9 +319,9 @@ def _time_again(snapshot: Snapshot, rounds: int, pipeline: Pipeline | None,
         for method, run in timed:
             snapshot.active = "repeats" if round_ > 1 else PLAIN
             name = "plain AR" if method == PLAIN else method.upper()
-            gpu = run.setup.model.info.device.startswith("cuda")
+            on_steps = snapshot.pipeline == KINDS["graphed"].name or run.setup.model.info.device.startswith("cuda")
             snapshot.status = (f"Timing again for the spread: run {round_} of {rounds}, {name}" if round_ > 1 else
-                               "Timing plain AR on the captured steps, the fastest AR on a GPU" if gpu else
+                               "Timing plain AR on the captured steps, the fastest AR here" if on_steps else
                                "Timing plain AR in this one process, on every core, no pipeline")
             yield snapshot
             wall = (_time_plain(run, snapshot, pipeline, stop) if method == PLAIN else
@@ -342,16 +342,17 @@ def _time_once(run: MethodRun, snapshot: Snapshot, pipeline: Pipeline | None,
 
 def _time_plain(ar: MethodRun, snapshot: Snapshot, pipeline: Pipeline | None, stop: threading.Event) -> float | None:
     """The measured wall of the fastest plain AR here, the decoding PPSD on K workers must beat;
-    None if stopped. On a CPU: AR in this process on every core it may use (torch's threads), no
-    pipeline. On a GPU: AR on the captured steps (CUDA graphs), as eager AR there pays about 1,300
-    kernel launches a token and runs 5-6x slower (docs/benchmarks.md)."""
+    None if stopped. AR on the captured steps on a GPU (eager AR there pays about 1,300 kernel
+    launches a token and runs 5-6x slower: docs/benchmarks.md), and on a CPU when the pipeline is
+    those steps, compiled (1.1x eager AR there); else AR in this process on every core it may use
+    (torch's threads), no pipeline."""
     plain = MethodRun.of(ar.setup, concurrent=False, alone=True)
     threads = torch.get_num_threads()
-    cuda = ar.setup.model.info.device.startswith("cuda")
     graphed = KINDS["graphed"]
-    executor = (pipeline if snapshot.pipeline == graphed.name else graphed.ready(ar.setup)) if cuda else None
-    snapshot.plain_threads = 1 if cuda else usable_cores()
-    snapshot.plain_on = (f"on the captured steps in this one process ({graphed.where})" if cuda else
+    on_steps = snapshot.pipeline == graphed.name or ar.setup.model.info.device.startswith("cuda")
+    executor = (pipeline if snapshot.pipeline == graphed.name else graphed.ready(ar.setup)) if on_steps else None
+    snapshot.plain_threads = 1 if on_steps else usable_cores()
+    snapshot.plain_on = (f"on the captured steps in this one process ({graphed.where})" if on_steps else
                          f"in this one process on {snapshot.plain_threads} thread{'s' * (snapshot.plain_threads != 1)}"
                          " with no pipeline")
     torch.set_num_threads(snapshot.plain_threads)

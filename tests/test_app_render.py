@@ -3,6 +3,7 @@ metrics -> text, theory curves, the race replay, and the runner's timing and mod
 
 from __future__ import annotations
 
+import shutil
 import time
 
 import pytest
@@ -454,6 +455,22 @@ def test_runner_on_k_workers_gives_the_same_tokens_on_a_measured_concurrent_cloc
     lanes = {lane.method: lane for lane in view._race_state(snap)["lanes"]}  # plain AR races beside them
     assert set(lanes) == {"ar", "ppsd", "plain"} and len(lanes["plain"].tokens) == 12
     assert lanes["plain"].tokens == tuple(snap.plain_run.result.tokens)
+
+
+@pytest.mark.skipif(shutil.which("g++") is None and shutil.which("c++") is None,
+                    reason="compiled CPU steps need a C++ compiler (apt-get install -y g++)")
+def test_runner_on_captured_steps_times_plain_ar_on_the_same_steps(tiny_cache):
+    """With the graphed kind (compiled steps on stage threads on a CPU), the page's plain AR, the
+    fastest AR here, runs on those same steps: same tokens, measured, and said so."""
+    from app import view
+
+    request = RunRequest(prompt="def fibonacci(n):", model="tiny", max_new_tokens=12, workers=True,
+                         pipeline="graphed")
+    snap = list(run_comparison(request, tiny_cache, throttle=0.0))[-1]
+    assert snap.pipeline == "graphed" and snap.runs["ppsd"].result.trace.concurrent
+    assert snap.plain_run.result.token_ids == snap.runs["ar"].result.token_ids == snap.runs["ppsd"].result.token_ids
+    assert snap.plain_on.startswith("on the captured steps")
+    assert "Plain decoding, AR on the captured steps" in view.snapshot(snap)["headline"]
 
 
 def test_a_space_offers_only_the_models_its_owner_allows(monkeypatch, tiny_loader):
