@@ -1,5 +1,5 @@
-"""`GraphedExecutor`: every stage in this process as one pure step on a static KV cache, replayed
-as a CUDA graph on a GPU.
+"""`GraphedExecutor`: every stage in this process as one pure step on a static KV cache: replayed
+as a CUDA graph on a GPU, compiled on a CPU.
 
 Boundary: the same `schedule` plans and the same `Output`s as `InProcessExecutor`; what differs is
 how a stage computes. A stage's step goes from its input (token ids for stage 1, hidden states
@@ -13,8 +13,10 @@ stage in a memory pool of its own (their graphs replay at once), and a slot repl
 one stream per stage from this one thread. A call makes one pinned non-blocking copy in (the
 token and the positions), one copy out (the argmax ids) and one host wait, and is timed by CUDA
 events placed on the run's clock by one stamp per run. Pieces wider than one token (the prefill,
-EESD's verification) run the same step eagerly. On a CPU every step runs eagerly, the stages in
-turn, so its trace is measured but serial (PPSD's overlap is then projected, as in process).
+EESD's verification) run the same step eagerly. On a CPU, with `compiled`, each one-token step is
+compiled by Inductor with its C++ wrapper and stages 2..K run on threads of their own (the C++
+call releases the GIL, so the stages overlap); without it the steps run eagerly, in turn (the
+tests' fast path; PPSD's overlap is then projected, as in process).
 """
 
 from __future__ import annotations
@@ -48,7 +50,8 @@ class _Done:
 
 
 class GraphedExecutor:
-    """All stages here, each a pure step on a static cache: CUDA graphs on a GPU, eager on a CPU."""
+    """All stages here, each a pure step on a static cache: CUDA graphs on a GPU; on a CPU compiled
+    steps on stage threads (`compiled`), or eager steps in turn."""
 
     def __init__(self, model: StagedModel, partition: tuple[range, ...], stopwatch: Stopwatch | None = None, *,
                  compiled: bool = False) -> None:
@@ -149,7 +152,7 @@ class GraphedExecutor:
         actions = plan.actions
         if self.cache.reserve(max(a.item.position + a.item.width for a in actions)):
             self._graphs.clear()  # captured against the old buffers
-        graphed = [self._graph(a) if self._one_token(a) and self.cuda else None for a in actions]
+        graphed = [self._graph(a) if self.cuda and a.item.width == 1 else None for a in actions]
         for a in actions:
             self._host_values[1 + a.index] = a.item.position
         if feed is not None:
@@ -175,9 +178,6 @@ class GraphedExecutor:
                 self._pass_on(done[-1])
         self._queues = plan.queues
         return self._read(done, feed, slot)
-
-    def _one_token(self, action: schedule.Action) -> bool:
-        return action.item.width == 1
 
     def _take(self, action: schedule.Action) -> torch.Tensor | None:
         """Stage k's input, off its queue (None for stage 1: the feed is in `_dev_in`)."""
@@ -313,8 +313,8 @@ class GraphedExecutor:
     def _compiled_step(self, k: int, bucket: int, draft: bool):
         """`_static_step` compiled by Inductor with its C++ wrapper (the step then runs as one C++
         call, without the GIL): compiled on first use of each (stage, bucket, drafting), on the
-        caller's thread (compiling is not thread-safe), which takes seconds to a minute on a small
-        CPU."""
+        caller's thread (compiling is not thread-safe), which takes up to a minute or two each on a
+        small CPU with a cold compiler cache."""
         out = _COMPILED_STEP(self, k, bucket, draft)
         self._compiled_keys.add((k, bucket, draft))
         return out
@@ -329,6 +329,7 @@ class GraphedExecutor:
         return self._graphs[key]
 
     def _capture(self, k: int, bucket: int, draft: bool):
+        """Stage k's one-token step at `bucket`, captured in the stage's own memory pool."""
         torch.cuda.synchronize(self.device)
         # Warm-up runs write their keys at the bucket's last position: at or past stage k's
         # length, so stale (masked, and overwritten before any query reads it).
