@@ -121,9 +121,10 @@ def _pipeline_controls() -> dict[str, Any]:
                 [(kind.choice, kind.name) for kind in concurrent_kinds()],
                 value=choose("auto", k, device).name, label="The stages at once on", elem_id="pipeline",
                 info="Processes: each stage pinned to its own cores (or GPU), started once and reused. Threads: "
-                     "one process, a core (or CUDA stream) per stage, the weights shared; the only way where "
-                     "processes cannot start (ZeroGPU). The default is the one that can run here, processes "
-                     "first on a CPU (measured faster there)."),
+                     "one process, a core (or CUDA stream) per stage, the weights shared. Captured steps: each "
+                     "stage one step, a CUDA graph on its own stream (the default on a GPU), or compiled on a "
+                     "CPU (the first run compiles, a minute or two). The default is the one that runs best "
+                     "here: captured steps on a GPU, processes on a CPU where they can start, else threads."),
         }
 
 
