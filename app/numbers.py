@@ -117,8 +117,8 @@ def plain_sentence(c: Comparison) -> str:
     on = (f"the {c.num_stages} worker processes" if c.pipeline == "processes" else
           f"the {c.num_stages} stage threads" if c.pipeline == "threads" else
           f"the {c.num_stages}-stage pipeline ({KINDS[c.pipeline].where})")
-    on = p.on or f"in this one process on {p.threads} thread{'s' * (p.threads != 1)} with no pipeline"
-    return (f"Plain decoding, AR {on}, "
+    how = p.on or f"in this one process on {p.threads} thread{'s' * (p.threads != 1)} with no pipeline"
+    return (f"Plain decoding, AR {how}, "
             f"took {duration_text(p.seconds)} ({runs}, measured): PPSD on {on} runs at "
             f"{ratio:.2f}× its speed, so PPSD {verdict}; {need}.")
 

@@ -470,7 +470,9 @@ def test_runner_on_captured_steps_times_plain_ar_on_the_same_steps(tiny_cache):
     assert snap.pipeline == "graphed" and snap.runs["ppsd"].result.trace.concurrent
     assert snap.plain_run.result.token_ids == snap.runs["ar"].result.token_ids == snap.runs["ppsd"].result.token_ids
     assert snap.plain_on.startswith("on the captured steps")
-    assert "Plain decoding, AR on the captured steps" in view.snapshot(snap)["headline"]
+    headline = view.snapshot(snap)["headline"]
+    assert "Plain decoding, AR on the captured steps" in headline
+    assert "PPSD on the 2-stage pipeline (each stage a captured step" in headline  # and what PPSD ran on
 
 
 def test_a_space_offers_only_the_models_its_owner_allows(monkeypatch, tiny_loader):
