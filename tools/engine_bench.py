@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import statistics
 import sys
 import time
@@ -50,16 +51,25 @@ def main(argv: list[str] | None = None) -> int:
     eager = InProcessExecutor(model, partition, Stopwatch())
     graphed = GraphedExecutor(model, partition, compiled=args.compiled)
 
-    def run(method: str, executor):
-        return lambda: generate(model, prompt, DecodeConfig(**{**vars(config), "method": method}), executor=executor)
+    def run(method: str, executor, threads: int = args.threads):
+        def decode():
+            torch.set_num_threads(threads)
+            return generate(model, prompt, DecodeConfig(**{**vars(config), "method": method}), executor=executor)
+        return decode
 
     def hf():
+        torch.set_num_threads(args.threads)
         ids = torch.tensor([prompt], device=model.info.device)
         model.hf_model.generate(ids, max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens,
                                 do_sample=False, eos_token_id=None, pad_token_id=0)
 
     methods = {"eager AR (in-process)": run("ar", eager), "HF generate()": hf,
                "graphed AR": run("ar", graphed), "graphed PPSD": run("ppsd", graphed)}
+    if args.compiled:  # the fastest AR a CPU has may use every core: both, compiled and eager, on them all
+        cores = len(os.sched_getaffinity(0))
+        in_turn = GraphedExecutor(model, partition, compiled=True, stage_threads=False)
+        methods |= {f"eager AR (in-process), {cores} threads": run("ar", eager, cores),
+                    f"compiled AR in turn, {cores} threads": run("ar", in_turn, cores)}
     with torch.inference_mode():
         timed, results = _timed(methods, args)
         extra = {"host_waits_per_slot": _host_waits(run("ppsd", graphed), args.device),

@@ -54,7 +54,7 @@ class GraphedExecutor:
     steps on stage threads (`compiled`), or eager steps in turn."""
 
     def __init__(self, model: StagedModel, partition: tuple[range, ...], stopwatch: Stopwatch | None = None, *,
-                 compiled: bool = False) -> None:
+                 compiled: bool = False, stage_threads: bool = True) -> None:
         if len(partition) < 2:
             raise ValueError("the graphed executor runs a pipeline of K >= 2 stages")
         self.model, self.partition = model, partition
@@ -65,10 +65,12 @@ class GraphedExecutor:
         if compiled and self.cuda:
             raise ValueError("compiled steps are for a CPU: on CUDA the steps are captured as CUDA graphs")
         # At once: on a GPU a stream per stage; on a CPU a thread per stage, which pays only for
-        # compiled steps (their C++ wrapper releases the GIL; eager steps hold it).
-        self.concurrent = self.cuda or compiled
+        # compiled steps (their C++ wrapper releases the GIL; eager steps hold it). Without
+        # `stage_threads` compiled steps run in turn on the caller's thread, with its torch threads
+        # (AR alone: one stage at a time, every core on it).
         self.compiled = compiled
-        self.threads = StageThreads(len(partition)) if compiled else None
+        self.threads = StageThreads(len(partition)) if compiled and stage_threads else None
+        self.concurrent = self.cuda or self.threads is not None
         if compiled:
             # Set for the whole process, once: the compiler's settings are part of what a compiled
             # step is checked against before each call, so switching them per call recompiles.
