@@ -298,3 +298,12 @@ def test_compiled_steps_on_stage_threads_return_what_the_in_process_executor_ret
             result = ppsd.generate(layer_model, PROMPTS["long"], config, executor=twin)
         assert graphed._compiled_keys >= {(0, 64, True), (0, 64, False), (1, 64, False)}
     assert result.trace.concurrent and twin.calls > NEW_TOKENS
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the thread count the steps were compiled for above: no new compile
+    try:
+        with GraphedExecutor(layer_model, partition, compiled=True, stage_threads=False) as in_turn:
+            assert not in_turn.concurrent  # AR alone, say, with every core the caller gives it
+            alone = ppsd.generate(layer_model, PROMPTS["long"], config, executor=in_turn)
+    finally:
+        torch.set_num_threads(threads)
+    assert alone.token_ids == result.token_ids and not alone.trace.concurrent
