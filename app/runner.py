@@ -342,31 +342,43 @@ def _time_once(run: MethodRun, snapshot: Snapshot, pipeline: Pipeline | None,
 
 def _time_plain(ar: MethodRun, snapshot: Snapshot, pipeline: Pipeline | None, stop: threading.Event) -> float | None:
     """The measured wall of the fastest plain AR here, the decoding PPSD on K workers must beat;
-    None if stopped. AR on the captured steps on a GPU (eager AR there pays about 1,300 kernel
-    launches a token and runs 5-6x slower: docs/benchmarks.md), and on a CPU when the pipeline is
-    those steps, compiled (1.1x eager AR there); else AR in this process on every core it may use
-    (torch's threads), no pipeline."""
+    None if stopped. Where it runs: `_plain_executor`."""
     plain = MethodRun.of(ar.setup, concurrent=False, alone=True)
     threads = torch.get_num_threads()
-    graphed = KINDS["graphed"]
-    on_steps = snapshot.pipeline == graphed.name or ar.setup.model.info.device.startswith("cuda")
-    executor = (pipeline if snapshot.pipeline == graphed.name else graphed.ready(ar.setup)) if on_steps else None
-    snapshot.plain_threads = 1 if on_steps else usable_cores()
-    snapshot.plain_on = (f"on the captured steps in this one process ({graphed.where})" if on_steps else
-                         f"in this one process on {snapshot.plain_threads} thread{'s' * (snapshot.plain_threads != 1)}"
-                         " with no pipeline")
+    executor, snapshot.plain_threads, snapshot.plain_on = _plain_executor(ar.setup, snapshot.pipeline, pipeline)
     torch.set_num_threads(snapshot.plain_threads)
     try:
         for _ in _decode(plain, snapshot, float("inf"), executor, stop):
             pass
     finally:
         torch.set_num_threads(threads)
-        if executor is not pipeline:
-            graphed.release(executor)
+        if executor is not None and executor is not pipeline:
+            executor.close()
     if plain.result is None:
         return None
     snapshot.plain_run = snapshot.plain_run or plain
     return plain.wall()
+
+
+def _plain_executor(setup: RunSetup, kind: str, pipeline: Pipeline | None) -> tuple[Executor | None, int, str]:
+    """Where the fastest plain AR runs, on how many torch threads, in words. On a GPU: on the
+    captured steps (eager AR there pays about 1,300 kernel launches a token and runs 5-6x slower:
+    docs/benchmarks.md). On a CPU whose pipeline is the captured steps: those steps compiled, in
+    turn, on every core (1.4x eager AR on both cores, measured). Else in-process AR on every core."""
+    graphed, cores = KINDS["graphed"], usable_cores()
+    if setup.model.info.device.startswith("cuda"):
+        executor = pipeline if kind == graphed.name else graphed.ready(setup)
+        return executor, 1, f"on the captured steps in this one process ({graphed.where})"
+    words = f"in this one process on {cores} thread{'s' * (cores != 1)}"
+    if kind != graphed.name:
+        return None, cores, f"{words} with no pipeline"
+    from ppsd.executors.graphed import GraphedExecutor
+    from ppsd.generate import warm_up
+
+    executor = GraphedExecutor(setup.model, setup.partition, compiled=True, stage_threads=False)
+    torch.set_num_threads(cores)  # compiled for the threads it runs on (the caller gives them back)
+    warm_up(setup.model, [0], setup.config, executor=executor)
+    return executor, cores, f"on the captured steps, compiled, the stages in turn, {words}"
 
 
 def _decode(run: MethodRun, snapshot: Snapshot, throttle: float, pipeline: Pipeline | None,
