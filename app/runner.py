@@ -24,7 +24,7 @@ import ppsd
 from ppsd import DecodeConfig, Result, Trace
 from ppsd.config import DEFAULTS, real_number, whole_number
 from ppsd.executors import Executor
-from ppsd.executors.kinds import KINDS, ExecutorKind, choose, concurrent_kinds
+from ppsd.executors.kinds import KINDS, ExecutorKind, choose, concurrent_kinds, fastest_ar
 from ppsd.executors.pool import PipelineError, usable_cores
 from ppsd.chat import check_text
 from ppsd.generate import Recording
@@ -342,10 +342,10 @@ def _time_once(run: MethodRun, snapshot: Snapshot, pipeline: Pipeline | None,
 
 def _time_plain(ar: MethodRun, snapshot: Snapshot, pipeline: Pipeline | None, stop: threading.Event) -> float | None:
     """The measured wall of the fastest plain AR here, the decoding PPSD on K workers must beat;
-    None if stopped. Where it runs: `_plain_executor`."""
+    None if stopped. Where it runs: `ppsd.executors.kinds.fastest_ar`."""
     plain = MethodRun.of(ar.setup, concurrent=False, alone=True)
     threads = torch.get_num_threads()
-    executor, snapshot.plain_threads, snapshot.plain_on = _plain_executor(ar.setup, snapshot.pipeline, pipeline)
+    executor, snapshot.plain_threads, snapshot.plain_on = fastest_ar(ar.setup, snapshot.pipeline, pipeline)
     torch.set_num_threads(snapshot.plain_threads)
     try:
         for _ in _decode(plain, snapshot, float("inf"), executor, stop):
@@ -358,27 +358,6 @@ def _time_plain(ar: MethodRun, snapshot: Snapshot, pipeline: Pipeline | None, st
         return None
     snapshot.plain_run = snapshot.plain_run or plain
     return plain.wall()
-
-
-def _plain_executor(setup: RunSetup, kind: str, pipeline: Pipeline | None) -> tuple[Executor | None, int, str]:
-    """Where the fastest plain AR runs, on how many torch threads, in words. On a GPU: on the
-    captured steps (eager AR there pays about 1,300 kernel launches a token and runs 5-6x slower:
-    docs/benchmarks.md). On a CPU whose pipeline is the captured steps: those steps compiled, in
-    turn, on every core (1.4x eager AR on both cores, measured). Else in-process AR on every core."""
-    graphed, cores = KINDS["graphed"], usable_cores()
-    if setup.model.info.device.startswith("cuda"):
-        executor = pipeline if kind == graphed.name else graphed.ready(setup)
-        return executor, 1, f"on the captured steps in this one process ({graphed.where})"
-    words = f"in this one process on {cores} thread{'s' * (cores != 1)}"
-    if kind != graphed.name:
-        return None, cores, f"{words} with no pipeline"
-    from ppsd.executors.graphed import GraphedExecutor
-    from ppsd.generate import warm_up
-
-    executor = GraphedExecutor(setup.model, setup.partition, compiled=True, stage_threads=False)
-    torch.set_num_threads(cores)  # compiled for the threads it runs on (the caller gives them back)
-    warm_up(setup.model, [0], setup.config, executor=executor)
-    return executor, cores, f"on the captured steps, compiled, the stages in turn, {words}"
 
 
 def _decode(run: MethodRun, snapshot: Snapshot, throttle: float, pipeline: Pipeline | None,

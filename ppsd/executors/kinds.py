@@ -25,13 +25,15 @@ import shutil
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
+import torch
+
 from .base import Executor
 
 if TYPE_CHECKING:
     from ..setup import RunSetup
 
 __all__ = ["AUTO", "ExecutorKind", "KINDS", "WorkerOptions", "choose", "concurrent_by_default", "concurrent_kinds",
-           "kind_named"]
+           "fastest_ar", "kind_named"]
 
 Progress = Callable[[str], None]
 
@@ -183,3 +185,26 @@ def concurrent_by_default(num_stages: int, device: str) -> bool:
     from .pool import usable_cores  # where workers_unavailable counts them
 
     return device.startswith("cuda") or usable_cores() >= num_stages
+
+
+def fastest_ar(setup: RunSetup, kind: str, pipeline: Executor | None) -> tuple[Executor | None, int, str]:
+    """Where the fastest plain AR here runs (None: in process), on how many torch threads, in
+    words, beside a pipeline of `kind` (`pipeline`, reused where it serves). On a GPU: on the
+    captured steps (eager AR there pays about 1,300 kernel launches a token and runs 5-6x slower:
+    docs/benchmarks.md). On a CPU whose pipeline is the captured steps: those steps compiled, in
+    turn, on every core (compiled for that thread count here). Else in-process AR on every core.
+    The caller closes what it did not pass in, and gives the process its threads back."""
+    from .pool import usable_cores
+
+    graphed, cores = KINDS["graphed"], usable_cores()
+    if setup.model.info.device.startswith("cuda"):
+        executor = pipeline if kind == graphed.name else graphed.ready(setup)
+        return executor, 1, f"on the captured steps in this one process ({graphed.where})"
+    words = f"in this one process on {cores} thread{'s' * (cores != 1)}"
+    if kind != graphed.name:
+        return None, cores, f"{words} with no pipeline"
+    from .graphed import GraphedExecutor
+
+    torch.set_num_threads(cores)
+    executor = _warmed(setup, GraphedExecutor(setup.model, setup.partition, compiled=True, stage_threads=False))
+    return executor, cores, f"on the captured steps, compiled, the stages in turn, {words}"
