@@ -31,10 +31,10 @@ def free_port() -> int:
 def run_args(model: str, *, prompt: str = "def fibonacci(n):", eesd: bool = False, exit_layer: float = 4,
              num_stages: float = 2, max_new_tokens: float = 24, exit_head: str = "", workers: bool = False,
              chat: bool = True, seed: float = 0, draft_len: float = 3, repeats: float = 1,
-             pipeline: str = "processes") -> tuple:
+             pipeline: str = "processes", temperature: float = 0.0) -> tuple:
     """Arguments of the `run` endpoint, in the order of the page's inputs (one timed run each,
     unless asked: the spread has its own test)."""
-    return (prompt, model, exit_layer, num_stages, eesd, draft_len, max_new_tokens, 0.0, 1.0, seed, exit_head,
+    return (prompt, model, exit_layer, num_stages, eesd, draft_len, max_new_tokens, temperature, 1.0, seed, exit_head,
             workers, chat, repeats, pipeline)
 
 
@@ -138,6 +138,14 @@ def test_bad_settings_give_an_error_and_the_server_keeps_serving(server, args, m
         assert message in outputs[-1]["error"] and html.escape(message) in outputs[-2]  # API result, message box
     outputs = client.predict(*run_args(model, max_new_tokens=4), api_name="/run")
     assert len(outputs[-1]["ppsd"]["token_ids"]) == 4
+
+
+def test_a_temperature_too_small_for_float32_decodes_as_greedy(server):
+    client, model = server
+    greedy = client.predict(*run_args(model, max_new_tokens=6), api_name="/run")[-1]
+    tiny = client.predict(*run_args(model, max_new_tokens=6, temperature=1e-308), api_name="/run")[-1]
+    assert "error" not in tiny, tiny
+    assert tiny["ppsd"]["token_ids"] == tiny["ar"]["token_ids"] == greedy["ar"]["token_ids"]
 
 
 def test_the_exit_head_box_tells_no_server_path_apart(server, tmp_path):

@@ -94,6 +94,18 @@ def test_bad_input_exits_2_with_one_line(saved_model, capsys, args, message):
     assert out == ""
 
 
+@pytest.mark.parametrize("sampling", [["--temperature", "1e-308"], ["--temperature", "1", "--top-p", "1e-300"]],
+                         ids=["tiny-temperature", "tiny-top-p"])
+def test_tiny_sampling_values_decode_as_greedy(saved_model, capsys, sampling):
+    base = ["generate", "--model", saved_model, "--prompt", "The quick", "--max-new-tokens", "8", "--json"]
+    code, out, _ = cli(capsys, *base)
+    assert code == 0
+    greedy = json.loads(out)["token_ids"]
+    code, out, err = cli(capsys, *base, *sampling)
+    assert code == 0, err
+    assert json.loads(out)["token_ids"] == greedy
+
+
 def test_models_that_cannot_be_loaded(tmp_path, capsys):
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "gpt2"}))
     cases = {"no/such-model-anywhere": "cannot load model 'no/such-model-anywhere'",
