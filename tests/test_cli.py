@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -66,8 +67,10 @@ BAD_INPUTS = [
     (["--method", "eesd", "--draft-len", "1000000"], "draft length G=1000000 is out of range: 1 <= G <= 64"),
     (["--seed", str(10**23)], "seed=100000000000000000000000 is out of range: 0 <= seed <= 2^63 - 1"),
     (["--seed", "-1"], "seed=-1 is out of range"),
-    (["--threads", "-1"], "argument --threads: -1 is out of range: threads >= 1"),
-    (["--threads", "0"], "argument --threads: 0 is out of range: threads >= 1"),
+    (["--threads", "-1"], "argument --threads: -1 is out of range: 1 <= threads <= "),
+    (["--threads", "0"], "argument --threads: 0 is out of range: 1 <= threads <= "),
+    (["--threads", "100000"], f"argument --threads: 100000 is out of range: 1 <= threads <= {os.cpu_count()} "
+                              "(this machine's cores)"),
     (["--chrome-trace", "/no/such/folder/t.json"], "--chrome-trace /no/such/folder/t.json: folder /no/such/folder does not exist"),
     (["--chrome-trace", "/tmp"], "--chrome-trace /tmp is a directory: give a file name"),
     (["--max-new-tokens", "0"], "max_new_tokens=0 is out of range: 1 <= N <= 1024"),
