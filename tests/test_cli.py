@@ -71,8 +71,8 @@ BAD_INPUTS = [
     (["--threads", "0"], "argument --threads: 0 is out of range: 1 <= threads <= "),
     (["--threads", "100000"], f"argument --threads: 100000 is out of range: 1 <= threads <= {os.cpu_count()} "
                               "(this machine's cores)"),
-    (["--chrome-trace", "/no/such/folder/t.json"], "--chrome-trace /no/such/folder/t.json: folder /no/such/folder does not exist"),
-    (["--chrome-trace", "/tmp"], "--chrome-trace /tmp is a directory: give a file name"),
+    (["--chrome-trace", "/no/such/folder/t.json"], "--chrome-trace '/no/such/folder/t.json': folder '/no/such/folder' does not exist"),
+    (["--chrome-trace", "/tmp"], "--chrome-trace '/tmp' is a directory: give a file name"),
     (["--max-new-tokens", "0"], "max_new_tokens=0 is out of range: 1 <= N <= 1024"),
     (["--max-new-tokens", "5000"], "max_new_tokens=5000 is out of range: 1 <= N <= 1024"),
     (["--temperature", "-1"], "temperature=-1.0 is out of range: 0 <= T < inf"),
@@ -197,7 +197,9 @@ LONG_NAME = "/tmp/" + "x" * 300  # past the file system's 255-byte name limit: O
     (["--model", "/etc/passwd"], "'/etc/passwd' is not a model directory"),
     (["--model", "/dev/zero"], "'/dev/zero' is not a model directory"),
     (["--exit-head", LONG_NAME], "is not a usable path: File name too long"),
-], ids=["long-model", "file-model", "device-model", "long-head"])
+    (["--chrome-trace", LONG_NAME], "cannot be written: File name too long"),
+    (["--chrome-trace", "/dev/full"], "--chrome-trace '/dev/full' is not a regular file"),
+], ids=["long-model", "file-model", "device-model", "long-head", "long-trace", "device-trace"])
 def test_names_the_file_system_refuses_exit_2_with_one_line(saved_model, capsys, args, message):
     base = ["generate", "--model", saved_model, "--prompt", "hello", "--max-new-tokens", "2"]
     code, _, err = cli(capsys, *base, *args)

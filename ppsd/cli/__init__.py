@@ -56,17 +56,29 @@ def seconds(text: str) -> float:
 
 def check_output_file(path: str | None, what: str) -> None:
     """ValueError unless `path` can be written as a file: checked before a long run, whose
-    result would otherwise be lost at the end."""
+    result would otherwise be lost at the end. The file is opened for appending (and removed
+    again when it was not there), so whatever the file system refuses (a name too long, a
+    read-only folder) is found now; a device (/dev/full) is refused as no regular file."""
     if path is None:
         return
+    from ..model_source import shown  # cut: a name may be 10,000 characters
+
     target = Path(path)
     folder = target.parent if str(target.parent) else Path(".")
-    if target.is_dir():
-        raise ValueError(f"{what} {path} is a directory: give a file name")
-    if not folder.is_dir():
-        raise ValueError(f"{what} {path}: folder {folder} does not exist")
-    if not os.access(folder, os.W_OK) or (target.exists() and not os.access(target, os.W_OK)):
-        raise ValueError(f"{what} {path} is not writable")
+    try:
+        if target.is_dir():
+            raise ValueError(f"{what} {shown(path)} is a directory: give a file name")
+        if not folder.is_dir():
+            raise ValueError(f"{what} {shown(path)}: folder {shown(str(folder))} does not exist")
+        existed = target.exists()
+        if existed and not target.is_file():
+            raise ValueError(f"{what} {shown(path)} is not a regular file")
+        with open(target, "a"):
+            pass
+        if not existed:
+            target.unlink()
+    except OSError as error:
+        raise ValueError(f"{what} {shown(path)} cannot be written: {error.strerror or error}") from None
 
 
 def main(argv: list[str] | None = None) -> int:
