@@ -208,10 +208,26 @@ def test_names_the_file_system_refuses_exit_2_with_one_line(saved_model, capsys,
 
 
 @pytest.mark.parametrize("timeout,message", [("0", "0 is out of range"), ("-1", "-1 is out of range"),
-                                             ("nan", "nan is out of range"), ("soon", "'soon' is not a number")])
+                                             ("nan", "nan is out of range"), ("soon", "'soon' is not a number"),
+                                             ("0.001", "0.001 is out of range: 1 <= seconds < inf"),
+                                             ("1e-300", "1e-300 is out of range: 1 <= seconds < inf")])
 def test_pipeline_timeout_is_checked_like_every_flag(saved_model, capsys, timeout, message):
     code, _, err = cli(capsys, "pipeline", "--model", saved_model, "--prompt", "hi", "--timeout", timeout)
     assert code == 2 and f"argument --timeout: {message}" in err
+
+
+def test_a_pipeline_that_fails_is_one_line_and_status_1(saved_model, capsys, monkeypatch):
+    from ppsd.cli import pipeline
+    from ppsd.executors.wire import PipelineError
+
+    def hung(*args, **kwargs):
+        raise PipelineError("a pipeline worker did not answer within 1 s")
+
+    monkeypatch.setattr(pipeline, "shared_pipeline", hung)
+    code, out, err = cli(capsys, "pipeline", "--model", saved_model, "--prompt", "hi", "--timeout", "1")
+    assert (code, out) == (1, "")
+    assert err.endswith("\nerror: the pipeline failed: a pipeline worker did not answer within 1 s\n")
+    assert "Traceback" not in err
 
 
 def test_train_head_refuses_an_out_file_and_binary_data_before_training(saved_model, tmp_path, capsys):

@@ -42,15 +42,18 @@ def thread_count(text: str) -> int:
     return value
 
 
+MIN_TIMEOUT = 1.0  # seconds: a worker's answer takes milliseconds, but gloo's own calls need more
+
+
 def seconds(text: str) -> float:
-    """argparse type of a timeout: a finite number of seconds > 0 (0, -1 or NaN would reach the
-    process group as a traceback)."""
+    """argparse type of a timeout: a finite number of seconds >= MIN_TIMEOUT (0, -1 or NaN would
+    reach the process group as a traceback, and 0.001 fails the workers' first call or hangs)."""
     try:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(f"{text} is out of range: 0 < seconds < inf")
+    if not (math.isfinite(value) and value >= MIN_TIMEOUT):
+        raise argparse.ArgumentTypeError(f"{text} is out of range: {MIN_TIMEOUT:g} <= seconds < inf")
     return value
 
 
