@@ -242,3 +242,15 @@ def test_train_head_refuses_an_out_file_and_binary_data_before_training(saved_mo
                        "--data", str(noise), "--out", str(tmp_path / "out"))
     assert code == 2 and f"data file {str(noise)!r} is not UTF-8 text" in err
     assert not (tmp_path / "out" / "head_config.json").exists()
+
+
+@pytest.mark.parametrize("name,message", [("noise.jsonl", "is not UTF-8 text"),
+                                          ("noise.jsonl.gz", "is not a whole gzip file")])
+def test_train_head_names_binary_chat_data_exit_2(saved_model, tmp_path, capsys, name, message):
+    noise = tmp_path / name
+    noise.write_bytes(bytes(range(256)) * 64)
+    code, out, err = cli(capsys, "train-head", "--model", saved_model, "--exit-layer", "4", "--steps", "1",
+                         "--data", str(noise), "--out", str(tmp_path / "out"))
+    assert code == 2 and out == ""
+    assert err.endswith("\n") and err.splitlines()[-1].startswith(f"error: data {str(noise)!r} {message}"), err
+    assert "Traceback" not in err and not (tmp_path / "out" / "head_config.json").exists()
