@@ -155,9 +155,13 @@ def test_the_exit_head_box_tells_no_server_path_apart(server, tmp_path):
     stranger = tmp_path / "stranger"
     stranger.mkdir()
     (stranger / "head_config.json").write_bytes(b"\xff\xfe not json")
+    mistyped = tmp_path / "mistyped"
+    mistyped.mkdir()
+    (mistyped / "head_config.json").write_text('{"head_type": "lowrank", "exit_layer": 4, "base_model": "m", '
+                                               '"base_fingerprint": "abc"}')
     said = {}
     paths = {"missing": "/nonexistent", "not a head": str(tmp_path), "stranger": str(stranger),
-             "too long": "/tmp/" + "y" * 300}
+             "too long": "/tmp/" + "y" * 300, "mistyped": str(mistyped)}
     for name, path in paths.items():
         error = client.predict(*run_args(model, exit_head=path), api_name="/run")[-1]["error"]
         said[name] = error.replace(shown(path), "PATH")

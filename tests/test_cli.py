@@ -207,6 +207,14 @@ def test_names_the_file_system_refuses_exit_2_with_one_line(saved_model, capsys,
     assert err.count("\n") == 1 and "x" * 100 not in err  # the name is cut in the message
 
 
+def test_a_head_config_with_wrong_field_types_exits_2_with_one_line(saved_model, capsys, tmp_path):
+    (tmp_path / "head_config.json").write_text(json.dumps(
+        {"head_type": "lowrank", "exit_layer": 4, "base_model": "m", "base_fingerprint": "abc"}))
+    code, out, err = cli(capsys, "generate", "--model", saved_model, "--prompt", "hi", "--exit-head", str(tmp_path))
+    assert (code, out) == (2, "")
+    assert err.startswith("error: ") and err.count("\n") == 1 and "is not a valid head config" in err, err
+
+
 @pytest.mark.parametrize("timeout,message", [("0", "0 is out of range"), ("-1", "-1 is out of range"),
                                              ("nan", "nan is out of range"), ("soon", "'soon' is not a number"),
                                              ("0.001", "0.001 is out of range: 1 <= seconds < inf"),
