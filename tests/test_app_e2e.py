@@ -224,6 +224,12 @@ def test_nan_through_the_raw_api_is_named_and_the_workers_stay(server, field):
     assert current_pool() is before  # bad input is refused before any worker is asked
 
 
+def test_a_lone_surrogate_in_the_prompt_is_refused_in_words(server):
+    client, model = server
+    summary = raw_run(client, run_args(model, prompt="abc\ud800def", max_new_tokens=2))
+    assert summary == {"error": "prompt is not valid Unicode text: character 3 is a lone surrogate (U+D800)"}
+
+
 @pytest.mark.parametrize("name", ["no/such-model", "__NOT_A_MODEL_DIR__", "/etc/passwd", "/dev/zero",
                                   "/tmp/" + "x" * 300])  # a file, a device, a name too long for the file system
 def test_unloadable_model_keeps_the_loaded_one(server, app_state, name, tmp_path):

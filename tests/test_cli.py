@@ -84,6 +84,7 @@ BAD_INPUTS = [
     (["--method", "beam"], "method 'beam' is unknown; choose one of: ar, eesd, ppsd"),
     (["--prompt", "   "], "prompt is empty"),
     (["--prompt", "fox " * 400], "is too long"),
+    (["--prompt", "abc\ud800def"], "prompt is not valid Unicode text: character 3 is a lone surrogate (U+D800)"),
 ]
 
 
