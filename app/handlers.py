@@ -141,7 +141,7 @@ def on_run(state: AppState, request: gr.Request | None, *form: Any) -> Iterator[
                     yield ordered(view.status(f"Waiting for the device: {ahead} run{'s' * (ahead > 1)} ahead of yours…"))
                     ahead = state.line.ahead(ticket, wait=0.5)
                 if stop.is_set():
-                    yield ordered(view.status("Stopped before decoding began. Press Run to start again."))
+                    yield ordered(view.stopped_before())
                     return
                 yield from _updates(run_comparison(run, state.cache, stop=stop, time_limit=state.run_seconds))
         except ValueError as error:

@@ -458,6 +458,24 @@ def test_a_slow_load_does_not_hold_the_device(saved_model):
         assert "not a loadable model" in slow_job.result(timeout=30)[-1]["error"]
 
 
+def test_a_run_stopped_while_its_model_loads_says_stopped_in_its_summary(saved_model):
+    import time
+
+    import ppsd
+    from app.models import ModelCache
+    from app.view import STOPPED_BEFORE
+
+    def slow(name, **kwargs):
+        time.sleep(3)
+        return ppsd.load_model(name, **kwargs)
+
+    with serving(AppState(cache=ModelCache(loader=slow, key=lambda name: name))) as client:
+        job = client.submit(*run_args(saved_model, max_new_tokens=2), api_name="/run")
+        time.sleep(1)
+        client.predict(api_name="/stop")
+        assert job.result(timeout=30)[-1] == {"stopped": STOPPED_BEFORE, "finished": {}}
+
+
 def test_a_full_line_says_busy_in_words(saved_model):
     import time
 

@@ -3,6 +3,7 @@ metrics -> text, theory curves, the race replay, and the runner's timing and mod
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
@@ -507,6 +508,18 @@ def test_stop_reaches_every_run_of_its_session_and_no_other():
         assert not fresh.is_set()
     other.__exit__(None, None, None)
     stops.stop("a")  # nothing running: nothing to stop
+
+
+def test_a_run_stopped_while_its_stages_start_says_so_in_the_api_summary(tiny_cache):
+    from app import view
+
+    stop = threading.Event()
+    stop.set()
+    request = RunRequest(prompt="def fibonacci(n):", model="tiny", max_new_tokens=4, workers=True,
+                         pipeline="threads")
+    snap = list(run_comparison(request, tiny_cache, throttle=0.0, stop=stop))[-1]
+    assert snap.stopped and not snap.runs
+    assert view.snapshot(snap)["summary"] == {"stopped": view.STOPPED_BEFORE, "finished": {}}
 
 
 def test_a_run_in_flight_shows_its_phases_done_now_and_to_come(tiny_cache):
