@@ -60,11 +60,13 @@ def layer_count(cache: ModelCache, name: str) -> int | None:
     name = name.strip()
     if name in cache:
         return cache.get(name).model.num_layers
-    if needs_preparing(name):  # a first download or conversion waits for Run or Load
+    if not cache.offers(name):  # what Load refuses is not read here either
         return None
     try:
+        if needs_preparing(name):  # a first download or conversion waits for Run or Load
+            return None
         return int(model_config(name).num_hidden_layers)
-    except ValueError:  # a model not described yet just keeps the default ranges
+    except (ValueError, OSError):  # not described yet, or a name the file system refuses: default ranges
         return None
 
 

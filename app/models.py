@@ -154,14 +154,19 @@ class ModelCache:
         with _neutral_head_errors(spec):
             return set_up_text(loaded.model, loaded.tokenizer, text, config, exit_head=spec, chat=chat)
 
+    def offers(self, name: str) -> bool:
+        """May `name` be loaded (or its config read) here? Every handler asks before it touches a
+        path: a private one is as reachable as Load (by its fn_index)."""
+        return self.allowed is None or str(name).strip() in self.allowed
+
     def get(self, name: str, *, progress: Progress | None = None) -> Loaded:
         """The loaded model `name`, loading and warming it up on first use (ValueError if it may
         not or cannot be loaded); `progress` hears of a first-use download or conversion."""
         name = str(name).strip()
         if not name:
             raise ValueError("model name is empty: give a local directory or a Hugging Face hub id")
-        if self.allowed is not None and name not in self.allowed:
-            raise ValueError(f"{shown(name)} is not offered here: choose one of {', '.join(self.allowed)}")
+        if not self.offers(name):
+            raise ValueError(f"{shown(name)} is not offered here: choose one of {', '.join(self.allowed or ())}")
         found = self._touch(name)
         if found is not None:
             return found

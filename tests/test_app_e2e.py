@@ -230,6 +230,41 @@ def test_a_lone_surrogate_in_the_prompt_is_refused_in_words(server):
     assert summary == {"error": "prompt is not valid Unicode text: character 3 is a lone surrogate (U+D800)"}
 
 
+def join_queue(client: Client, api_name: str, data: list) -> list:
+    """Call a handler by its fn_index over the queue, as a script can whatever the handler's API
+    visibility: its outputs (or the error it raised, as {"error": ...})."""
+    import json
+
+    import httpx
+
+    base = client.src.rstrip("/")
+    dependencies = httpx.get(f"{base}/config", timeout=30).json()["dependencies"]
+    fn_index = next(i for i, d in enumerate(dependencies) if d.get("api_name") == api_name)
+    session = "probe-" + api_name
+    httpx.post(f"{base}/gradio_api/queue/join", timeout=30,
+               json={"data": data, "fn_index": fn_index, "session_hash": session, "event_data": None,
+                     "trigger_id": None}).raise_for_status()
+    with httpx.stream("GET", f"{base}/gradio_api/queue/data", params={"session_hash": session}, timeout=60) as response:
+        for line in response.iter_lines():
+            message = json.loads(line[len("data:"):]) if line.startswith("data:") else {}
+            if message.get("msg") == "process_completed":
+                output = message.get("output", {})
+                return output.get("data") if message.get("success") else [{"error": output.get("error")}]
+    raise AssertionError("the queue closed without a result")
+
+
+def test_the_private_page_load_handler_reads_only_what_load_may(saved_model):
+    from app.models import ModelCache
+
+    state = AppState(cache=ModelCache(allowed=("only/this-model",)))  # a Space with PPSD_MODELS set
+    with serving(state) as client:
+        status = join_queue(client, "on_page_load", [saved_model])[-1]
+        assert "Model not loaded yet" in str(status) and "layers" not in str(status), status
+    with serving(AppState()) as client:  # any name may load: a name too long is still no traceback
+        status = join_queue(client, "on_page_load", ["/tmp/" + "x" * 300 + ".gguf"])[-1]
+        assert "Model not loaded yet" in str(status) and "Errno" not in str(status), status
+
+
 @pytest.mark.parametrize("name", ["no/such-model", "__NOT_A_MODEL_DIR__", "/etc/passwd", "/dev/zero",
                                   "/tmp/" + "x" * 300])  # a file, a device, a name too long for the file system
 def test_unloadable_model_keeps_the_loaded_one(server, app_state, name, tmp_path):
