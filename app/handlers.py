@@ -137,7 +137,7 @@ def on_run(state: AppState, request: gr.Request | None, *form: Any) -> Iterator[
             if run.model not in state.cache:
                 for doing in _loading(state.cache, run.model, stop):
                     yield ordered(view.status(doing, run, "model"))
-            with state.line.place() as ticket:
+            with state.line.place(_session(request)) as ticket:
                 ahead = state.line.ahead(ticket)
                 while ahead > 0 and not stop.is_set():
                     yield ordered(view.status(f"Waiting for the device: {ahead} run{'s' * (ahead > 1)} ahead of yours…"))

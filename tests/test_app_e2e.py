@@ -530,6 +530,30 @@ def test_a_full_line_says_busy_in_words(saved_model):
         assert "Stopped" in first.result(timeout=30)[0]
 
 
+def test_one_api_client_cannot_hold_the_line(server):
+    """A script submits three runs: two go in line, the third is refused in words, and another
+    visitor waits behind the run in progress alone, not behind the script's second."""
+    import time
+
+    client, model = server
+    client.predict(*run_args(model, max_new_tokens=2), api_name="/run")  # loaded and warm
+    jobs = [client.submit(*run_args(model, max_new_tokens=240, repeats=9), api_name="/run") for _ in range(2)]
+    deadline = time.monotonic() + 60
+    while not all(job.outputs() for job in jobs) and time.monotonic() < deadline:
+        time.sleep(0.05)  # both have started: one decodes, the other waits in line
+    refused = client.predict(*run_args(model, max_new_tokens=2), api_name="/run")[-1]
+    assert refused == {"error": "you have 2 runs in line already, the most one visitor may: wait for one to "
+                                "finish, or press Stop"}
+    visitor = Client(client.src, verbose=False).submit(*run_args(model, max_new_tokens=3), api_name="/run")
+    while not any("ahead of yours" in str(o[0]) for o in visitor.outputs()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert any("Waiting for the device: 1 run ahead of yours" in str(o[0]) for o in visitor.outputs())
+    client.predict(api_name="/stop")
+    assert len(visitor.result(timeout=60)[-1]["ppsd"]["token_ids"]) == 3
+    for job in jobs:
+        job.result(timeout=15)
+
+
 def test_ten_visitors_at_once_are_queued_see_their_place_and_all_finish(server):
     import time
 

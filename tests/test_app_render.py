@@ -494,6 +494,23 @@ def test_a_space_offers_only_the_shipped_and_shared_heads_unless_its_owner_sets_
                 cache.head_spec("/root")
 
 
+def test_one_client_holds_at_most_two_places_and_a_newcomer_waits_behind_one_run():
+    from contextlib import ExitStack
+
+    from app.line import DeviceLine
+
+    line = DeviceLine(16)
+    with ExitStack() as held:
+        decoding, waiting = (held.enter_context(line.place("script")) for _ in range(2))
+        with pytest.raises(ValueError, match="you have 2 runs in line already, the most one visitor may"):
+            held.enter_context(line.place("script"))
+        newcomer = held.enter_context(line.place("visitor"))
+        assert (line.ahead(decoding), line.ahead(newcomer), line.ahead(waiting)) == (0, 1, 2)
+        later = held.enter_context(line.place("another"))  # first runs in arrival order, seconds after them
+        assert (line.ahead(newcomer), line.ahead(later), line.ahead(waiting)) == (1, 2, 3)
+    assert len(line) == 0
+
+
 def test_stop_reaches_every_run_of_its_session_and_no_other():
     from app.line import StopRegistry
 
