@@ -198,6 +198,21 @@ def test_a_slider_refusal_logs_one_line_not_a_traceback(server, capfd):
     assert "Traceback" not in logged
 
 
+@pytest.mark.parametrize("field,value,message", [
+    (2, "abc", "refused 'Exit layer E': Value 'abc' is not a number"),
+    (14, "fibres", "refused 'The stages at once on': Value: 'fibres'"),
+], ids=["slider-text", "radio-choice"])
+def test_a_value_of_the_wrong_kind_logs_one_line_not_a_traceback(server, capfd, field, value, message):
+    client, model = server
+    args = list(run_args(model))
+    args[field] = value
+    capfd.readouterr()
+    with pytest.raises(Exception):
+        raw_run(client, tuple(args))
+    logged = capfd.readouterr().err
+    assert message in logged and "Traceback" not in logged, logged[-2000:]
+
+
 def raw_run(client: Client, args: tuple) -> dict:
     """Call `run` over plain HTTP, as any script can: Python's JSON writes NaN, which the Gradio
     client refuses to send. Returns the summary (over HTTP the race's gr.State comes after it)."""
