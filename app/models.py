@@ -178,7 +178,7 @@ class ModelCache:
                 key = self._key(name)
                 loaded = self._models.get(key) or self._load(name, key, progress)
             except ValueError as error:
-                print(f"model {name!r} not loaded: {error}", file=sys.stderr, flush=True)
+                print(f"model {shown(name)} not loaded: {error}", file=sys.stderr, flush=True)  # cut: a name may be 1 MB
                 if UNREACHABLE in str(error):  # says nothing of this server's files
                     raise
                 raise ValueError(f"{shown(name)} " + NOT_LOADABLE.format(default=ppsd.DEFAULT_MODEL)) from None
@@ -223,7 +223,7 @@ def _neutral_head_errors(spec: str) -> Iterator[None]:
     try:
         yield
     except NotAHead as error:
-        print(f"exit head {spec!r} refused: {error}", file=sys.stderr, flush=True)
+        print(f"exit head {shown(spec)} refused: {error}", file=sys.stderr, flush=True)
         raise ValueError(f"{shown(spec)} {NOT_A_HEAD}") from None
 
 

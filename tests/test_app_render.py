@@ -494,6 +494,17 @@ def test_a_space_offers_only_the_shipped_and_shared_heads_unless_its_owner_sets_
                 cache.head_spec("/root")
 
 
+def test_a_megabyte_name_writes_a_line_not_a_megabyte_to_the_log(tiny_loader, capfd, tmp_path):
+    name = "/tmp/" + "x" * 1_000_000
+    cache = ModelCache(device="cpu", loader=tiny_loader)
+    capfd.readouterr()
+    for refused in (lambda: cache.get(name), lambda: cache.exit_head(name, cache.get("tiny"), 4)):
+        with pytest.raises(ValueError):
+            refused()
+    logged = capfd.readouterr().err
+    assert 0 < len(logged) < 2000, len(logged)
+
+
 def test_one_client_holds_at_most_two_places_and_a_newcomer_waits_behind_one_run():
     from contextlib import ExitStack
 
