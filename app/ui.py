@@ -240,6 +240,24 @@ def _bind(handler: Callable, state: AppState) -> Callable:
     return bound
 
 
+def refusing_short_calls(demo: gr.Blocks) -> gr.Blocks:
+    """`demo`, whose refusal of a call with too few values (`{"data": []}` over HTTP) is one line
+    naming the counts: Gradio's own lists every component's repr, memory addresses included, and
+    every value sent, to the caller and to the log. (Patched on the instance, as `refusing_quietly`.)"""
+    check = demo.validate_inputs
+
+    def validate_inputs(block_fn: Any, inputs: list[Any]) -> None:
+        try:
+            check(block_fn, inputs)
+        except ValueError:
+            message = f"{block_fn.api_name or block_fn.name} takes {len(block_fn.inputs)} values; {len(inputs)} were sent"
+            print(f"refused a call: {message}", file=sys.stderr, flush=True)
+            raise gr.Error(message, print_exception=False) from None
+
+    demo.validate_inputs = validate_inputs
+    return demo
+
+
 def create_demo(state: AppState | None = None) -> gr.Blocks:
     """The whole page, its handlers sharing `state` (None: `AppState.from_environment()`, built
     now). Builds components and wires events; loads no model."""
@@ -272,7 +290,7 @@ def create_demo(state: AppState | None = None) -> gr.Blocks:
                                                              c["model_status"]], **QUIET)
     # Gradio's own queue is a backstop far above the device line's bound, which answers "busy" in words.
     demo.queue(max_size=4 * run_handlers)
-    return demo
+    return refusing_short_calls(demo)
 
 
 def _wire_runs(state: AppState, c: dict[str, Any], r: dict[str, Any], race: gr.HTML, replay: gr.Button,

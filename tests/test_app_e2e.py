@@ -228,6 +228,22 @@ def raw_run(client: Client, args: tuple) -> dict:
     return json.loads(lines[-1][len("data:"):])[-2]
 
 
+def test_a_call_with_no_values_is_one_line_without_object_reprs(server, capfd):
+    import json
+
+    import httpx
+
+    client, _ = server
+    base = client.src.rstrip("/") + "/gradio_api/call/run"
+    capfd.readouterr()
+    event = httpx.post(base, json={"data": []}, timeout=30).json()["event_id"]
+    with httpx.stream("GET", f"{base}/{event}", timeout=60) as response:
+        lines = [line for line in response.iter_lines() if line.startswith("data:")]
+    assert json.loads(lines[-1][len("data:"):])["error"] == "run takes 15 values; 0 were sent"
+    logged = capfd.readouterr().err
+    assert "refused a call: run takes 15 values; 0 were sent" in logged and " at 0x" not in logged
+
+
 @pytest.mark.parametrize("field", ["exit_layer", "seed", "draft_len"])
 def test_nan_through_the_raw_api_is_named_and_the_workers_stay(server, field):
     from ppsd.executors.pool import current_pool
