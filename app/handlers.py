@@ -60,11 +60,13 @@ def layer_count(cache: ModelCache, name: str) -> int | None:
     name = name.strip()
     if name in cache:
         return cache.get(name).model.num_layers
-    if needs_preparing(name):  # a first download or conversion waits for Run or Load
+    if not cache.offers(name):  # what Load refuses is not read here either
         return None
     try:
+        if needs_preparing(name):  # a first download or conversion waits for Run or Load
+            return None
         return int(model_config(name).num_hidden_layers)
-    except ValueError:  # a model not described yet just keeps the default ranges
+    except (ValueError, OSError):  # not described yet, or a name the file system refuses: default ranges
         return None
 
 
@@ -135,13 +137,13 @@ def on_run(state: AppState, request: gr.Request | None, *form: Any) -> Iterator[
             if run.model not in state.cache:
                 for doing in _loading(state.cache, run.model, stop):
                     yield ordered(view.status(doing, run, "model"))
-            with state.line.place() as ticket:
+            with state.line.place(_session(request)) as ticket:
                 ahead = state.line.ahead(ticket)
                 while ahead > 0 and not stop.is_set():
                     yield ordered(view.status(f"Waiting for the device: {ahead} run{'s' * (ahead > 1)} ahead of yours…"))
                     ahead = state.line.ahead(ticket, wait=0.5)
                 if stop.is_set():
-                    yield ordered(view.status("Stopped before decoding began. Press Run to start again."))
+                    yield ordered(view.stopped_before())
                     return
                 yield from _updates(run_comparison(run, state.cache, stop=stop, time_limit=state.run_seconds))
         except ValueError as error:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import threading
 import time
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Callable, Iterator
 
 from ppsd.model_source import Progress
@@ -47,25 +48,47 @@ class Background:
         return self._result
 
 
-class DeviceLine:
-    """The device decodes one comparison at a time: visitors queue here in arrival order, at
-    most `max_waiting` of them (more are told to come back), and can see how many are ahead.
-    Loading a model happens before joining, so it never holds the device."""
+PER_CLIENT = 2  # runs one client (session) may have in line: the one decoding and one waiting
 
-    def __init__(self, max_waiting: int) -> None:
+
+@dataclass(frozen=True, eq=False)
+class Ticket:
+    """A place in line: whose it is, and how many of that client's runs were in line before it."""
+
+    client: str
+    round: int
+
+
+class DeviceLine:
+    """The device decodes one comparison at a time: visitors queue here, at most `max_waiting`
+    of them (more are told to come back), and can see how many are ahead. Fair by client: one
+    client may have at most `per_client` runs in line, and a client's first run waits ahead of
+    any other client's second, so a newcomer waits for at most the run in progress and one run of
+    each client already waiting, however many an API script submits. Loading a model happens
+    before joining, so it never holds the device."""
+
+    def __init__(self, max_waiting: int, per_client: int = PER_CLIENT) -> None:
         self.max_waiting = max_waiting
-        self._line: list[object] = []  # the first holds the device
+        self.per_client = per_client
+        self._line: list[Ticket] = []  # the first holds the device
         self._changed = threading.Condition()
 
     @contextmanager
-    def place(self) -> Iterator[object]:
-        """A place in line, left on exit (also on Stop and on error). ValueError when full."""
-        ticket = object()
+    def place(self, client: str = "") -> Iterator[Ticket]:
+        """A place in line for `client`, left on exit (also on Stop and on error). ValueError when
+        the line is full, or when `client` has `per_client` runs in line already."""
         with self._changed:
             if len(self._line) > self.max_waiting:
                 raise ValueError(f"the demo is busy (one run decoding, {len(self._line) - 1} waiting, the most "
                                  "it queues): please try again in a moment")
-            self._line.append(ticket)
+            mine = sum(t.client == client for t in self._line)
+            if mine >= self.per_client:
+                raise ValueError(f"you have {mine} runs in line already, the most one visitor may: wait for one "
+                                 "to finish, or press Stop")
+            ticket = Ticket(client, mine)
+            # After every run of an earlier or equal round, never ahead of the one decoding.
+            after = [i for i, t in enumerate(self._line) if t.round <= ticket.round]
+            self._line.insert(max(after[-1] + 1 if after else 0, 1 if self._line else 0), ticket)
         try:
             yield ticket
         finally:
@@ -78,7 +101,7 @@ class DeviceLine:
         with self._changed:
             return len(self._line)
 
-    def ahead(self, ticket: object, *, wait: float = 0.0) -> int:
+    def ahead(self, ticket: Ticket, *, wait: float = 0.0) -> int:
         """How many runs are ahead of `ticket` (0: the device is its), after waiting up to
         `wait` seconds for that to change."""
         with self._changed:

@@ -154,14 +154,19 @@ class ModelCache:
         with _neutral_head_errors(spec):
             return set_up_text(loaded.model, loaded.tokenizer, text, config, exit_head=spec, chat=chat)
 
+    def offers(self, name: str) -> bool:
+        """May `name` be loaded (or its config read) here? Every handler asks before it touches a
+        path: a private one is as reachable as Load (by its fn_index)."""
+        return self.allowed is None or str(name).strip() in self.allowed
+
     def get(self, name: str, *, progress: Progress | None = None) -> Loaded:
         """The loaded model `name`, loading and warming it up on first use (ValueError if it may
         not or cannot be loaded); `progress` hears of a first-use download or conversion."""
         name = str(name).strip()
         if not name:
             raise ValueError("model name is empty: give a local directory or a Hugging Face hub id")
-        if self.allowed is not None and name not in self.allowed:
-            raise ValueError(f"{shown(name)} is not offered here: choose one of {', '.join(self.allowed)}")
+        if not self.offers(name):
+            raise ValueError(f"{shown(name)} is not offered here: choose one of {', '.join(self.allowed or ())}")
         found = self._touch(name)
         if found is not None:
             return found
@@ -173,7 +178,7 @@ class ModelCache:
                 key = self._key(name)
                 loaded = self._models.get(key) or self._load(name, key, progress)
             except ValueError as error:
-                print(f"model {name!r} not loaded: {error}", file=sys.stderr, flush=True)
+                print(f"model {shown(name)} not loaded: {error}", file=sys.stderr, flush=True)  # cut: a name may be 1 MB
                 if UNREACHABLE in str(error):  # says nothing of this server's files
                     raise
                 raise ValueError(f"{shown(name)} " + NOT_LOADABLE.format(default=ppsd.DEFAULT_MODEL)) from None
@@ -218,7 +223,7 @@ def _neutral_head_errors(spec: str) -> Iterator[None]:
     try:
         yield
     except NotAHead as error:
-        print(f"exit head {spec!r} refused: {error}", file=sys.stderr, flush=True)
+        print(f"exit head {shown(spec)} refused: {error}", file=sys.stderr, flush=True)
         raise ValueError(f"{shown(spec)} {NOT_A_HEAD}") from None
 
 

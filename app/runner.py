@@ -13,6 +13,8 @@ and no HTML here; tensors stay inside `ppsd`.
 
 from __future__ import annotations
 
+import re
+import sys
 import threading
 import time
 from dataclasses import dataclass, field, fields
@@ -378,7 +380,9 @@ def _decode(run: MethodRun, snapshot: Snapshot, throttle: float, pipeline: Pipel
         wall = stopwatch.now()
     except PipelineError as error:
         pipeline.close()  # a worker died or hung: the next run starts fresh ones
-        raise ValueError(f"the worker processes failed and were shut down: {error}") from None
+        print(f"pipeline failed: {error}", file=sys.stderr, flush=True)  # the pids are the log's, not a visitor's
+        reason = re.sub(r" [(]pid [0-9]+[)]", "", str(error))
+        raise ValueError(f"the worker processes failed and were shut down: {reason}") from None
     finally:
         steps.close()  # Stop: close the decoder now, not when the garbage collector gets to it
     run.result = run.finish(wall)

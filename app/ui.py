@@ -39,21 +39,30 @@ CSS = ROOT / "assets" / "styles" / "app.css"
 
 
 def Slider(*args: Any, **kwargs: Any) -> gr.Slider:  # noqa: N802 - stands where gr.Slider would
-    """A gr.Slider whose refusal of an out-of-range value (sent through the API) logs one line,
-    not Gradio's traceback: a visitor's bad value is no fault of the server's. (Patched on the
-    instance: a subclass of a Gradio component makes Gradio write a .pyi beside this module.)"""
-    slider = gr.Slider(*args, **kwargs)
-    checked = slider.preprocess
+    """A gr.Slider that refuses a bad value quietly (`refusing_quietly`)."""
+    return refusing_quietly(gr.Slider(*args, **kwargs))
 
-    def preprocess(payload: float) -> float:
+
+def refusing_quietly(component: Any) -> Any:
+    """`component`, whose refusal of a value sent through the API (out of range, not a number, not
+    a choice) logs one line, not Gradio's traceback: a visitor's bad value is no fault of the
+    server's. (Patched on the instance: a subclass of a Gradio component makes Gradio write a .pyi
+    beside this module.)"""
+    checked = component.preprocess
+
+    def preprocess(payload: Any) -> Any:
         try:
             return checked(payload)
         except gr.Error as error:
-            print(f"refused {slider.label!r}: {error.message}", file=sys.stderr, flush=True)
-            raise gr.Error(error.message, print_exception=False) from None
+            message = error.message
+        except (TypeError, ValueError):  # "abc" or null for a slider: Gradio compares it with its range
+            text = repr(payload)
+            message = f"Value {text if len(text) <= 40 else text[:40] + '…'} is not a number"
+        print(f"refused {component.label!r}: {message[:300]}", file=sys.stderr, flush=True)
+        raise gr.Error(message, print_exception=False) from None
 
-    slider.preprocess = preprocess
-    return slider
+    component.preprocess = preprocess
+    return component
 
 
 def create_controls(run_seconds: float) -> dict[str, Any]:
@@ -117,14 +126,14 @@ def _pipeline_controls() -> dict[str, Any]:
                 label="Run the K stages at once (measured clock)",
                 info="Real pipeline parallelism, every number measured. Off: one process runs the stages "
                      "in turn and the page shows their costs replayed on K workers (projected clock)."),
-            "pipeline": gr.Radio(
+            "pipeline": refusing_quietly(gr.Radio(
                 [(kind.choice, kind.name) for kind in concurrent_kinds()],
                 value=choose("auto", k, device).name, label="The stages at once on", elem_id="pipeline",
                 info="Processes: each stage pinned to its own cores (or GPU), started once and reused. Threads: "
                      "one process, a core (or CUDA stream) per stage, the weights shared. Captured steps: each "
                      "stage one step, a CUDA graph on its own stream (the default on a GPU), or compiled on a "
                      "CPU (the first run compiles, a minute or two). The default is the one that runs best "
-                     "here: captured steps on a GPU, processes on a CPU where they can start, else threads."),
+                     "here: captured steps on a GPU, processes on a CPU where they can start, else threads.")),
         }
 
 
@@ -232,6 +241,24 @@ def _bind(handler: Callable, state: AppState) -> Callable:
     return bound
 
 
+def refusing_short_calls(demo: gr.Blocks) -> gr.Blocks:
+    """`demo`, whose refusal of a call with too few values (`{"data": []}` over HTTP) is one line
+    naming the counts: Gradio's own lists every component's repr, memory addresses included, and
+    every value sent, to the caller and to the log. (Patched on the instance, as `refusing_quietly`.)"""
+    check = demo.validate_inputs
+
+    def validate_inputs(block_fn: Any, inputs: list[Any]) -> None:
+        try:
+            check(block_fn, inputs)
+        except ValueError:
+            message = f"{block_fn.api_name or block_fn.name} takes {len(block_fn.inputs)} values; {len(inputs)} were sent"
+            print(f"refused a call: {message}", file=sys.stderr, flush=True)
+            raise gr.Error(message, print_exception=False) from None
+
+    demo.validate_inputs = validate_inputs
+    return demo
+
+
 def create_demo(state: AppState | None = None) -> gr.Blocks:
     """The whole page, its handlers sharing `state` (None: `AppState.from_environment()`, built
     now). Builds components and wires events; loads no model."""
@@ -264,7 +291,7 @@ def create_demo(state: AppState | None = None) -> gr.Blocks:
                                                              c["model_status"]], **QUIET)
     # Gradio's own queue is a backstop far above the device line's bound, which answers "busy" in words.
     demo.queue(max_size=4 * run_handlers)
-    return demo
+    return refusing_short_calls(demo)
 
 
 def _wire_runs(state: AppState, c: dict[str, Any], r: dict[str, Any], race: gr.HTML, replay: gr.Button,

@@ -54,6 +54,15 @@ def failed(text: str) -> dict[str, Any]:
     return {**idle(), "message": message(text), "summary": {"error": text}}
 
 
+STOPPED_BEFORE = "Stopped before decoding began. Press Run to start again."
+
+
+def stopped_before() -> dict[str, Any]:
+    """Stop while the model loaded or the run waited for the device: the words, and the API's last
+    output saying so as every stopped run's does (`_stopped`)."""
+    return {**status(STOPPED_BEFORE), "summary": {"stopped": STOPPED_BEFORE, "finished": {}}}
+
+
 def status(text: str, request: RunRequest | None = None, phase: str | None = None) -> dict[str, Any]:
     """Only the status changes (loading a model, waiting for the device): the headline's status
     line, with the run's phases as steps when `request` and its current `phase` are given, and the
@@ -68,7 +77,8 @@ def snapshot(snap: Snapshot, *, figures: bool = True) -> dict[str, Any]:
     are left as they are."""
     beside_run = message() if snap.done or snap.stopped else message(_status_line(snap), "status")
     if not snap.runs:  # the worker processes are starting: only the status changes
-        return {"headline": _headline(snap, {}), "message": beside_run}
+        stopped = {"summary": _stopped(snap)} if snap.stopped else {}  # the API's last output says so
+        return {"headline": _headline(snap, {}), "message": beside_run, **stopped}
     finished = {m: Clocks(r.result.metrics("measured"), r.result.metrics("projected"), snap.concurrent)
                 for m, r in snap.runs.items() if r.done}
     values: dict[str, Any] = {"headline": _headline(snap, finished)}

@@ -9,9 +9,15 @@ from __future__ import annotations
 
 
 def check_text(text: str) -> str:
-    """`text`, or ValueError when it holds nothing to decode (every entry point says it alike)."""
+    """`text`, or ValueError when it holds nothing to decode or is no valid Unicode (every entry
+    point says it alike)."""
     if not str(text).strip():
         raise ValueError("prompt is empty: give some text to continue")
+    try:
+        str(text).encode("utf-8")
+    except UnicodeEncodeError as error:  # a lone surrogate ("\ud800" over raw JSON): the tokenizer's TypeError
+        raise ValueError(f"prompt is not valid Unicode text: character {error.start} is a lone surrogate "
+                         f"(U+{ord(str(text)[error.start]):04X})") from None
     return text
 
 

@@ -26,7 +26,10 @@ class Verdict(NamedTuple):
 
 
 class Sampler:
-    """Greedy when temperature == 0, else temperature + nucleus (top-p) sampling, seeded."""
+    """Greedy when temperature == 0, else temperature + nucleus (top-p) sampling, seeded.
+
+    Any positive temperature and top_p in (0, 1] work: a temperature too small for float32 acts as
+    its limit (the argmax), and a tiny top_p keeps the top token."""
 
     def __init__(self, *, temperature: float = 0.0, top_p: float = 1.0, seed: int = 0) -> None:
         self.temperature = temperature
@@ -39,11 +42,20 @@ class Sampler:
 
     def probs(self, logits: torch.Tensor) -> torch.Tensor:
         """The (V,) float32 distribution after temperature and top-p, on the CPU."""
-        probs = torch.softmax(logits.float().cpu() / self.temperature, dim=-1)
+        logits = logits.float().cpu()
+        probs = torch.softmax(logits / self.temperature, dim=-1)
+        if probs.isnan().any():
+            # A temperature so small that logits / T overflows float32 (1e-40, 1e-308): take the
+            # limit T -> 0, all mass on the argmax (shared among ties), i.e. greedy's choice.
+            probs = (logits == logits.max()).float()
+            probs /= probs.sum()
         if self.top_p < 1.0:
             sorted_probs, order = torch.sort(probs, descending=True)
             # Keep the smallest prefix whose mass reaches top_p (the crossing token included).
             outside = torch.cumsum(sorted_probs, 0) - sorted_probs >= self.top_p
+            # The top token always stays: a top_p below float32's range (1e-300) rounds to 0 in
+            # the comparison and would otherwise leave no token at all.
+            outside[0] = False
             sorted_probs[outside] = 0.0
             probs = torch.zeros_like(probs).scatter_(0, order, sorted_probs)
             probs /= probs.sum()

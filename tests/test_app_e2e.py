@@ -31,10 +31,10 @@ def free_port() -> int:
 def run_args(model: str, *, prompt: str = "def fibonacci(n):", eesd: bool = False, exit_layer: float = 4,
              num_stages: float = 2, max_new_tokens: float = 24, exit_head: str = "", workers: bool = False,
              chat: bool = True, seed: float = 0, draft_len: float = 3, repeats: float = 1,
-             pipeline: str = "processes") -> tuple:
+             pipeline: str = "processes", temperature: float = 0.0) -> tuple:
     """Arguments of the `run` endpoint, in the order of the page's inputs (one timed run each,
     unless asked: the spread has its own test)."""
-    return (prompt, model, exit_layer, num_stages, eesd, draft_len, max_new_tokens, 0.0, 1.0, seed, exit_head,
+    return (prompt, model, exit_layer, num_stages, eesd, draft_len, max_new_tokens, temperature, 1.0, seed, exit_head,
             workers, chat, repeats, pipeline)
 
 
@@ -140,6 +140,14 @@ def test_bad_settings_give_an_error_and_the_server_keeps_serving(server, args, m
     assert len(outputs[-1]["ppsd"]["token_ids"]) == 4
 
 
+def test_a_temperature_too_small_for_float32_decodes_as_greedy(server):
+    client, model = server
+    greedy = client.predict(*run_args(model, max_new_tokens=6), api_name="/run")[-1]
+    tiny = client.predict(*run_args(model, max_new_tokens=6, temperature=1e-308), api_name="/run")[-1]
+    assert "error" not in tiny, tiny
+    assert tiny["ppsd"]["token_ids"] == tiny["ar"]["token_ids"] == greedy["ar"]["token_ids"]
+
+
 def test_the_exit_head_box_tells_no_server_path_apart(server, tmp_path):
     """A missing path, a directory that is no head and a stranger head_config.json get one
     message, the reasons going to the server's log; the server keeps serving."""
@@ -147,9 +155,13 @@ def test_the_exit_head_box_tells_no_server_path_apart(server, tmp_path):
     stranger = tmp_path / "stranger"
     stranger.mkdir()
     (stranger / "head_config.json").write_bytes(b"\xff\xfe not json")
+    mistyped = tmp_path / "mistyped"
+    mistyped.mkdir()
+    (mistyped / "head_config.json").write_text('{"head_type": "lowrank", "exit_layer": 4, "base_model": "m", '
+                                               '"base_fingerprint": "abc"}')
     said = {}
     paths = {"missing": "/nonexistent", "not a head": str(tmp_path), "stranger": str(stranger),
-             "too long": "/tmp/" + "y" * 300}
+             "too long": "/tmp/" + "y" * 300, "mistyped": str(mistyped)}
     for name, path in paths.items():
         error = client.predict(*run_args(model, exit_head=path), api_name="/run")[-1]["error"]
         said[name] = error.replace(shown(path), "PATH")
@@ -186,6 +198,21 @@ def test_a_slider_refusal_logs_one_line_not_a_traceback(server, capfd):
     assert "Traceback" not in logged
 
 
+@pytest.mark.parametrize("field,value,message", [
+    (2, "abc", "refused 'Exit layer E': Value 'abc' is not a number"),
+    (14, "fibres", "refused 'The stages at once on': Value: 'fibres'"),
+], ids=["slider-text", "radio-choice"])
+def test_a_value_of_the_wrong_kind_logs_one_line_not_a_traceback(server, capfd, field, value, message):
+    client, model = server
+    args = list(run_args(model))
+    args[field] = value
+    capfd.readouterr()
+    with pytest.raises(Exception):
+        raw_run(client, tuple(args))
+    logged = capfd.readouterr().err
+    assert message in logged and "Traceback" not in logged, logged[-2000:]
+
+
 def raw_run(client: Client, args: tuple) -> dict:
     """Call `run` over plain HTTP, as any script can: Python's JSON writes NaN, which the Gradio
     client refuses to send. Returns the summary (over HTTP the race's gr.State comes after it)."""
@@ -201,6 +228,22 @@ def raw_run(client: Client, args: tuple) -> dict:
     return json.loads(lines[-1][len("data:"):])[-2]
 
 
+def test_a_call_with_no_values_is_one_line_without_object_reprs(server, capfd):
+    import json
+
+    import httpx
+
+    client, _ = server
+    base = client.src.rstrip("/") + "/gradio_api/call/run"
+    capfd.readouterr()
+    event = httpx.post(base, json={"data": []}, timeout=30).json()["event_id"]
+    with httpx.stream("GET", f"{base}/{event}", timeout=60) as response:
+        lines = [line for line in response.iter_lines() if line.startswith("data:")]
+    assert json.loads(lines[-1][len("data:"):])["error"] == "run takes 15 values; 0 were sent"
+    logged = capfd.readouterr().err
+    assert "refused a call: run takes 15 values; 0 were sent" in logged and " at 0x" not in logged
+
+
 @pytest.mark.parametrize("field", ["exit_layer", "seed", "draft_len"])
 def test_nan_through_the_raw_api_is_named_and_the_workers_stay(server, field):
     from ppsd.executors.pool import current_pool
@@ -210,6 +253,47 @@ def test_nan_through_the_raw_api_is_named_and_the_workers_stay(server, field):
     summary = raw_run(client, run_args(model, **{field: float("nan")}, workers=True))
     assert summary == {"error": f"{field}=nan is not a whole number"}
     assert current_pool() is before  # bad input is refused before any worker is asked
+
+
+def test_a_lone_surrogate_in_the_prompt_is_refused_in_words(server):
+    client, model = server
+    summary = raw_run(client, run_args(model, prompt="abc\ud800def", max_new_tokens=2))
+    assert summary == {"error": "prompt is not valid Unicode text: character 3 is a lone surrogate (U+D800)"}
+
+
+def join_queue(client: Client, api_name: str, data: list) -> list:
+    """Call a handler by its fn_index over the queue, as a script can whatever the handler's API
+    visibility: its outputs (or the error it raised, as {"error": ...})."""
+    import json
+
+    import httpx
+
+    base = client.src.rstrip("/")
+    dependencies = httpx.get(f"{base}/config", timeout=30).json()["dependencies"]
+    fn_index = next(i for i, d in enumerate(dependencies) if d.get("api_name") == api_name)
+    session = "probe-" + api_name
+    httpx.post(f"{base}/gradio_api/queue/join", timeout=30,
+               json={"data": data, "fn_index": fn_index, "session_hash": session, "event_data": None,
+                     "trigger_id": None}).raise_for_status()
+    with httpx.stream("GET", f"{base}/gradio_api/queue/data", params={"session_hash": session}, timeout=60) as response:
+        for line in response.iter_lines():
+            message = json.loads(line[len("data:"):]) if line.startswith("data:") else {}
+            if message.get("msg") == "process_completed":
+                output = message.get("output", {})
+                return output.get("data") if message.get("success") else [{"error": output.get("error")}]
+    raise AssertionError("the queue closed without a result")
+
+
+def test_the_private_page_load_handler_reads_only_what_load_may(saved_model):
+    from app.models import ModelCache
+
+    state = AppState(cache=ModelCache(allowed=("only/this-model",)))  # a Space with PPSD_MODELS set
+    with serving(state) as client:
+        status = join_queue(client, "on_page_load", [saved_model])[-1]
+        assert "Model not loaded yet" in str(status) and "layers" not in str(status), status
+    with serving(AppState()) as client:  # any name may load: a name too long is still no traceback
+        status = join_queue(client, "on_page_load", ["/tmp/" + "x" * 300 + ".gguf"])[-1]
+        assert "Model not loaded yet" in str(status) and "Errno" not in str(status), status
 
 
 @pytest.mark.parametrize("name", ["no/such-model", "__NOT_A_MODEL_DIR__", "/etc/passwd", "/dev/zero",
@@ -440,6 +524,24 @@ def test_a_slow_load_does_not_hold_the_device(saved_model):
         assert "not a loadable model" in slow_job.result(timeout=30)[-1]["error"]
 
 
+def test_a_run_stopped_while_its_model_loads_says_stopped_in_its_summary(saved_model):
+    import time
+
+    import ppsd
+    from app.models import ModelCache
+    from app.view import STOPPED_BEFORE
+
+    def slow(name, **kwargs):
+        time.sleep(3)
+        return ppsd.load_model(name, **kwargs)
+
+    with serving(AppState(cache=ModelCache(loader=slow, key=lambda name: name))) as client:
+        job = client.submit(*run_args(saved_model, max_new_tokens=2), api_name="/run")
+        time.sleep(1)
+        client.predict(api_name="/stop")
+        assert job.result(timeout=30)[-1] == {"stopped": STOPPED_BEFORE, "finished": {}}
+
+
 def test_a_full_line_says_busy_in_words(saved_model):
     import time
 
@@ -457,6 +559,30 @@ def test_a_full_line_says_busy_in_words(saved_model):
                                  "again in a moment"}
         client.predict(api_name="/stop")
         assert "Stopped" in first.result(timeout=30)[0]
+
+
+def test_one_api_client_cannot_hold_the_line(server):
+    """A script submits three runs: two go in line, the third is refused in words, and another
+    visitor waits behind the run in progress alone, not behind the script's second."""
+    import time
+
+    client, model = server
+    client.predict(*run_args(model, max_new_tokens=2), api_name="/run")  # loaded and warm
+    jobs = [client.submit(*run_args(model, max_new_tokens=240, repeats=9), api_name="/run") for _ in range(2)]
+    deadline = time.monotonic() + 60
+    while not all(job.outputs() for job in jobs) and time.monotonic() < deadline:
+        time.sleep(0.05)  # both have started: one decodes, the other waits in line
+    refused = client.predict(*run_args(model, max_new_tokens=2), api_name="/run")[-1]
+    assert refused == {"error": "you have 2 runs in line already, the most one visitor may: wait for one to "
+                                "finish, or press Stop"}
+    visitor = Client(client.src, verbose=False).submit(*run_args(model, max_new_tokens=3), api_name="/run")
+    while not any("ahead of yours" in str(o[0]) for o in visitor.outputs()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert any("Waiting for the device: 1 run ahead of yours" in str(o[0]) for o in visitor.outputs())
+    client.predict(api_name="/stop")
+    assert len(visitor.result(timeout=60)[-1]["ppsd"]["token_ids"]) == 3
+    for job in jobs:
+        job.result(timeout=15)
 
 
 def test_ten_visitors_at_once_are_queued_see_their_place_and_all_finish(server):
@@ -500,6 +626,7 @@ def test_a_killed_worker_is_a_message_within_seconds_and_the_next_run_starts_fre
     error = job.result(timeout=30)[-1]["error"]
     assert time.monotonic() - killed < 10
     assert error.startswith("the worker processes failed and were shut down") and "SIGKILL" in error
+    assert "pid" not in error and str(pids[0]) not in error  # which process ids the server runs is its own
     outputs = client.predict(*run_args(model, max_new_tokens=3, workers=True), api_name="/run")
     assert len(outputs[-1]["ppsd"]["token_ids"]) == 3 and current_pool().pids != pids  # fresh workers
     assert not any(_running(pid) for pid in pids)

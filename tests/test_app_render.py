@@ -4,6 +4,7 @@ metrics -> text, theory curves, the race replay, and the runner's timing and mod
 from __future__ import annotations
 
 import shutil
+import threading
 import time
 
 import pytest
@@ -512,6 +513,34 @@ def test_a_space_offers_only_the_shipped_and_shared_heads_unless_its_owner_sets_
                 cache.head_spec("/root")
 
 
+def test_a_megabyte_name_writes_a_line_not_a_megabyte_to_the_log(tiny_loader, capfd, tmp_path):
+    name = "/tmp/" + "x" * 1_000_000
+    cache = ModelCache(device="cpu", loader=tiny_loader)
+    capfd.readouterr()
+    for refused in (lambda: cache.get(name), lambda: cache.exit_head(name, cache.get("tiny"), 4)):
+        with pytest.raises(ValueError):
+            refused()
+    logged = capfd.readouterr().err
+    assert 0 < len(logged) < 2000, len(logged)
+
+
+def test_one_client_holds_at_most_two_places_and_a_newcomer_waits_behind_one_run():
+    from contextlib import ExitStack
+
+    from app.line import DeviceLine
+
+    line = DeviceLine(16)
+    with ExitStack() as held:
+        decoding, waiting = (held.enter_context(line.place("script")) for _ in range(2))
+        with pytest.raises(ValueError, match="you have 2 runs in line already, the most one visitor may"):
+            held.enter_context(line.place("script"))
+        newcomer = held.enter_context(line.place("visitor"))
+        assert (line.ahead(decoding), line.ahead(newcomer), line.ahead(waiting)) == (0, 1, 2)
+        later = held.enter_context(line.place("another"))  # first runs in arrival order, seconds after them
+        assert (line.ahead(newcomer), line.ahead(later), line.ahead(waiting)) == (1, 2, 3)
+    assert len(line) == 0
+
+
 def test_stop_reaches_every_run_of_its_session_and_no_other():
     from app.line import StopRegistry
 
@@ -526,6 +555,18 @@ def test_stop_reaches_every_run_of_its_session_and_no_other():
         assert not fresh.is_set()
     other.__exit__(None, None, None)
     stops.stop("a")  # nothing running: nothing to stop
+
+
+def test_a_run_stopped_while_its_stages_start_says_so_in_the_api_summary(tiny_cache):
+    from app import view
+
+    stop = threading.Event()
+    stop.set()
+    request = RunRequest(prompt="def fibonacci(n):", model="tiny", max_new_tokens=4, workers=True,
+                         pipeline="threads")
+    snap = list(run_comparison(request, tiny_cache, throttle=0.0, stop=stop))[-1]
+    assert snap.stopped and not snap.runs
+    assert view.snapshot(snap)["summary"] == {"stopped": view.STOPPED_BEFORE, "finished": {}}
 
 
 def test_a_run_in_flight_shows_its_phases_done_now_and_to_come(tiny_cache):

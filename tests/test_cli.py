@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -66,10 +67,12 @@ BAD_INPUTS = [
     (["--method", "eesd", "--draft-len", "1000000"], "draft length G=1000000 is out of range: 1 <= G <= 64"),
     (["--seed", str(10**23)], "seed=100000000000000000000000 is out of range: 0 <= seed <= 2^63 - 1"),
     (["--seed", "-1"], "seed=-1 is out of range"),
-    (["--threads", "-1"], "argument --threads: -1 is out of range: threads >= 1"),
-    (["--threads", "0"], "argument --threads: 0 is out of range: threads >= 1"),
-    (["--chrome-trace", "/no/such/folder/t.json"], "--chrome-trace /no/such/folder/t.json: folder /no/such/folder does not exist"),
-    (["--chrome-trace", "/tmp"], "--chrome-trace /tmp is a directory: give a file name"),
+    (["--threads", "-1"], "argument --threads: -1 is out of range: 1 <= threads <= "),
+    (["--threads", "0"], "argument --threads: 0 is out of range: 1 <= threads <= "),
+    (["--threads", "100000"], f"argument --threads: 100000 is out of range: 1 <= threads <= {os.cpu_count()} "
+                              "(this machine's cores)"),
+    (["--chrome-trace", "/no/such/folder/t.json"], "--chrome-trace '/no/such/folder/t.json': folder '/no/such/folder' does not exist"),
+    (["--chrome-trace", "/tmp"], "--chrome-trace '/tmp' is a directory: give a file name"),
     (["--max-new-tokens", "0"], "max_new_tokens=0 is out of range: 1 <= N <= 1024"),
     (["--max-new-tokens", "5000"], "max_new_tokens=5000 is out of range: 1 <= N <= 1024"),
     (["--temperature", "-1"], "temperature=-1.0 is out of range: 0 <= T < inf"),
@@ -81,6 +84,7 @@ BAD_INPUTS = [
     (["--method", "beam"], "method 'beam' is unknown; choose one of: ar, eesd, ppsd"),
     (["--prompt", "   "], "prompt is empty"),
     (["--prompt", "fox " * 400], "is too long"),
+    (["--prompt", "abc\ud800def"], "prompt is not valid Unicode text: character 3 is a lone surrogate (U+D800)"),
 ]
 
 
@@ -92,6 +96,18 @@ def test_bad_input_exits_2_with_one_line(saved_model, capsys, args, message):
     assert message in err
     assert err.count("\n") == 1 and err.startswith("error: ")
     assert out == ""
+
+
+@pytest.mark.parametrize("sampling", [["--temperature", "1e-308"], ["--temperature", "1", "--top-p", "1e-300"]],
+                         ids=["tiny-temperature", "tiny-top-p"])
+def test_tiny_sampling_values_decode_as_greedy(saved_model, capsys, sampling):
+    base = ["generate", "--model", saved_model, "--prompt", "The quick", "--max-new-tokens", "8", "--json"]
+    code, out, _ = cli(capsys, *base)
+    assert code == 0
+    greedy = json.loads(out)["token_ids"]
+    code, out, err = cli(capsys, *base, *sampling)
+    assert code == 0, err
+    assert json.loads(out)["token_ids"] == greedy
 
 
 def test_models_that_cannot_be_loaded(tmp_path, capsys):
@@ -182,7 +198,9 @@ LONG_NAME = "/tmp/" + "x" * 300  # past the file system's 255-byte name limit: O
     (["--model", "/etc/passwd"], "'/etc/passwd' is not a model directory"),
     (["--model", "/dev/zero"], "'/dev/zero' is not a model directory"),
     (["--exit-head", LONG_NAME], "is not a usable path: File name too long"),
-], ids=["long-model", "file-model", "device-model", "long-head"])
+    (["--chrome-trace", LONG_NAME], "cannot be written: File name too long"),
+    (["--chrome-trace", "/dev/full"], "--chrome-trace '/dev/full' is not a regular file"),
+], ids=["long-model", "file-model", "device-model", "long-head", "long-trace", "device-trace"])
 def test_names_the_file_system_refuses_exit_2_with_one_line(saved_model, capsys, args, message):
     base = ["generate", "--model", saved_model, "--prompt", "hello", "--max-new-tokens", "2"]
     code, _, err = cli(capsys, *base, *args)
@@ -190,11 +208,36 @@ def test_names_the_file_system_refuses_exit_2_with_one_line(saved_model, capsys,
     assert err.count("\n") == 1 and "x" * 100 not in err  # the name is cut in the message
 
 
+def test_a_head_config_with_wrong_field_types_exits_2_with_one_line(saved_model, capsys, tmp_path):
+    (tmp_path / "head_config.json").write_text(json.dumps(
+        {"head_type": "lowrank", "exit_layer": 4, "base_model": "m", "base_fingerprint": "abc"}))
+    code, out, err = cli(capsys, "generate", "--model", saved_model, "--prompt", "hi", "--exit-head", str(tmp_path))
+    assert (code, out) == (2, "")
+    assert err.startswith("error: ") and err.count("\n") == 1 and "is not a valid head config" in err, err
+
+
 @pytest.mark.parametrize("timeout,message", [("0", "0 is out of range"), ("-1", "-1 is out of range"),
-                                             ("nan", "nan is out of range"), ("soon", "'soon' is not a number")])
+                                             ("nan", "nan is out of range"), ("soon", "'soon' is not a number"),
+                                             ("0.001", "0.001 is out of range: 1 <= seconds < inf"),
+                                             ("1e-300", "1e-300 is out of range: 1 <= seconds < inf")])
 def test_pipeline_timeout_is_checked_like_every_flag(saved_model, capsys, timeout, message):
     code, _, err = cli(capsys, "pipeline", "--model", saved_model, "--prompt", "hi", "--timeout", timeout)
     assert code == 2 and f"argument --timeout: {message}" in err
+
+
+def test_a_pipeline_that_fails_is_one_line_and_status_1(saved_model, capsys, monkeypatch):
+    from ppsd.cli import pipeline
+    from ppsd.executors.wire import PipelineError
+
+    def hung(*args, **kwargs):
+        raise PipelineError("a pipeline worker did not answer within 1 s")
+
+    monkeypatch.setattr(pipeline, "shared_pipeline", hung)
+    code, out, err = cli(capsys, "pipeline", "--model", saved_model, "--prompt", "hi", "--timeout", "1")
+    assert (code, out) == (1, "")
+    assert err.endswith("\n") and err.splitlines()[-1] == \
+        "error: the pipeline failed: a pipeline worker did not answer within 1 s"  # after any loading bar
+    assert "Traceback" not in err
 
 
 def test_train_head_refuses_an_out_file_and_binary_data_before_training(saved_model, tmp_path, capsys):
@@ -209,3 +252,15 @@ def test_train_head_refuses_an_out_file_and_binary_data_before_training(saved_mo
                        "--data", str(noise), "--out", str(tmp_path / "out"))
     assert code == 2 and f"data file {str(noise)!r} is not UTF-8 text" in err
     assert not (tmp_path / "out" / "head_config.json").exists()
+
+
+@pytest.mark.parametrize("name,message", [("noise.jsonl", "is not UTF-8 text"),
+                                          ("noise.jsonl.gz", "is not a whole gzip file")])
+def test_train_head_names_binary_chat_data_exit_2(saved_model, tmp_path, capsys, name, message):
+    noise = tmp_path / name
+    noise.write_bytes(bytes(range(256)) * 64)
+    code, out, err = cli(capsys, "train-head", "--model", saved_model, "--exit-layer", "4", "--steps", "1",
+                         "--data", str(noise), "--out", str(tmp_path / "out"))
+    assert code == 2 and out == ""
+    assert err.endswith("\n") and err.splitlines()[-1].startswith(f"error: data {str(noise)!r} {message}"), err
+    assert "Traceback" not in err and not (tmp_path / "out" / "head_config.json").exists()

@@ -132,6 +132,22 @@ def test_head_for_another_model_or_exit_layer_is_refused(model, trained, tmp_pat
         load_exit_head(tmp_path / "missing", model, EXIT)
 
 
+@pytest.mark.parametrize("change", [
+    {"base_fingerprint": "abc"}, {"exit_layer": "2"}, {"exit_layer": True}, {"rank": 1.5}, {"training": []},
+    {"head_type": 7}, {"base_fingerprint": {"sha256": "x", "architecture": {}, "probe": {"norm": "abc"}}},
+    {"base_fingerprint": {"sha256": 1, "architecture": {}, "probe": {}}},
+], ids=["fingerprint-str", "exit-str", "exit-bool", "rank-float", "training-list", "type-int", "probe-str",
+        "sha-int"])
+def test_a_head_config_with_wrong_field_types_is_not_a_head(model, tmp_path, change):
+    from dataclasses import asdict
+
+    from ppsd.heads.files import NotAHead
+
+    (tmp_path / "head_config.json").write_text(json.dumps({**asdict(head_config(model)), **change}))
+    with pytest.raises(NotAHead, match="is not a valid head config: "):
+        load_exit_head(tmp_path, model, EXIT)
+
+
 def test_same_weights_in_another_dtype_and_name_are_accepted(model, trained, tmp_path):
     # The fingerprint binds a head to weights, not to a path or a dtype: the same checkpoint
     # loaded in bf16 (as on a GPU) under another name is still the same model.

@@ -53,6 +53,21 @@ class TestSamplingAcceptRule:
         probs = Sampler(temperature=1.0, top_p=0.6).probs(logits_of([0.5, 0.3, 0.15, 0.05]))
         assert torch.allclose(probs, torch.tensor([0.5 / 0.8, 0.3 / 0.8, 0.0, 0.0]))
 
+    @pytest.mark.parametrize("temperature,top_p", [(1e-308, 1.0), (1e-40, 1.0), (5e-324, 0.5), (1.0, 1e-300)],
+                             ids=["T=1e-308", "T=1e-40", "T=5e-324", "top_p=1e-300"])
+    def test_tiny_positive_values_choose_the_argmax(self, temperature, top_p):
+        logits = torch.tensor([0.5, 2.0, -1.0, 1.9])
+        sampler = Sampler(temperature=temperature, top_p=top_p, seed=0)
+        assert torch.equal(sampler.probs(logits), torch.tensor([0.0, 1.0, 0.0, 0.0]))
+        draft = sampler.pick(logits)
+        assert draft.token == 1
+        assert sampler.verify(logits, draft) == (True, 1)
+        assert sampler.verify(logits, Pick(3, draft.probs)) == (False, 1)  # the residual is the argmax
+
+    def test_a_temperature_below_float32_shares_the_mass_among_tied_maxima(self):
+        probs = Sampler(temperature=1e-308).probs(torch.tensor([3.0, 1.0, 3.0]))
+        assert torch.equal(probs, torch.tensor([0.5, 0.0, 0.5]))
+
 
 VOCAB = 6
 RUNS = 300

@@ -30,42 +30,58 @@ class Parser(argparse.ArgumentParser):
 
 
 def thread_count(text: str) -> int:
-    """argparse type of a `--threads` option: a whole number >= 1 (torch refuses the rest with a
-    traceback)."""
+    """argparse type of a `--threads` option: a whole number from 1 to the machine's cores (torch
+    refuses 0 with a traceback, and OpenBLAS segfaults on 100000)."""
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} is out of range: threads >= 1")
+    cores = os.cpu_count() or 1
+    if not 1 <= value <= cores:
+        raise argparse.ArgumentTypeError(f"{value} is out of range: 1 <= threads <= {cores} (this machine's cores)")
     return value
 
 
+MIN_TIMEOUT = 1.0  # seconds: a worker's answer takes milliseconds, but gloo's own calls need more
+
+
 def seconds(text: str) -> float:
-    """argparse type of a timeout: a finite number of seconds > 0 (0, -1 or NaN would reach the
-    process group as a traceback)."""
+    """argparse type of a timeout: a finite number of seconds >= MIN_TIMEOUT (0, -1 or NaN would
+    reach the process group as a traceback, and 0.001 fails the workers' first call or hangs)."""
     try:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(f"{text} is out of range: 0 < seconds < inf")
+    if not (math.isfinite(value) and value >= MIN_TIMEOUT):
+        raise argparse.ArgumentTypeError(f"{text} is out of range: {MIN_TIMEOUT:g} <= seconds < inf")
     return value
 
 
 def check_output_file(path: str | None, what: str) -> None:
     """ValueError unless `path` can be written as a file: checked before a long run, whose
-    result would otherwise be lost at the end."""
+    result would otherwise be lost at the end. The file is opened for appending (and removed
+    again when it was not there), so whatever the file system refuses (a name too long, a
+    read-only folder) is found now; a device (/dev/full) is refused as no regular file."""
     if path is None:
         return
+    from ..model_source import shown  # cut: a name may be 10,000 characters
+
     target = Path(path)
     folder = target.parent if str(target.parent) else Path(".")
-    if target.is_dir():
-        raise ValueError(f"{what} {path} is a directory: give a file name")
-    if not folder.is_dir():
-        raise ValueError(f"{what} {path}: folder {folder} does not exist")
-    if not os.access(folder, os.W_OK) or (target.exists() and not os.access(target, os.W_OK)):
-        raise ValueError(f"{what} {path} is not writable")
+    try:
+        if target.is_dir():
+            raise ValueError(f"{what} {shown(path)} is a directory: give a file name")
+        if not folder.is_dir():
+            raise ValueError(f"{what} {shown(path)}: folder {shown(str(folder))} does not exist")
+        existed = target.exists()
+        if existed and not target.is_file():
+            raise ValueError(f"{what} {shown(path)} is not a regular file")
+        with open(target, "a"):
+            pass
+        if not existed:
+            target.unlink()
+    except OSError as error:
+        raise ValueError(f"{what} {shown(path)} cannot be written: {error.strerror or error}") from None
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 
 from . import options, seconds, thread_count
 from ..chat import check_text
 from ..executors.pipeline import DistributedExecutor
 from ..executors.pool import shared_pipeline
-from ..executors.wire import PipelineSpec
+from ..executors.wire import PipelineError, PipelineSpec
 from ..executors.worker import run_worker
 from ..generate import Result, decode
 from ..model import load_model, model_config
@@ -44,13 +45,17 @@ def run(args: argparse.Namespace) -> int:
         return 0
     model, tokenizer = load_model(args.model, device=args.device)
     setup = set_up_text(model, tokenizer, args.prompt, config, exit_head=args.exit_head, chat=args.chat)
-    if torchrun:
-        executor = DistributedExecutor(spec, setup.model).join()
-    else:
-        executor = shared_pipeline(setup.model, setup.config, threads_per_worker=args.threads_per_worker,
-                                   timeout=args.timeout)
-    with executor:
-        result = decode(setup, executor=executor)
+    try:
+        if torchrun:
+            executor = DistributedExecutor(spec, setup.model).join()
+        else:
+            executor = shared_pipeline(setup.model, setup.config, threads_per_worker=args.threads_per_worker,
+                                       timeout=args.timeout)
+        with executor:
+            result = decode(setup, executor=executor)
+    except PipelineError as error:  # a worker died or hung: not bad input, so status 1, as generate's
+        print(f"error: the pipeline failed: {error}", file=sys.stderr)
+        return 1
     print(tokenizer.decode(result.token_ids, skip_special_tokens=True))
     print(summary(result, args.device))
     return 0

@@ -9,6 +9,7 @@ from __future__ import annotations
 import gzip
 import hashlib
 import json
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
@@ -107,6 +108,13 @@ def read_chat_answers(path: str) -> TokenData:
             rows = [json.loads(line) for line in lines if line.strip()]
         sequences = [list(r["prompt_ids"]) + list(r["answer_ids"]) for r in rows]
         held = {i for i, r in enumerate(rows) if hashlib.sha256(r["prompt"].encode()).digest()[0] % 10 == 9}
+    except UnicodeDecodeError as error:  # a ValueError too, but its words name no file
+        raise ValueError(f"data {path!r} is not UTF-8 text (byte {error.start} of a block): "
+                         "give a JSONL file of chat answers") from None
+    except (gzip.BadGzipFile, EOFError, zlib.error) as error:  # not gzip, or cut short
+        raise ValueError(f"data {path!r} is not a whole gzip file: {error}") from None
+    except OSError as error:
+        raise ValueError(f"data {path!r} cannot be read: {error.strerror or error}") from None
     except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as error:
         raise ValueError(f"data {path!r} is not a JSONL file of chat answers: {error}") from None
     if len(sequences) < 2:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import typing
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -123,9 +124,29 @@ class HeadConfig:
             raise NotAHead(f"{directory} is not a saved exit head: {CONFIG_FILE} is missing")
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
-            return cls(**data)
+            config = cls(**data)
         except (json.JSONDecodeError, UnicodeDecodeError, TypeError) as error:
             raise NotAHead(f"{path} is not a valid head config: {error}") from None
+        wrong = config.wrong_field()
+        if wrong is not None:  # caught here, or it surfaces later as "'str' object has no attribute 'get'"
+            raise NotAHead(f"{path} is not a valid head config: {wrong}")
+        return config
+
+    def wrong_field(self) -> str | None:
+        """What is wrong with the fields' JSON types (a field of the wrong type, a fingerprint
+        without its parts), or None: a config read from a file may hold anything."""
+        for name, kind in typing.get_type_hints(type(self)).items():
+            value = getattr(self, name)
+            if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
+                return f"{name} is {type(value).__name__}, not {getattr(kind, '__name__', kind)}"
+        fingerprint = self.base_fingerprint
+        probe = fingerprint.get("probe")
+        if not (isinstance(fingerprint.get("sha256"), str) and isinstance(fingerprint.get("architecture"), dict)
+                and isinstance(probe, dict)
+                and all(isinstance(values, list) and all(isinstance(v, (int, float)) and not isinstance(v, bool)
+                                                         for v in values) for values in probe.values())):
+            return "base_fingerprint needs sha256 (text), architecture (an object) and probe (lists of numbers)"
+        return None
 
 
 def save_exit_head(head: nn.Module, directory: str | Path, config: HeadConfig, *,
