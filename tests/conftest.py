@@ -1,14 +1,19 @@
-"""Shared fixtures: tiny seeded models built in code (no network, no downloads)."""
+"""Shared fixtures: tiny seeded models built in code (no network, no downloads), and the page
+served for a real browser (`page_url`, `open_page`)."""
 
 from __future__ import annotations
 
 import os
+import socket
+from contextlib import contextmanager
 
 import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
+import ppsd
 from ppsd import StagedModel
+from ppsd.model_source import default_available
 
 # Tests never need the hub; offline mode turns "not found" into an immediate error, not a retry loop.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -70,3 +75,50 @@ def app_state():
     state = AppState()
     yield state
     state.cache.clear()
+
+
+# --------------------------------------------------------------------------- the page in a browser
+
+CHROMIUM = "/usr/bin/chromium"  # Debian's: Playwright's own browser download is blocked here
+ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+        "--disable-sync", "--no-first-run"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def page_url(request, app_state):
+    from app import create_demo, launch_kwargs
+
+    torch.set_num_threads(1)  # the server and the browser share the cores: avoid oversubscription stalls
+    real = default_available()
+    model = ppsd.DEFAULT_MODEL if real else request.getfixturevalue("saved_model")
+    demo = create_demo(app_state)
+    port = free_port()
+    demo.launch(prevent_thread_lock=True, server_port=port, quiet=True, **launch_kwargs())
+    try:
+        yield f"http://127.0.0.1:{port}/", model, real
+    finally:
+        demo.close()  # and `app_state` drops the loaded models
+
+
+@contextmanager
+def open_page(page_url):
+    """The page in a fresh browser, on the test's model; closed afterwards, also on failure."""
+    sync_api = pytest.importorskip("playwright.sync_api")
+    url, model, real = page_url
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1920, "height": 1080})  # a projector
+            page.goto(url, wait_until="domcontentloaded")
+            page.locator("#run").wait_for(timeout=30_000)
+            if not real:
+                page.locator("#model textarea, #model input").first.fill(model)
+            yield page
+        finally:
+            browser.close()

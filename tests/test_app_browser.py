@@ -9,63 +9,15 @@ Saves a screenshot to docs/screenshot.png when PPSD_SAVE_SCREENSHOT=1, else to t
 from __future__ import annotations
 
 import os
-import socket
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-import torch
 
-import ppsd
-from ppsd.model_source import default_available
+from conftest import CHROMIUM, open_page
 
-CHROMIUM = "/usr/bin/chromium"
 ROOT = Path(__file__).resolve().parent.parent
-ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-        "--disable-sync", "--no-first-run"]
-
 pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(),
                                 reason=f"{CHROMIUM} is missing: install Debian's chromium (apt-get install chromium)")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture(scope="module")
-def page_url(request, app_state):
-    from app import create_demo, launch_kwargs
-
-    torch.set_num_threads(1)  # the server and the browser share the cores: avoid oversubscription stalls
-    real = default_available()
-    model = ppsd.DEFAULT_MODEL if real else request.getfixturevalue("saved_model")
-    demo = create_demo(app_state)
-    port = free_port()
-    demo.launch(prevent_thread_lock=True, server_port=port, quiet=True, **launch_kwargs())
-    try:
-        yield f"http://127.0.0.1:{port}/", model, real
-    finally:
-        demo.close()  # and `app_state` drops the loaded models
-
-
-@contextmanager
-def _page(page_url):
-    """The page in a fresh browser, on the test's model; closed afterwards, also on failure."""
-    sync_api = pytest.importorskip("playwright.sync_api")
-    url, model, real = page_url
-    with sync_api.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-        try:
-            page = browser.new_page(viewport={"width": 1920, "height": 1080})  # a projector
-            page.goto(url, wait_until="domcontentloaded")
-            page.locator("#run").wait_for(timeout=30_000)
-            if not real:
-                page.locator("#model textarea, #model input").first.fill(model)
-            yield page
-        finally:
-            browser.close()
 
 
 def test_page_runs_an_example_and_shows_tokens_timeline_and_headline(page_url, tmp_path):
@@ -76,7 +28,7 @@ def test_page_runs_an_example_and_shows_tokens_timeline_and_headline(page_url, t
     real = page_url[2]
     shot = ROOT / "docs" / "screenshot.png" if os.environ.get("PPSD_SAVE_SCREENSHOT") == "1" \
         else tmp_path / "screenshot.png"
-    with _page(page_url) as page:
+    with open_page(page_url) as page:
         example = load_examples()[0]
         page.get_by_text(f"{example['category']} · {example['name']}", exact=True).first.click()
         prompt = page.locator("#prompt textarea").first
@@ -150,7 +102,7 @@ def _set_slider(page, elem_id: str, value: int) -> None:
 def test_stop_answers_promptly_and_shows_where_it_stopped(page_url):
     import time
 
-    with _page(page_url) as page:
+    with open_page(page_url) as page:
         page.locator("#prompt textarea").first.fill("Tell me a long story about a lighthouse keeper.")
         _set_slider(page, "max-new-tokens", 1000)
         page.locator("#run").click()
@@ -172,7 +124,7 @@ def test_stop_answers_promptly_and_shows_where_it_stopped(page_url):
 def test_every_slider_position_is_valid_and_errors_go_beside_run(page_url):
     import time
 
-    with _page(page_url) as page:
+    with open_page(page_url) as page:
         page.wait_for_timeout(1000)  # the page-load handler fits the sliders to the model
         top_k = int(page.locator("#stages input[type=number]").first.get_attribute("max"))
         _set_slider(page, "stages", top_k)  # K = L: every stage one layer, so E must fall to 1
