@@ -1,15 +1,21 @@
 """Launch the PPSD demo: `python app.py [--host H] [--port P]` (also GRADIO_SERVER_NAME /
 GRADIO_SERVER_PORT). The composition root: reads arguments and the environment (also PPSD_MODELS,
-PPSD_HEADS, SPACE_ID, through `AppState.from_environment`), builds the server's state and hands it to the page."""
+PPSD_HEADS, SPACE_ID, SPACES_ZERO_GPU, through `AppState.from_environment`), builds the server's state and hands it to the page."""
 
 from __future__ import annotations
+
+try:
+    import spaces  # noqa: F401 - ZeroGPU's guidance: imported before torch (which `app` imports)
+except ImportError:  # anywhere but a Space
+    pass
 
 import argparse
 import os
 import signal
 import sys
 
-from app import AppState, create_demo, launch_kwargs
+import ppsd
+from app import AppState, create_demo, launch_kwargs, zerogpu
 from ppsd.cli import thread_count
 
 
@@ -20,6 +26,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--threads", type=thread_count, default=None,
                         help="CPU threads for torch (default: torch's choice; 1 helps on busy shared CPUs)")
     args = parser.parse_args(argv)
+    zerogpu.prepare_main_process()
     if args.threads:
         import torch
 
@@ -29,7 +36,10 @@ def main(argv: list[str] | None = None) -> None:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     # Started from a background job, a process inherits SIGINT ignored: Ctrl-C must still stop it.
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    demo = create_demo(AppState.from_environment())
+    state = AppState.from_environment()
+    if zerogpu.active():  # its documented pattern: the model loaded at start-up, and every call reuses it
+        state.cache.get(ppsd.DEFAULT_MODEL)
+    demo = create_demo(state)
     demo.launch(server_name=args.host, server_port=args.port, **launch_kwargs())
 
 

@@ -2,6 +2,7 @@
 
 - `render`, `numbers`, `teach`: pure functions, records in, HTML and Plotly figures out;
 - `models`: the loaded models a server shares; `line`: the device line, background waits, Stops;
+- `zerogpu`: the device's part of a run as a ZeroGPU call, and what crosses its fork;
 - `state`: what one server shares (models, device line, Stops), built by the entry point;
 - `runner`: one comparison (AR, PPSD, EESD, timed again), as snapshots;
 - `view`: snapshot -> every output of the page, by name; `page_text`: the page's words;

@@ -124,10 +124,12 @@ def _session(request: gr.Request | None) -> str:
     return getattr(request, "session_hash", None) or "no-session"
 
 
-def on_run(state: AppState, request: gr.Request | None, *form: Any) -> Iterator[tuple]:
+def on_run(state: AppState, decode: Callable[..., Iterator[tuple]], request: gr.Request | None,
+           *form: Any) -> Iterator[tuple]:
     """Run the comparison `form` asks for (the page's run inputs, in the order of
-    `runner.FORM`), yielding every output at the runner's throttled pace. The model loads before
-    the run joins the line for the device; Stop (this session's) is heard at every step."""
+    `runner.FORM`), yielding every output at the runner's throttled pace. Here, in the server's
+    process: the model loads, then the run waits in line for the device; `decode` (`on_decode`,
+    a ZeroGPU call where there is one) runs it, told of this session's Stop by its slot."""
     with state.stops.running(_session(request)) as stop:
         run = RunRequest.from_form(*form)
         try:
@@ -145,9 +147,21 @@ def on_run(state: AppState, request: gr.Request | None, *form: Any) -> Iterator[
                 if stop.is_set():
                     yield ordered(view.stopped_before())
                     return
-                yield from _updates(run_comparison(run, state.cache, stop=stop, time_limit=state.run_seconds))
+                yield from decode(stop.slot, *form)
         except ValueError as error:
             yield ordered(view.failed(str(error)))
+
+
+def on_decode(state: AppState, stop_slot: int, *form: Any) -> Iterator[tuple]:
+    """The device's part of a Run: the comparison `form` asks for, its outputs as they come. On
+    ZeroGPU this is the GPU call, in a forked child: it finds the model in its copy of the
+    server's memory, its Stop by `stop_slot` (`app.line.StopRegistry.flag`), and chooses the
+    pipeline there (`app.runner`); what it refuses reaches the page in words."""
+    try:
+        yield from _updates(run_comparison(RunRequest.from_form(*form), state.cache,
+                                           stop=state.stops.flag(stop_slot), time_limit=state.run_seconds))
+    except ValueError as error:
+        yield ordered(view.failed(str(error)))
 
 
 def on_stop(state: AppState, request: gr.Request | None = None) -> None:

@@ -1,16 +1,18 @@
 """Waiting, visibly: the line of runs for the one device, work on a thread that a page can stop
-waiting for (Stop) while it shows what happens, and each session's Stop.
+waiting for (Stop) while it shows what happens, and each session's Stop, which reaches a run
+also in a forked process (a ZeroGPU call).
 
 Plain threading; no Gradio, no models.
 """
 
 from __future__ import annotations
 
+import mmap
 import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Callable, Iterator
+from typing import Callable, Iterator, Protocol
 
 from ppsd.model_source import Progress
 
@@ -34,7 +36,7 @@ class Background:
         self._thread = threading.Thread(target=run, name=name, daemon=True)
         self._thread.start()
 
-    def progress(self, stop: threading.Event, doing: str, every: float = 0.5) -> Iterator[str]:
+    def progress(self, stop: Stop, doing: str, every: float = 0.5) -> Iterator[str]:
         """'<latest message>… N s' while the work runs, until it ends or `stop` is set."""
         started = time.perf_counter()
         while self._thread.is_alive() and not stop.is_set():
@@ -110,29 +112,71 @@ class DeviceLine:
             return self._line.index(ticket)
 
 
+class Stop(Protocol):
+    """What a run reads to know it should stop: a `threading.Event` or a `StopFlag`."""
+
+    def set(self) -> None: ...
+    def is_set(self) -> bool: ...
+
+
+STOP_SLOTS = 256  # runs whose Stop may be in flight at once; slots are reused round-robin
+
+
+class StopFlag:
+    """One run's Stop, seen by every process forked from the one that made the registry: a byte
+    of an anonymous shared mapping. A ZeroGPU call decodes in a child forked from the server's
+    main process, and Stop arrives in the main process, where a `threading.Event` of the child's
+    copy would never hear it. Set only ever goes from 0 to 1, so no lock is needed."""
+
+    def __init__(self, flags: mmap.mmap, slot: int) -> None:
+        self._flags = flags
+        self.slot = slot
+
+    def set(self) -> None:
+        self._flags[self.slot] = 1
+
+    def is_set(self) -> bool:
+        return self._flags[self.slot] == 1
+
+
 class StopRegistry:
     """The Stop of every run in progress, by session. Stop arrives as a request of its own, so it
-    finds the runs' Events here by session and stops them all: a client may have several runs
-    going (the page allows one, the API any number), and none of them may be left unstoppable."""
+    finds the runs' flags here by session and stops them all: a client may have several runs
+    going (the page allows one, the API any number), and none of them may be left unstoppable.
 
-    def __init__(self) -> None:
-        self._stops: dict[str, set[threading.Event]] = {}
-        self._lock = threading.Lock()  # a run's end removes its Event while Stop may be reading the set
+    Each run's flag is a slot of a shared mapping made with the registry (at start-up, before
+    any fork): a forked call finds its run's flag by the slot number (`flag`), the one thing of
+    it that crosses the fork."""
+
+    def __init__(self, slots: int = STOP_SLOTS) -> None:
+        self._flags = mmap.mmap(-1, slots)  # anonymous and MAP_SHARED: forked children share it
+        self._next = 0
+        self._stops: dict[str, set[StopFlag]] = {}
+        self._lock = threading.Lock()  # a run's end removes its flag while Stop may be reading the set
 
     @contextmanager
-    def running(self, session: str) -> Iterator[threading.Event]:
+    def running(self, session: str) -> Iterator[StopFlag]:
         """A fresh Stop for one run of `session`, held here until the run leaves the block."""
-        stop = threading.Event()
         with self._lock:
+            stop = self.flag(self._next)
+            self._next = (self._next + 1) % len(self._flags)  # the least recently used slot
+            self._flags[stop.slot] = 0
             self._stops.setdefault(session, set()).add(stop)
         try:
             yield stop
         finally:
+            stop.set()  # whatever still reads this slot (a call its client left) stops too
             with self._lock:
                 runs = self._stops.get(session, set())
                 runs.discard(stop)
                 if not runs:
                     self._stops.pop(session, None)
+
+    def flag(self, slot: int) -> StopFlag:
+        """The Stop in `slot`, in this process or a forked one."""
+        if not 0 <= slot < len(self._flags):
+            raise ValueError(f"stop slot {slot} is out of range: 0 <= slot < {len(self._flags)}")
+        return StopFlag(self._flags, slot)
 
     def stop(self, session: str) -> None:
         """Set the Stop of each run `session` has going."""

@@ -1,11 +1,13 @@
 """The loaded models a server shares: each loaded once, kept by what its name resolves to, at
-most a few at a time, warmed up so first-call costs never land in a timed run.
+most a few at a time, warmed up (once in each process that decodes) so first-call costs never
+land in a timed run.
 
 No Gradio and no decoding loop here; `app.runner` runs comparisons on what this holds.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 import time
@@ -91,7 +93,8 @@ class ModelCache:
     def __init__(self, *, device: str | None = "auto",
                  loader: Callable[..., tuple[StagedModel, object]] = ppsd.load_model,
                  key: Callable[[str], str] = resolve, capacity: int = 2,
-                 allowed: tuple[str, ...] | None = None, allowed_heads: tuple[str, ...] | None = None) -> None:
+                 allowed: tuple[str, ...] | None = None, allowed_heads: tuple[str, ...] | None = None,
+                 warm: bool = True) -> None:
         if capacity < 1:
             raise ValueError(f"capacity={capacity}: the cache must hold at least one model")
         self._device = device
@@ -105,6 +108,8 @@ class ModelCache:
         self._heads: dict[tuple[str, str, int], HeadChoice] = {}
         self._lock = threading.Lock()  # held briefly: the tables above
         self._loading = threading.Lock()  # held through a load: two at once would hold both in memory
+        self.warm = warm  # warm a model up as it loads (not on ZeroGPU, whose main process decodes nothing)
+        self._warmed: set[tuple[int, str]] = set()  # (process, key): a forked process warms its own copy
 
     def __contains__(self, name: str) -> bool:
         return self.find(name) is not None
@@ -125,6 +130,7 @@ class ModelCache:
             self._models.clear()
             self._aliases.clear()
             self._heads.clear()
+            self._warmed.clear()
         _free_memory()
 
     def exit_head(self, spec: str, loaded: "Loaded", exit_layer: int) -> HeadChoice:
@@ -159,9 +165,24 @@ class ModelCache:
         path: a private one is as reachable as Load (by its fn_index)."""
         return self.allowed is None or str(name).strip() in self.allowed
 
-    def get(self, name: str, *, progress: Progress | None = None) -> Loaded:
-        """The loaded model `name`, loading and warming it up on first use (ValueError if it may
-        not or cannot be loaded); `progress` hears of a first-use download or conversion."""
+    def get(self, name: str, *, progress: Progress | None = None, warm: bool | None = None) -> Loaded:
+        """The loaded model `name`, loading it on first use (ValueError if it may not or cannot
+        be loaded) and warming it up once in this process when `warm` (None: `self.warm`), so
+        first-call costs never land in a timed run; `progress` hears of a first-use download or
+        conversion."""
+        loaded = self._get(name, progress)
+        if self.warm if warm is None else warm:
+            self._warm_up(loaded)
+        return loaded
+
+    def _warm_up(self, loaded: Loaded) -> None:
+        done = (os.getpid(), loaded.key)
+        with self._loading:  # one warm-up at a time, and never beside a load
+            if done not in self._warmed:
+                warm_up(loaded.model, loaded.encode("Hello") or [0])
+                self._warmed.add(done)
+
+    def _get(self, name: str, progress: Progress | None) -> Loaded:
         name = str(name).strip()
         if not name:
             raise ValueError("model name is empty: give a local directory or a Hugging Face hub id")
@@ -200,9 +221,7 @@ class ModelCache:
     def _load(self, name: str, key: str, progress: Progress | None) -> "Loaded":
         started = time.perf_counter()
         model, tokenizer = self._loader(name, device=self._device, progress=progress)
-        loaded = Loaded(name, model, tokenizer, time.perf_counter() - started, key=key)
-        warm_up(model, loaded.encode("Hello") or [0])
-        return loaded
+        return Loaded(name, model, tokenizer, time.perf_counter() - started, key=key)
 
     def _evict(self) -> None:
         """Drop least recently used models (the default model last) until `capacity` fit."""
@@ -212,6 +231,7 @@ class ModelCache:
             del self._models[victim]
             self._aliases = {n: k for n, k in self._aliases.items() if k != victim}
             self._heads = {h: v for h, v in self._heads.items() if h[1] != victim}
+            self._warmed = {w for w in self._warmed if w[1] != victim}
             print(f"model cache: evicted {victim} (holds at most {self.capacity})", file=sys.stderr, flush=True)
             _free_memory()
 

@@ -13,6 +13,8 @@ and no HTML here; tensors stay inside `ppsd`.
 
 from __future__ import annotations
 
+import math
+import multiprocessing
 import re
 import sys
 import threading
@@ -135,24 +137,28 @@ class RunRequest:
 
 FORM = tuple(f.name for f in fields(RunRequest))  # the page's run inputs, in the order it sends them
 PLAIN = "plain"  # the walls' key of plain AR: this one process on every core it may use, no pipeline
-# What a ZeroGPU lease is sized from (`gpu_seconds`). Estimates with a wide margin, not measurements:
-# loading and warming a model of up to ~1B parameters, and one token of one method on one GPU.
-GPU_SETUP_SECONDS = 60.0
-GPU_TOKEN_SECONDS = 0.05
+# What a ZeroGPU lease is sized from (`gpu_seconds`). A token: eager AR in one process, the slowest
+# way this page decodes on a GPU, measured at 21.4 ms a token on a whole NVIDIA H200
+# (docs/benchmarks.md, "The captured-step engine"), doubled because ZeroGPU lends about half a
+# card; the captured steps, the default there, measured 3.7-4.9 ms. A call's setup (the model onto
+# the card, its warm-up, the steps' capture) is an estimate, not yet measured on ZeroGPU.
+GPU_TOKEN_SECONDS = 2 * 0.0214
+GPU_SETUP_SECONDS = 15.0
 
 
 def gpu_seconds(form: tuple, run_seconds: float = MAX_RUN_SECONDS) -> int:
     """Seconds of GPU to ask ZeroGPU for the run `form` (the page's run inputs, in `FORM`'s order):
-    the model's load and warm-up, then every timed run of every method at `GPU_TOKEN_SECONDS` a
-    token, never more than the run's own time limit allows. A form that does not check out (it
-    will be refused in words) asks for the least."""
+    the call's setup, then every token of every timed run of every method (plain AR too, with
+    the stages at once) at `GPU_TOKEN_SECONDS`, never more than the run's own time limit allows.
+    The default run (64 tokens, 3 timed runs, AR, PPSD and plain AR) asks for 40 s. A form that
+    does not check out (it will be refused in words) asks for the least."""
     try:
         request = RunRequest.from_form(*form)
         runs = request.rounds() * (len(request.methods) + request.workers)
         decode = runs * whole_number("max_new_tokens", request.max_new_tokens) * GPU_TOKEN_SECONDS
     except (TypeError, ValueError):
         decode = 0.0
-    return int(GPU_SETUP_SECONDS + min(decode, run_seconds)) + 1
+    return math.ceil(GPU_SETUP_SECONDS + min(decode, run_seconds))
 
 
 @dataclass
@@ -215,6 +221,7 @@ class Snapshot:
     plain_on: str = ""  # how plain AR ran, in words ("in this one process on 2 threads with no pipeline")
     pipeline: str = "in-process"  # the name of the kind the methods ran on (`ppsd.executors.kinds.KINDS`)
     plain_run: MethodRun | None = None  # plain AR's first timed run (measured), for the race
+    note: str = ""  # what the page must say of how the run went against what was asked (a pipeline that could not run here)
 
     def speedups(self) -> list[float]:
         """AR's wall over PPSD's, one per timed round (round i of each: they ran back to back)."""
@@ -260,17 +267,14 @@ def run_comparison(request: RunRequest, cache: ModelCache, *, throttle: float = 
 
 def _compare(request: RunRequest, cache: ModelCache, throttle: float, stop: threading.Event) -> Iterator[Snapshot]:
     check_text(request.prompt)  # before a load: an empty prompt is refused at once
-    loaded = cache.get(request.model)
+    loaded = cache.get(request.model, warm=True)  # warmed in this process: a forked call warms its copy
     setup = cache.set_up(loaded, request.prompt, request.settings(), exit_head=request.exit_head,
                          chat=request.chat and loaded.chat)
     runs: dict[str, MethodRun] = {}
     snapshot = Snapshot(request, loaded, runs, active=None, num_stages=setup.config.num_stages, head=setup.head)
     pipeline = None
     if request.workers:
-        kind = choose(request.pipeline, setup.config.num_stages, loaded.model.info.device)
-        if not kind.concurrent:
-            raise ValueError(f"pipeline {kind.name!r} runs the stages in turn; at once they run on: "
-                             f"{', '.join(k.name for k in concurrent_kinds())}")
+        kind, snapshot.note = _kind_here(request.pipeline, setup)
         pipeline = yield from _start_pipeline(kind, setup, snapshot, stop)
         if pipeline is None:  # stopped: a shared pipeline keeps starting, for the next run
             snapshot.stopped = True
@@ -292,6 +296,24 @@ def _compare(request: RunRequest, cache: ModelCache, throttle: float, stop: thre
         KINDS[snapshot.pipeline].release(pipeline)  # threads live for one run; the worker processes stay
     snapshot.active, snapshot.done, snapshot.status = None, True, ""
     yield snapshot
+
+
+def _kind_here(requested: str, setup: RunSetup) -> tuple[ExecutorKind, str]:
+    """The concurrent kind to run `setup` on, decided in the process that runs it, and a note for
+    the page when it is not the one `requested`. A ZeroGPU call runs in a daemonic child, where
+    worker processes cannot start, whatever the page's own process could: there a kind that
+    cannot run gives way to what "auto" picks in the call. Elsewhere it is refused in words (by
+    `ready`), as is a non-concurrent kind."""
+    device, stages = setup.model.info.device, setup.config.num_stages
+    kind = choose(requested, stages, device)
+    if not kind.concurrent:
+        raise ValueError(f"pipeline {kind.name!r} runs the stages in turn; at once they run on: "
+                         f"{', '.join(k.name for k in concurrent_kinds())}")
+    reason = kind.unavailable(device, stages)
+    here = choose("auto", stages, device)
+    if reason is None or not multiprocessing.current_process().daemon or here.unavailable(device, stages) is not None:
+        return kind, ""
+    return here, f"The {kind.choice} cannot run here ({reason}), so the stages ran on {here.choice}."
 
 
 def _start_pipeline(kind: ExecutorKind, setup: RunSetup, snapshot: Snapshot, stop: threading.Event

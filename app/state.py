@@ -3,7 +3,7 @@ each session's Stop, in one object that the entry point builds and hands to the 
 (`create_demo(state)`), which hands it to every handler. Nothing here is made at import, so a
 test or a second page builds its own and no two share by accident.
 
-The environment (PPSD_MODELS, PPSD_HEADS, SPACE_ID) is read only by `AppState.from_environment`, when called.
+The environment (PPSD_MODELS, PPSD_HEADS, SPACE_ID, SPACES_ZERO_GPU) is read only by `AppState.from_environment`, when called.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import os
 from dataclasses import dataclass, field
 
 import ppsd
+from ppsd.executors.pool import on_zerogpu
 
 from .line import DeviceLine, StopRegistry
 from .models import ModelCache
@@ -54,5 +55,6 @@ class AppState:
     @classmethod
     def from_environment(cls) -> AppState:
         """The state a deployed server runs with: the models and heads PPSD_MODELS, PPSD_HEADS and
-        SPACE_ID allow."""
-        return cls(cache=ModelCache(allowed=allowed_models(), allowed_heads=allowed_heads()))
+        SPACE_ID allow; on ZeroGPU (SPACES_ZERO_GPU), models warm up in the GPU call that decodes,
+        not in the main process that loads them."""
+        return cls(cache=ModelCache(allowed=allowed_models(), allowed_heads=allowed_heads(), warm=not on_zerogpu()))

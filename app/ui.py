@@ -24,9 +24,9 @@ from ppsd.executors.kinds import choose, concurrent_by_default, concurrent_kinds
 from ppsd.heads import default_exit_layer
 from ppsd.model import resolve_device
 
-from . import render, view
+from . import render, view, zerogpu
 from .handlers import (DEFAULT_LAYERS, model_status, on_eesd, after_run, idle_outputs,
-                       max_tokens_update, on_diagram, on_exit, on_load, on_page_load, on_replay, on_run,
+                       max_tokens_update, on_diagram, on_exit, on_load, on_page_load, on_decode, on_replay, on_run,
                        on_settings, on_stages, on_step, on_steps_ready, on_stop)
 from .page_text import INTRO, TIMELINE_CAPTION, load_examples
 from .runner import DEFAULT_REPEATS, FORM, MAX_REPEATS, gpu_seconds
@@ -209,35 +209,26 @@ SHOW_DRAFTS_JS = "(on) => { document.querySelector('#columns').classList.toggle(
 QUIET = dict(api_visibility="private", show_progress="hidden")  # the page's own events, kept out of the API
 
 
-def _gpu(fn: Callable, run_seconds: float) -> Callable:
-    """`spaces.GPU` on Hugging Face ZeroGPU (only when the package is importable), else as is. The
-    lease is sized per call from the run's inputs (ZeroGPU calls `duration` with the function's
-    arguments: the session's request, then the form), not the 60 s default."""
-    try:
-        import spaces  # noqa: PLC0415 - optional, present only on Spaces
-    except ImportError:
-        return fn
-    return spaces.GPU(duration=lambda *args, **kwargs: gpu_seconds(args[-len(FORM):], run_seconds))(fn)
-
-
-def _bind(handler: Callable, state: AppState) -> Callable:
-    """`handler` with `state` as its first argument, shown to Gradio as the handler itself: its
-    name, its docstring (an endpoint's API description), its signature less `state` (Gradio finds
-    a `gr.Request` parameter by its annotation) and a generator function when the handler is one
-    (Gradio streams only those). A `functools.partial` would hide all four."""
+def _bind(handler: Callable, state: AppState, *also: Any) -> Callable:
+    """`handler` with `state` (and `also`, the parameters after it) bound, shown to Gradio as the
+    handler itself: its name, its docstring (an endpoint's API description), its signature less
+    what is bound (Gradio finds a `gr.Request` parameter by its annotation) and a generator
+    function when the handler is one (Gradio streams only those). A `functools.partial` would
+    hide all four."""
     if inspect.isgeneratorfunction(handler):
         def bound(*args: Any, **kwargs: Any) -> Any:
-            yield from handler(state, *args, **kwargs)
+            yield from handler(state, *also, *args, **kwargs)
     else:
         def bound(*args: Any, **kwargs: Any) -> Any:
-            return handler(state, *args, **kwargs)
+            return handler(state, *also, *args, **kwargs)
     functools.update_wrapper(bound, handler)  # its __wrapped__ also resolves the annotations in the handler's module
     signature = inspect.signature(handler)
-    first, *rest = signature.parameters
-    if first != "state":
+    names = list(signature.parameters)
+    if names[0] != "state":
         raise TypeError(f"{handler.__name__} does not take the state as its first argument")
-    bound.__signature__ = signature.replace(parameters=[signature.parameters[name] for name in rest])
-    bound.__annotations__ = {k: v for k, v in handler.__annotations__.items() if k != "state"}
+    taken = names[:1 + len(also)]
+    bound.__signature__ = signature.replace(parameters=[signature.parameters[n] for n in names[len(taken):]])
+    bound.__annotations__ = {k: v for k, v in handler.__annotations__.items() if k not in taken}
     return bound
 
 
@@ -299,10 +290,13 @@ def _wire_runs(state: AppState, c: dict[str, Any], r: dict[str, Any], race: gr.H
     """Run, Stop, Load, the race replay and the step-through. Returns how many run handlers may
     run at once: every run that may wait in line and a few refused ones, below Gradio's 40 threads."""
     run_handlers = state.line.max_waiting + 4
-    # Bound before `spaces.GPU` wraps it: ZeroGPU hands the wrapped function's arguments to its GPU
-    # process, and the state (locks, loaded models) must stay out of them, as it did as a global.
+    # The device's part of a run, a GPU call on ZeroGPU, leased per call from the run's inputs. The
+    # state is bound before `spaces.GPU` wraps it: ZeroGPU pickles the call's arguments to its
+    # forked process, and the state (locks, loaded models) reaches it by the fork instead.
+    decode = zerogpu.gpu_call(_bind(on_decode, state),
+                              duration=lambda slot, *form: gpu_seconds(form, state.run_seconds))
     run_event = c["run"].click(
-        _gpu(_bind(on_run, state), state.run_seconds), [c[name] for name in FORM], [r[name] for name in view.OUTPUTS], api_name="run",
+        _bind(on_run, state, decode), [c[name] for name in FORM], [r[name] for name in view.OUTPUTS], api_name="run",
         concurrency_limit=run_handlers, concurrency_id="run", show_progress="hidden", trigger_mode="once",
     )
     run_event.then(_bind(after_run, state), [c["model"], c["exit_layer"], c["num_stages"], c["exit_head"]],

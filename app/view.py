@@ -75,7 +75,8 @@ def status(text: str, request: RunRequest | None = None, phase: str | None = Non
 def snapshot(snap: Snapshot, *, figures: bool = True) -> dict[str, Any]:
     """Every output for one snapshot (live, stopped or final); without `figures` the two plots
     are left as they are."""
-    beside_run = message() if snap.done or snap.stopped else message(_status_line(snap), "status")
+    # At the end, what the run did otherwise than asked (a pipeline that could not run where it ran).
+    beside_run = message(snap.note, "notice") if snap.done or snap.stopped else message(_status_line(snap), "status")
     if not snap.runs:  # the worker processes are starting: only the status changes
         stopped = {"summary": _stopped(snap)} if snap.stopped else {}  # the API's last output says so
         return {"headline": _headline(snap, {}), "message": beside_run, **stopped}
@@ -241,6 +242,8 @@ def _summary(snap: Snapshot, finished: dict[str, Clocks]) -> dict:
     # Every timed round on the page's clock (the first is the live run above); the headline's median.
     out["timed_runs"] = {"clock": "measured" if snap.concurrent else "projected", "speedups": snap.speedups(),
                          **{f"{m}_wall_seconds": walls for m, walls in snap.walls.items()}}
+    if snap.note:
+        out["note"] = snap.note
     if snap.plain_threads:  # plain AR is on the measured clock, whatever the page's
         out["timed_runs"]["plain"] = f"AR {snap.plain_on}, measured"
     if len(snap.speedups()) < snap.request.rounds():  # Stop or the time limit cut the timing again short

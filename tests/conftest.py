@@ -90,20 +90,33 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def page_url(request, app_state):
+def page_model(request) -> tuple[str, bool]:
+    """The model the page tests run: the default one when its wheel is installed, else the tiny
+    saved one; and whether it is the real one."""
+    real = default_available()
+    return (ppsd.DEFAULT_MODEL if real else request.getfixturevalue("saved_model")), real
+
+
+@contextmanager
+def served(state):
+    """The page on `state`, launched on a free port: its address; the server closed afterwards."""
     from app import create_demo, launch_kwargs
 
-    torch.set_num_threads(1)  # the server and the browser share the cores: avoid oversubscription stalls
-    real = default_available()
-    model = ppsd.DEFAULT_MODEL if real else request.getfixturevalue("saved_model")
-    demo = create_demo(app_state)
+    demo = create_demo(state)
     port = free_port()
     demo.launch(prevent_thread_lock=True, server_port=port, quiet=True, **launch_kwargs())
     try:
-        yield f"http://127.0.0.1:{port}/", model, real
+        yield f"http://127.0.0.1:{port}/"
     finally:
-        demo.close()  # and `app_state` drops the loaded models
+        demo.close()
+
+
+@pytest.fixture(scope="module")
+def page_url(request, app_state):
+    torch.set_num_threads(1)  # the server and the browser share the cores: avoid oversubscription stalls
+    model, real = page_model(request)
+    with served(app_state) as url:  # and `app_state` drops the loaded models
+        yield url, model, real
 
 
 @contextmanager

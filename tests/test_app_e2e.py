@@ -66,28 +66,6 @@ def test_demo_builds_without_loading_a_model():
     assert "run" in {d.api_name for d in demo.fns.values()}
 
 
-def test_on_zerogpu_the_run_asks_for_gpu_time_sized_from_its_own_inputs(monkeypatch):
-    """A stand-in `spaces` module records what `spaces.GPU` is given: the lease follows max tokens
-    and timed runs (not the 60 s default), and stays within the run's own time limit."""
-    import sys
-    import types
-
-    from app.runner import FORM, GPU_SETUP_SECONDS, RunRequest, gpu_seconds
-
-    leases = []
-    fake = types.ModuleType("spaces")
-    fake.GPU = lambda duration: (leases.append(duration), lambda fn: fn)[1]
-    monkeypatch.setitem(sys.modules, "spaces", fake)
-    create_demo(AppState(run_seconds=120))
-    (duration,) = leases
-    form = lambda **kw: tuple(getattr(RunRequest(prompt="hi", **kw), name) for name in FORM)  # noqa: E731
-    request = object()  # ZeroGPU passes the function's arguments: the session's request, then the form
-    short, long_ = duration(request, *form(max_new_tokens=16, repeats=1)), duration(request, *form(max_new_tokens=256))
-    assert GPU_SETUP_SECONDS < short < long_ <= GPU_SETUP_SECONDS + 120 + 1
-    assert duration(request, *form(max_new_tokens=256, repeats=9, eesd=True)) == int(GPU_SETUP_SECONDS + 120) + 1
-    assert gpu_seconds(form(max_new_tokens=float("nan"))) == int(GPU_SETUP_SECONDS) + 1  # refused later, in words
-
-
 def test_greedy_run_gives_identical_ar_ppsd_and_eesd_text(server):
     client, model = server
     outputs = client.predict(*run_args(model, eesd=True, num_stages=4, exit_layer=2), api_name="/run")

@@ -9,7 +9,7 @@ runs, and how it gets one, is `kinds`.
 
 from __future__ import annotations
 
-import importlib.util
+import os
 import multiprocessing
 from typing import Callable
 
@@ -50,12 +50,18 @@ def shared_pipeline(model: StagedModel, config: DecodeConfig, *, threads_per_wor
     return _current
 
 
+def on_zerogpu() -> bool:
+    """Is this a Hugging Face ZeroGPU Space? (SPACES_ZERO_GPU, read as the `spaces` package reads
+    it: the package is installed on every Space, with or without ZeroGPU.)"""
+    return os.environ.get("SPACES_ZERO_GPU", "").lower() in ("1", "t", "true")
+
+
 def workers_unavailable(num_stages: int, device: str) -> str | None:
     """None when K worker processes can run here, else why not (said to the user)."""
     if multiprocessing.current_process().daemon:
         return "this process is daemonic (as a ZeroGPU call is) and cannot start worker processes"
     if device.startswith("cuda"):
-        if importlib.util.find_spec("spaces") is None:
+        if not on_zerogpu():
             return None
         # ZeroGPU lends the GPU to one function call of one process, not to worker processes.
         return "on ZeroGPU the GPU is lent to one process for one call: worker processes cannot share it"
