@@ -225,7 +225,8 @@ def on_load(state: AppState, name: str) -> Iterator[tuple]:
     info = loaded.model.info
     e_update, k_update = stage_updates(info.num_layers, 2, model=name)
     yield (model_status(f"{info.name}: {info.model_type}, {info.num_layers} layers, {info.device} {info.dtype} "
-                   f"(loaded in {loaded.load_seconds:.1f} s, then warmed up untimed)", "ok"),
+                   f"(loaded in {loaded.load_seconds:.1f} s, then warmed up untimed"
+                        f"{'' if state.cache.warm else ' in each GPU call'})", "ok"),
            e_update, k_update, info.num_layers, ready)
 
 

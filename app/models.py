@@ -11,6 +11,7 @@ import os
 import sys
 import threading
 import time
+import weakref
 from collections import OrderedDict
 from dataclasses import dataclass
 from functools import lru_cache
@@ -106,10 +107,17 @@ class ModelCache:
         self._models: OrderedDict[str, Loaded] = OrderedDict()  # key -> model, least recent first
         self._aliases: dict[str, str] = {}  # name as typed -> key
         self._heads: dict[tuple[str, str, int], HeadChoice] = {}
-        self._lock = threading.Lock()  # held briefly: the tables above
-        self._loading = threading.Lock()  # held through a load: two at once would hold both in memory
+        self._fresh_locks()
+        renew = weakref.WeakMethod(self._fresh_locks)
+        # A ZeroGPU call is forked while another visitor's Load may hold a lock: the child's copy
+        # would stay held for ever, so a forked process starts with its own, open.
+        os.register_at_fork(after_in_child=lambda: (fresh := renew()) is not None and fresh())
         self.warm = warm  # warm a model up as it loads (not on ZeroGPU, whose main process decodes nothing)
         self._warmed: set[tuple[int, str]] = set()  # (process, key): a forked process warms its own copy
+
+    def _fresh_locks(self) -> None:
+        self._lock = threading.Lock()  # held briefly: the tables above
+        self._loading = threading.Lock()  # held through a load: two at once would hold both in memory
 
     def __contains__(self, name: str) -> bool:
         return self.find(name) is not None

@@ -106,6 +106,54 @@ def test_a_stop_set_in_the_server_reaches_the_forked_call(zerogpu_state):
     assert ended < 3.0 and "Stopped during AR" in last[0]
 
 
+def test_a_call_forked_while_another_model_loads_still_decodes(zerogpu_state, monkeypatch):
+    """A visitor's Load holds the model cache's load lock; a Run forked meanwhile gets a copy of
+    the cache whose locks are its own and open, so it warms up and decodes."""
+    from app import AppState, zerogpu
+    from app.handlers import on_decode
+    from app.models import ModelCache
+
+    state, model, _ = zerogpu_state
+    loaded, release = state.cache.get(model, warm=False), threading.Event()
+
+    def loader(name, **kwargs):
+        if name == "slow/model":
+            release.wait(FORK_SECONDS)
+        return loaded.model, loaded.tokenizer
+
+    busy = AppState(cache=ModelCache(loader=loader, key=str, warm=False))
+    busy.cache.get(model)
+    loading = threading.Thread(target=lambda: busy.cache.get("slow/model"), daemon=True)
+    loading.start()
+    decode = zerogpu.gpu_call(partial(on_decode, busy), duration=lambda *args: 10)
+    outputs: list = []
+    try:
+        with busy.stops.running("busy") as stop:
+            worker = threading.Thread(target=lambda: outputs.extend(decode(stop.slot, *_form(model))), daemon=True)
+            worker.start()
+            worker.join(FORK_SECONDS)
+            stop.set()
+    finally:
+        release.set()
+    assert not worker.is_alive(), "the forked call waited on a lock its parent held at the fork"
+    assert outputs and "than AR" in outputs[-1][0]
+
+
+def test_worker_processes_are_refused_on_zerogpu_not_wherever_spaces_is_installed(monkeypatch):
+    """`spaces` is installed on every Space; only ZeroGPU (SPACES_ZERO_GPU) lends the GPU to one
+    process for one call, so only there are worker processes refused on a GPU."""
+    import sys
+    import types
+
+    from ppsd.executors.pool import workers_unavailable
+
+    monkeypatch.setitem(sys.modules, "spaces", types.ModuleType("spaces"))
+    monkeypatch.delenv("SPACES_ZERO_GPU", raising=False)
+    assert workers_unavailable(2, "cuda") is None
+    monkeypatch.setenv("SPACES_ZERO_GPU", "true")
+    assert "ZeroGPU" in workers_unavailable(2, "cuda")
+
+
 def test_the_lease_follows_the_run_and_the_default_run_asks_for_at_most_a_minute(monkeypatch):
     """What the page hands `spaces.GPU`: a lease sized per call from the run's own inputs (after
     the stop slot), from the measured cost of a token, within the run's time limit; the page's
