@@ -26,7 +26,7 @@ import ppsd
 from ppsd import DecodeConfig, Result, Trace
 from ppsd.config import DEFAULTS, real_number, whole_number
 from ppsd.executors import Executor
-from ppsd.executors.kinds import KINDS, ExecutorKind, choose, concurrent_kinds, fastest_ar
+from ppsd.executors.kinds import KINDS, ExecutorKind, PlainAR, choose, concurrent_kinds, fastest_ar
 from ppsd.executors.pool import PipelineError, usable_cores
 from ppsd.chat import check_text
 from ppsd.generate import Recording
@@ -212,7 +212,8 @@ class Snapshot:
     status: str = ""  # what a long preparation (starting the workers, timing again) is doing now
     walls: dict[str, list[float]] = field(default_factory=dict)  # method -> wall of each timed run, page's clock
     plain_threads: int = 0  # the threads plain AR (walls[PLAIN], measured) ran on; 0: not timed
-    plain_on: str = ""  # how plain AR ran, in words ("in this one process on 2 threads with no pipeline")
+    plain_on: str = ""  # how plain AR ran, in words ("in this one process on 1 thread with no pipeline")
+    plain_trials: tuple[tuple[int, float], ...] = ()  # (threads, measured wall) of each way first timed, when 2+
     pipeline: str = "in-process"  # the name of the kind the methods ran on (`ppsd.executors.kinds.KINDS`)
     plain_run: MethodRun | None = None  # plain AR's first timed run (measured), for the race
 
@@ -324,7 +325,7 @@ def _time_again(snapshot: Snapshot, rounds: int, pipeline: Pipeline | None,
             on_steps = snapshot.pipeline == KINDS["graphed"].name or run.setup.model.info.device.startswith("cuda")
             snapshot.status = (f"Timing again for the spread: run {round_} of {rounds}, {name}" if round_ > 1 else
                                "Timing plain AR on the captured steps, the fastest AR here" if on_steps else
-                               "Timing plain AR in this one process, on every core, no pipeline")
+                               "Timing plain AR in this one process, on 1 thread and on every core, no pipeline")
             yield snapshot
             wall = (_time_plain(run, snapshot, pipeline, stop) if method == PLAIN else
                     _time_once(run, snapshot, pipeline, stop))
@@ -344,22 +345,40 @@ def _time_once(run: MethodRun, snapshot: Snapshot, pipeline: Pipeline | None,
 
 def _time_plain(ar: MethodRun, snapshot: Snapshot, pipeline: Pipeline | None, stop: threading.Event) -> float | None:
     """The measured wall of the fastest plain AR here, the decoding PPSD on K workers must beat;
-    None if stopped. Where it runs: `ppsd.executors.kinds.fastest_ar`."""
+    None if stopped. The ways it may run are `ppsd.executors.kinds.fastest_ar`'s: the first time,
+    each is timed and the faster kept (`plain_trials` holds each one's wall, for the page to say
+    which and why), then only the kept one, so its median is of one way of running."""
+    ways = fastest_ar(ar.setup, snapshot.pipeline, pipeline)
+    kept = [w for w in ways if w.threads == snapshot.plain_threads] if snapshot.plain_threads else list(ways)
+    timed: list[tuple[PlainAR, MethodRun]] = []
+    try:
+        for way in kept:
+            run = _run_plain(ar, way, snapshot, stop)
+            if run is None:
+                return None
+            timed.append((way, run))
+    finally:
+        for way in ways:
+            if way.executor is not None and way.executor is not pipeline:
+                way.executor.close()
+    way, run = min(timed, key=lambda t: t[1].wall())
+    if not snapshot.plain_threads:
+        snapshot.plain_threads, snapshot.plain_on, snapshot.plain_run = way.threads, way.words, run
+        snapshot.plain_trials = tuple((w.threads, r.wall()) for w, r in timed) if len(timed) > 1 else ()
+    return run.wall()
+
+
+def _run_plain(ar: MethodRun, way: PlainAR, snapshot: Snapshot, stop: threading.Event) -> MethodRun | None:
+    """One plain AR run of `ar`'s setup on `way` (measured, no pipeline); None if stopped."""
     plain = MethodRun.of(ar.setup, concurrent=False, alone=True)
     threads = torch.get_num_threads()
-    executor, snapshot.plain_threads, snapshot.plain_on = fastest_ar(ar.setup, snapshot.pipeline, pipeline)
-    torch.set_num_threads(snapshot.plain_threads)
+    torch.set_num_threads(way.threads)
     try:
-        for _ in _decode(plain, snapshot, float("inf"), executor, stop):
+        for _ in _decode(plain, snapshot, float("inf"), way.executor, stop):
             pass
     finally:
         torch.set_num_threads(threads)
-        if executor is not None and executor is not pipeline:
-            executor.close()
-    if plain.result is None:
-        return None
-    snapshot.plain_run = snapshot.plain_run or plain
-    return plain.wall()
+    return plain if plain.result is not None else None
 
 
 def _decode(run: MethodRun, snapshot: Snapshot, throttle: float, pipeline: Pipeline | None,
