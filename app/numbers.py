@@ -169,8 +169,8 @@ def plain_sentence(c: Comparison) -> str:
     rate = "" if c.ppsd.acceptance_rate is None else f" (this run: a = {c.ppsd.acceptance_rate:.2f})"
     slot = c.ppsd.slot_fraction or 1.0 / c.num_stages
     if need <= 1:
-        return text + (f" Plain AR ran {ratio_text(1 / need) if need > 0 else 'untimed'} than AR on the pipeline "
-                       "here, so no acceptance threshold applies.")
+        return text + (f" Plain AR ran {ratio_text(need)} than AR on the pipeline here, so no acceptance "
+                       "threshold applies.")
     a_star = break_even_acceptance(need, slot)
     if a_star <= 1:
         return text + (f" Plain AR is {ratio_text(need)} than AR on the pipeline; by the ideal model PPSD "
@@ -231,8 +231,8 @@ def above_ideal(c: Comparison) -> str:
     if busy_sentence(c):
         return f"⚠ {which}: the machine was busy (stalls, said below), so this is no clean result; run again."
     if len(runs) > 1 and min(runs) > 0 and top / min(runs) > SPREAD_FLAG:
-        return (f"⚠ {which}, and the timed runs lie {top / min(runs):.2f}× apart ({range_text(runs)}): the machine "
-                "was busy in some of them, so this is no clean result; run again.")
+        return (f"⚠ {which}, and the timed runs range {range_text(runs)}, far apart: the machine was busy in some "
+                "of them, so this is no clean result; run again.")
     cost_slot = None if c.stages is None else c.stages.cost_slot
     at_costs = None if cost_slot is None else ideal_ppsd_speedup_slowest_stage(rate, cost_slot)
     if at_costs is not None and at_costs > ideal and top <= at_costs * (1 + NOISE):
