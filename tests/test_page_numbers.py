@@ -152,17 +152,27 @@ def test_the_slowest_stage_is_the_stage_the_timeline_shows_busiest(tiny_run):
     assert "slowest stage" not in re.sub(r"slowest stage: stage \d+", "", values["headline"])  # named every time
 
 
-def test_the_race_ends_at_the_wall_the_table_shows(tiny_run):
-    """Issue 34: 17.49 s in the race, 17.50 s in the table: one value per wall."""
-    race = view.snapshot(tiny_run)["race"]
-    for lane in race["lanes"]:
-        run = tiny_run.runs[lane.method]
-        assert lane.total == run.result.metrics(race["clock"]).wall_seconds
-        assert max(lane.times) <= lane.total  # every token still commits within its lane
-    table = view.snapshot(tiny_run)["metrics"]
-    row = re.search(r"wall, projected \(K workers\)</th>(.*?)<td class", table).group(1)
-    shown = [render.duration_text(lane.total) for lane in race["lanes"]]
-    assert row == "".join(f"<td>{s}</td>" for s in shown)
+@pytest.fixture(scope="module")
+def tiny_threads_run(tiny_cache):
+    """The K stages at once on threads (the measured clock leads) and plain AR timed beside them."""
+    request = RunRequest(prompt="def fibonacci(n):", model="tiny", max_new_tokens=12, workers=True,
+                         pipeline="threads", repeats=2)
+    return list(run_comparison(request, tiny_cache, throttle=0.0))[-1]
+
+
+def test_the_race_ends_at_the_wall_the_table_shows(tiny_run, tiny_threads_run):
+    """Issue 34: 17.49 s in the race, 17.50 s in the table: one value per wall, on either clock."""
+    for snap, row_name in ((tiny_run, "wall, projected (K workers)"),
+                           (tiny_threads_run, "wall, measured (K threads in one process)")):
+        values = view.snapshot(snap)
+        race = values["race"]
+        runs = {**snap.runs, **({PLAIN: snap.plain_run} if snap.plain_run is not None else {})}
+        for lane in race["lanes"]:
+            assert lane.total == runs[lane.method].wall()  # the run's wall on the page's clock
+            assert max(lane.times) <= lane.total  # every token still commits within its lane
+        row = re.search(re.escape(row_name) + r"</th>(.*?)<td class", values["metrics"]).group(1)
+        shown = [render.duration_text(lane.total) for lane in race["lanes"] if lane.method != PLAIN]
+        assert row == "".join(f"<td>{s}</td>" for s in shown)
 
 
 # --------------------------------------------------------------------------- a* only where defined
@@ -220,11 +230,9 @@ def test_plain_ar_may_run_on_one_thread_or_every_core(tiny_cache, monkeypatch):
 
 
 @pytest.mark.skipif(len(__import__("os").sched_getaffinity(0)) < 2, reason="a choice needs 2 cores")
-def test_the_plain_ar_kept_is_the_faster_of_one_thread_and_every_core(tiny_cache):
+def test_the_plain_ar_kept_is_the_faster_of_one_thread_and_every_core(tiny_threads_run):
     """Issue 34: plain AR on every core ran 3.5× slower than on 1 thread on a busy 2-core machine."""
-    request = RunRequest(prompt="def fibonacci(n):", model="tiny", max_new_tokens=12, workers=True,
-                         pipeline="threads", repeats=2)
-    snap = list(run_comparison(request, tiny_cache, throttle=0.0))[-1]
+    snap = tiny_threads_run
     trials = dict(snap.plain_trials)
     assert set(trials) == {1, 2} and len(snap.walls[PLAIN]) == 2
     assert snap.plain_threads == min(trials, key=trials.get)
