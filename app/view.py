@@ -253,6 +253,8 @@ def _summary(snap: Snapshot, finished: dict[str, Clocks]) -> dict:
                          **{f"{m}_wall_seconds": walls for m, walls in snap.walls.items()}}
     if snap.plain_threads:  # plain AR is on the measured clock, whatever the page's
         out["timed_runs"]["plain"] = f"AR {snap.plain_on}, measured"
+        # each way plain AR was first timed, when there was a choice: the faster was kept
+        out["timed_runs"]["plain_first_timings"] = [{"threads": t, "wall_seconds": w} for t, w in snap.plain_trials]
     if len(snap.speedups()) < snap.request.rounds():  # Stop or the time limit cut the timing again short
         out["stopped"] = _status_line(snap)
     return out

@@ -270,7 +270,7 @@ def ran(page_url):
             "headline": page.locator(".headline-box").inner_text(),
             "main": page.locator(".headline-main").inner_text(),
             "clock": page.locator(".headline-clock").inner_text(),
-            "stars": page.locator("#theory g.textpoint text").all_inner_texts(),
+            "stars": page.locator("#theory g.textpoint text").all_text_contents(),
             "rows": page.locator("#timeline g.subplot.xy .yaxislayer-above text").all_text_contents(),
             "race": {page.locator(".race-name").nth(i).inner_text(): page.locator(".race-clock").nth(i).inner_text()
                      for i in range(page.locator(".race-lane").count())},
