@@ -108,15 +108,24 @@ class Comparison:
 BUSY_SHARE = 0.05  # stalls adding this share of a run's wall time make the machine "busy" on the headline
 
 
-def busy_sentence(c: Comparison) -> str:
-    """A warning when stalls (the machine's doing, not the method's) added a real share of time
-    to the run shown; "" on a quiet run."""
-    hit = []  # (name, stalls, measured wall) of each method whose run stalled
+def _stalled(c: Comparison) -> list[tuple[str, Stalls, float]]:
+    """(name, stalls, measured wall) of each method whose shown run stalled, when stalls added
+    at least `BUSY_SHARE` of some method's time (the machine was busy); else []."""
+    hit = []
     for name, method, metrics in (("AR", "ar", c.ar), ("PPSD", "ppsd", c.ppsd)):
         found, wall = c.stalls.get(method), metrics.measured_wall_seconds
         if found is not None and found.count and wall > 0:
             hit.append((name, found, wall))
     if not hit or max(found.excess_seconds / wall for _, found, wall in hit) < BUSY_SHARE:
+        return []
+    return hit
+
+
+def busy_sentence(c: Comparison) -> str:
+    """A warning when stalls (the machine's doing, not the method's) added a real share of time
+    to the run shown; "" on a quiet run."""
+    hit = _stalled(c)
+    if not hit:
         return ""
     added = " and ".join(f"{duration_text(s.excess_seconds)} to {name} ({s.excess_seconds / wall:.0%} of its time)"
                          for name, s, wall in hit)
@@ -228,8 +237,11 @@ def above_ideal(c: Comparison) -> str:
     which = ("The median is" if c.speedup > ideal else
              f"{above} of the {len(runs)} timed runs {'is' if above == 1 else 'are'}") if len(runs) > 1 else "This run is"
     which += f" above the ideal {ratio_text(ideal)}"
-    if busy_sentence(c):
-        return f"⚠ {which}: the machine was busy (stalls, said below), so this is no clean result; run again."
+    stalled = _stalled(c)
+    if stalled:  # said in full here, as Present mode folds the busy note away
+        share = max(s.excess_seconds / wall for _, s, wall in stalled)
+        return (f"⚠ {which}: the machine was busy (stalled work added up to {share:.0%} of a method's time), "
+                "so this is no clean result; run again.")
     if len(runs) > 1 and min(runs) > 0 and top / min(runs) > SPREAD_FLAG:
         return (f"⚠ {which}, and the timed runs range {range_text(runs)}, far apart: the machine was busy in some "
                 "of them, so this is no clean result; run again.")

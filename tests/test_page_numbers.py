@@ -211,7 +211,7 @@ def test_a_run_above_the_ideal_is_explained_or_flagged_beside_the_ideal():
     assert "at those costs the ideal is 1.33× faster" in costs
 
     busy = numbers.render_headline(comparison((1.33,), stalls={"ar": Stalls(3, 0.6)}))
-    assert "⚠ This run is above the ideal 1.25× faster: the machine was busy" in busy
+    assert "⚠ This run is above the ideal 1.25× faster: the machine was busy (stalled work added up to 30%" in busy
     assert "above the ideal" not in numbers.render_headline(comparison((1.1, 1.2, 1.24)))
 
 
