@@ -234,8 +234,8 @@ def above_ideal(c: Comparison) -> str:
     if rate is None or top <= ideal:
         return ""
     above = sum(r > ideal for r in runs)
-    which = ("The median is" if c.speedup > ideal else
-             f"{above} of the {len(runs)} timed runs {'is' if above == 1 else 'are'}") if len(runs) > 1 else "This run is"
+    which = ("This run is" if len(runs) == 1 else "The median is" if c.speedup > ideal else
+             f"{above} of the {len(runs)} timed runs {'is' if above == 1 else 'are'}")
     which += f" above the ideal {ratio_text(ideal)}"
     stalled = _stalled(c)
     if stalled:  # said in full here, as Present mode folds the busy note away
@@ -301,8 +301,8 @@ def render_headline(c: Comparison | None, *, status: str = "", agreement: str = 
         lines.append(note(
             f"Measured: each of the K={c.num_stages} stages ran on its own thread in this one process "
             f"({pipeline_threads(c.num_stages, c.device)}), at the same time, sharing the weights and the KV cache; "
-            f"AR ran on the same threads. The same stage costs replayed (projected clock) give PPSD {other} than AR: the "
-            "difference is what the threads lose to each other (on a CPU, Python's lock between short kernels)."))
+            f"AR ran on the same threads. The same stage costs replayed (projected clock) give PPSD {other} than AR: "
+            "the difference is what the threads lose to each other (on a CPU, Python's lock between short kernels)."))
     elif c.workers and c.pipeline == "graphed":
         lines.append(note(
             f"Measured: each of the K={c.num_stages} stages ran as one captured step in this one process "
@@ -312,15 +312,15 @@ def render_headline(c: Comparison | None, *, status: str = "", agreement: str = 
         lines.append(note(
             f"Measured: each of the K={c.num_stages} stages ran in its own worker process (pinned to its own cores or "
             f"GPU), at the same time; AR ran on the same pipeline. The same stage costs replayed with no messages "
-            f"between the stages (projected clock) give PPSD {other} than AR: the difference is the cost of moving hidden "
-            "states and logits between processes."))
+            f"between the stages (projected clock) give PPSD {other} than AR: the difference is the cost of moving "
+            "hidden states and logits between processes."))
     else:
         lines.append(note(f"Projected clock: {PROJECTED_MEANING} (K={c.num_stages}), as if each stage had its own device."))
         lines.append(note(
             f"Measured on this one {html.escape(c.device)} device, stages run in turn: AR "
-            f"{duration_text(c.ar_other.wall_seconds)}, PPSD {duration_text(c.ppsd_other.wall_seconds)} (PPSD {other} than AR). On one device "
-            "PPSD does the same work as AR plus the flushed work, so it cannot be faster there: its speed comes "
-            "from K stages running at the same time on K workers."))
+            f"{duration_text(c.ar_other.wall_seconds)}, PPSD {duration_text(c.ppsd_other.wall_seconds)} "
+            f"(PPSD {other} than AR). On one device PPSD does the same work as AR plus the flushed work, so it "
+            "cannot be faster there: its speed comes from K stages running at the same time on K workers."))
     if c.eesd is not None:
         ar_measured = c.ar if c.workers else c.ar_other
         ratio = speedup(ar_measured.wall_seconds, c.eesd.wall_seconds)
