@@ -420,7 +420,7 @@ def render_metrics_table(runs: Mapping[str, Clocks], *, on: ExecutorKind = KINDS
         name, definition = name.format(**where), DEFINITIONS.get(definition, definition).format(**where)
         values = [fmt(runs[m].on(clock)) for m in methods]
         if name.startswith("ideal"):
-            values = ["1.00× (reference)" if m == "ar" else v for m, v in zip(methods, values)]
+            values = ["the reference" if m == "ar" else v for m, v in zip(methods, values)]
         cells = "".join(f"<td>{html.escape(v)}</td>" for v in values)
         rows.append(f'<tr><th scope="row">{html.escape(name)}</th>{cells}'
                     f'<td class="definition">{html.escape(definition)}</td></tr>')

@@ -91,8 +91,9 @@ def test_every_ratio_in_the_headline_says_its_direction_on_either_clock():
     assert "PPSD 1.01× slower than AR" in out and "(PPSD 1.25× slower than AR)" in out
     assert "EESD (draft then verify, one device): 1.30× slower than AR" in out and "1.25× slower." in out
     assert_one_story(out, "1.01× slower", "projected")
-    table = numbers.render_metrics_table({"ppsd": numbers.Clocks(metrics(wall=1.0), metrics(wall=1.0))})
-    assert BARE.findall(text(table)) == []
+    table = numbers.render_metrics_table({m: numbers.Clocks(metrics(wall=1.0, ideal=0.8), metrics(wall=1.0))
+                                          for m in ("ar", "ppsd", "eesd")})
+    assert BARE.findall(text(table)) == [] and "<td>the reference</td><td>1.25× slower</td>" in table
 
 
 # --------------------------------------------------------------------------- real snapshots: star = headline
