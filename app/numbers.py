@@ -139,8 +139,9 @@ def busy_sentence(c: Comparison) -> str:
 class Plain:
     """Plain AR in one process on `threads` threads, no pipeline, measured (median of `runs`),
     beside the medians of the pipeline's AR and PPSD walls on the page's clock: the bar PPSD on K
-    workers must clear to be worth its K processes. `trials`: (threads, seconds) of each way it
-    was timed first, when there was a choice (1 thread and every core): the faster one was kept."""
+    workers must clear to be worth its K processes. `trials`: (threads, seconds, finished) of each
+    way it was timed first, when there was a choice (1 thread and every core): the faster one was
+    kept; one not finished was cut after `seconds`, already the slower."""
 
     seconds: float
     runs: int
@@ -148,7 +149,7 @@ class Plain:
     ar_seconds: float
     ppsd_seconds: float
     on: str = ""  # how it ran, in words (default: in this one process on `threads` threads, no pipeline)
-    trials: tuple[tuple[int, float], ...] = ()
+    trials: tuple[tuple[int, float, bool], ...] = ()
 
 
 def _threads(n: int) -> str:
@@ -168,7 +169,8 @@ def plain_sentence(c: Comparison) -> str:
     how = p.on or f"in this one process on {_threads(p.threads)} with no pipeline"
     kept = ""
     if len(p.trials) > 1:
-        tried = " and ".join(f"{_threads(t)} ({duration_text(w)})" for t, w in p.trials)
+        tried = " and ".join(f"{_threads(t)} ({duration_text(w)})" if done else
+                             f"{_threads(t)} (cut after {duration_text(w)}, still decoding)" for t, w, done in p.trials)
         kept = f", the faster of {tried} in a first timing"
     ratio = speedup(p.seconds, p.ppsd_seconds)
     verdict = "beats it" if ratio > 1 else "does not beat it"

@@ -213,7 +213,9 @@ class Snapshot:
     walls: dict[str, list[float]] = field(default_factory=dict)  # method -> wall of each timed run, page's clock
     plain_threads: int = 0  # the threads plain AR (walls[PLAIN], measured) ran on; 0: not timed
     plain_on: str = ""  # how plain AR ran, in words ("in this one process on 1 thread with no pipeline")
-    plain_trials: tuple[tuple[int, float], ...] = ()  # (threads, measured wall) of each way first timed, when 2+
+    # (threads, measured seconds, finished) of each way plain AR was first timed, when there were 2+; a way
+    # not finished was cut after `seconds`, PLAIN_CUT times the faster way's wall
+    plain_trials: tuple[tuple[int, float, bool], ...] = ()
     pipeline: str = "in-process"  # the name of the kind the methods ran on (`ppsd.executors.kinds.KINDS`)
     plain_run: MethodRun | None = None  # plain AR's first timed run (measured), for the race
 
@@ -343,20 +345,39 @@ def _time_once(run: MethodRun, snapshot: Snapshot, pipeline: Pipeline | None,
     return None if again.result is None else again.wall()
 
 
+PLAIN_CUT = 2.0  # a way of running plain AR still decoding at this many times the faster one's wall has lost
+
+
+class _Deadline:
+    """A Stop that also fires `seconds` after it is made: a plain AR trial that has lost is cut,
+    so a busy machine's slow way (27.6 s against 2.9 s on 2 threads) does not hold the run."""
+
+    def __init__(self, stop: threading.Event, seconds: float) -> None:
+        self.stop, self.at = stop, time.perf_counter() + seconds
+
+    def is_set(self) -> bool:
+        return self.stop.is_set() or time.perf_counter() >= self.at
+
+
 def _time_plain(ar: MethodRun, snapshot: Snapshot, pipeline: Pipeline | None, stop: threading.Event) -> float | None:
     """The measured wall of the fastest plain AR here, the decoding PPSD on K workers must beat;
     None if stopped. The ways it may run are `ppsd.executors.kinds.fastest_ar`'s: the first time,
     each is timed and the faster kept (`plain_trials` holds each one's wall, for the page to say
-    which and why), then only the kept one, so its median is of one way of running."""
+    which and why; a way still running at `PLAIN_CUT` times the fastest so far is cut there), then
+    only the kept one, so its median is of one way of running."""
     ways = fastest_ar(ar.setup, snapshot.pipeline, pipeline)
     kept = [w for w in ways if w.threads == snapshot.plain_threads] if snapshot.plain_threads else list(ways)
     timed: list[tuple[PlainAR, MethodRun]] = []
+    trials: list[tuple[int, float, bool]] = []
     try:
         for way in kept:
-            run = _run_plain(ar, way, snapshot, stop)
-            if run is None:
+            limit = PLAIN_CUT * min(r.wall() for _, r in timed) if timed else None
+            run = _run_plain(ar, way, snapshot, stop if limit is None else _Deadline(stop, limit))
+            if stop.is_set() or (run is None and limit is None):
                 return None
-            timed.append((way, run))
+            trials.append((way.threads, limit, False) if run is None else (way.threads, run.wall(), True))
+            if run is not None:
+                timed.append((way, run))
     finally:
         for way in ways:
             if way.executor is not None and way.executor is not pipeline:
@@ -364,11 +385,12 @@ def _time_plain(ar: MethodRun, snapshot: Snapshot, pipeline: Pipeline | None, st
     way, run = min(timed, key=lambda t: t[1].wall())
     if not snapshot.plain_threads:
         snapshot.plain_threads, snapshot.plain_on, snapshot.plain_run = way.threads, way.words, run
-        snapshot.plain_trials = tuple((w.threads, r.wall()) for w, r in timed) if len(timed) > 1 else ()
+        snapshot.plain_trials = tuple(trials) if len(trials) > 1 else ()
     return run.wall()
 
 
-def _run_plain(ar: MethodRun, way: PlainAR, snapshot: Snapshot, stop: threading.Event) -> MethodRun | None:
+def _run_plain(ar: MethodRun, way: PlainAR, snapshot: Snapshot, stop: threading.Event | _Deadline
+               ) -> MethodRun | None:
     """One plain AR run of `ar`'s setup on `way` (measured, no pipeline); None if stopped."""
     plain = MethodRun.of(ar.setup, concurrent=False, alone=True)
     threads = torch.get_num_threads()

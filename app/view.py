@@ -254,7 +254,8 @@ def _summary(snap: Snapshot, finished: dict[str, Clocks]) -> dict:
     if snap.plain_threads:  # plain AR is on the measured clock, whatever the page's
         out["timed_runs"]["plain"] = f"AR {snap.plain_on}, measured"
         # each way plain AR was first timed, when there was a choice: the faster was kept
-        out["timed_runs"]["plain_first_timings"] = [{"threads": t, "wall_seconds": w} for t, w in snap.plain_trials]
+        out["timed_runs"]["plain_first_timings"] = [{"threads": t, "wall_seconds": w, "finished": done}
+                                                    for t, w, done in snap.plain_trials]
     if len(snap.speedups()) < snap.request.rounds():  # Stop or the time limit cut the timing again short
         out["stopped"] = _status_line(snap)
     return out
