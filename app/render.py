@@ -97,6 +97,26 @@ def duration_text(seconds: float) -> str:
     return f"{seconds * 1e3:.1f} ms" if seconds < 1 else f"{seconds:.2f} s"
 
 
+def ratio_text(ratio: float) -> str:
+    """A speedup (baseline wall / method wall) in words, the factor always at least 1: "1.35×
+    faster", or for 0.74 "1.35× slower". The one way the page writes a ratio, so a headline, a
+    range, a star and a sentence never show one number two ways (0.74× beside 1.35× slower)."""
+    if ratio <= 0:
+        return "not timed"
+    return f"{ratio:.2f}× faster" if ratio >= 1 else f"{1 / ratio:.2f}× slower"
+
+
+def range_text(ratios: Sequence[float]) -> str:
+    """The spread of several speedups in `ratio_text`'s words: "1.27–1.47× slower" when they lie
+    on one side of 1, else "1.11× slower to 1.10× faster"."""
+    low, high = min(ratios), max(ratios)
+    if low >= 1:
+        return f"{low:.2f}–{high:.2f}× faster"
+    if 0 < high < 1:
+        return f"{1 / high:.2f}–{1 / low:.2f}× slower"
+    return f"{ratio_text(low)} to {ratio_text(high)}"
+
+
 def _text(text: str) -> str:
     return html.escape(text, quote=False)
 
@@ -232,7 +252,8 @@ def _style(fig: go.Figure, title: str | None, *, height: int) -> None:
 
 @dataclass(frozen=True)
 class TheoryPoint:
-    """A measured run placed on the theory plot: its acceptance and its speedup over AR."""
+    """A measured run placed on the theory plot: its acceptance and its speedup over AR (the
+    value the headline reports, written by `ratio_text` as the headline writes it)."""
 
     label: str
     acceptance: float
@@ -251,7 +272,7 @@ def render_theory(
     *, num_stages: int, draft_len: int, exit_fraction: float, slot_fraction: float | None = None,
     points: Sequence[TheoryPoint] = (), eesd: bool = True,
 ) -> go.Figure:
-    """Ideal speedup against acceptance rate: PPSD at the run's slot (`slot_fraction`, the slowest
+    """Ideal speedup against acceptance rate: PPSD at the run's slot (`slot_fraction`, the largest
     stage's share of the layers, the s its metrics used), the 1x line and the measured points of
     this run; with `eesd` (only when EESD runs) also EESD(g, E/L) and where it loses to AR.
     Without `slot_fraction` the stages are taken as equal (s = 1/K): only for a caller that has
@@ -267,7 +288,7 @@ def render_theory(
                       line_width=0, annotation_text="EESD slower than AR", annotation_position="top left",
                       annotation_font=dict(color=CORRECTION_COLOR, size=11))
     equal = abs(slot_fraction * num_stages - 1) < 1e-9  # then K alone says what s is
-    name = f"ideal PPSD, K={num_stages}" + ("" if equal else f", slowest stage {slot_fraction:.0%} of the layers")
+    name = f"ideal PPSD, K={num_stages}" + ("" if equal else f", largest stage {slot_fraction:.0%} of the layers")
     fig.add_trace(go.Scatter(x=grid, y=[ideal_ppsd_speedup_slowest_stage(a, slot_fraction) for a in grid],
                              mode="lines", name=name, line=dict(color=KIND_COLORS["verify"], width=3)))
     if eesd:
@@ -280,11 +301,11 @@ def render_theory(
     for point in points:
         fig.add_trace(go.Scatter(
             x=[point.acceptance], y=[point.speedup], mode="markers+text", name=point.label,
-            text=[f"{point.speedup:.2f}×"], textposition="top center",
+            text=[ratio_text(point.speedup)], textposition="top center",
             marker=dict(size=14, symbol=symbols.get(point.label.split()[0], "circle"),
                         color=KIND_COLORS["verify"] if point.label.startswith("PPSD") else KIND_COLORS["draft"],
                         line=dict(width=1.5, color="#111827")),
-            hovertemplate=f"{html.escape(point.label)}<br>a=%{{x:.2f}}, %{{y:.2f}}×<extra></extra>"))
+            hovertemplate=f"{html.escape(point.label)}<br>a=%{{x:.2f}}, {ratio_text(point.speedup)}<extra></extra>"))
     fig.update_xaxes(title_text="acceptance rate a", range=[-0.02, 1.06])
     fig.update_yaxes(title_text="speedup over AR", rangemode="tozero")
     _style(fig, "Theory: ideal speedup vs acceptance rate", height=420)

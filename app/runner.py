@@ -28,7 +28,7 @@ import ppsd
 from ppsd import DecodeConfig, Result, Trace
 from ppsd.config import DEFAULTS, real_number, whole_number
 from ppsd.executors import Executor
-from ppsd.executors.kinds import KINDS, ExecutorKind, choose, concurrent_kinds, fastest_ar
+from ppsd.executors.kinds import KINDS, ExecutorKind, PlainAR, choose, concurrent_kinds, fastest_ar
 from ppsd.executors.pool import PipelineError, usable_cores
 from ppsd.chat import check_text
 from ppsd.generate import Recording
@@ -218,7 +218,10 @@ class Snapshot:
     status: str = ""  # what a long preparation (starting the workers, timing again) is doing now
     walls: dict[str, list[float]] = field(default_factory=dict)  # method -> wall of each timed run, page's clock
     plain_threads: int = 0  # the threads plain AR (walls[PLAIN], measured) ran on; 0: not timed
-    plain_on: str = ""  # how plain AR ran, in words ("in this one process on 2 threads with no pipeline")
+    plain_on: str = ""  # how plain AR ran, in words ("in this one process on 1 thread with no pipeline")
+    # (threads, measured seconds, finished) of each way plain AR was first timed, when there were 2+; a way
+    # not finished was cut after `seconds`, PLAIN_CUT times the faster way's wall
+    plain_trials: tuple[tuple[int, float, bool], ...] = ()
     pipeline: str = "in-process"  # the name of the kind the methods ran on (`ppsd.executors.kinds.KINDS`)
     plain_run: MethodRun | None = None  # plain AR's first timed run (measured), for the race
     note: str = ""  # what the page must say of how the run went against what was asked (a pipeline that could not run here)
@@ -346,7 +349,7 @@ def _time_again(snapshot: Snapshot, rounds: int, pipeline: Pipeline | None,
             on_steps = snapshot.pipeline == KINDS["graphed"].name or run.setup.model.info.device.startswith("cuda")
             snapshot.status = (f"Timing again for the spread: run {round_} of {rounds}, {name}" if round_ > 1 else
                                "Timing plain AR on the captured steps, the fastest AR here" if on_steps else
-                               "Timing plain AR in this one process, on every core, no pipeline")
+                               "Timing plain AR in this one process, on 1 thread and on every core, no pipeline")
             yield snapshot
             wall = (_time_plain(run, snapshot, pipeline, stop) if method == PLAIN else
                     _time_once(run, snapshot, pipeline, stop))
@@ -364,24 +367,62 @@ def _time_once(run: MethodRun, snapshot: Snapshot, pipeline: Pipeline | None,
     return None if again.result is None else again.wall()
 
 
+PLAIN_CUT = 2.0  # a way of running plain AR still decoding at this many times the faster one's wall has lost
+
+
+class _Deadline:
+    """A Stop that also fires `seconds` after it is made: a plain AR trial that has lost is cut,
+    so a busy machine's slow way (27.6 s against 2.9 s on 2 threads) does not hold the run."""
+
+    def __init__(self, stop: threading.Event, seconds: float) -> None:
+        self.stop, self.at = stop, time.perf_counter() + seconds
+
+    def is_set(self) -> bool:
+        return self.stop.is_set() or time.perf_counter() >= self.at
+
+
 def _time_plain(ar: MethodRun, snapshot: Snapshot, pipeline: Pipeline | None, stop: threading.Event) -> float | None:
     """The measured wall of the fastest plain AR here, the decoding PPSD on K workers must beat;
-    None if stopped. Where it runs: `ppsd.executors.kinds.fastest_ar`."""
+    None if stopped. The ways it may run are `ppsd.executors.kinds.fastest_ar`'s: the first time,
+    each is timed and the faster kept (`plain_trials` holds each one's wall, for the page to say
+    which and why; a way still running at `PLAIN_CUT` times the fastest so far is cut there), then
+    only the kept one, so its median is of one way of running."""
+    ways = fastest_ar(ar.setup, snapshot.pipeline, pipeline)
+    kept = [w for w in ways if w.threads == snapshot.plain_threads] if snapshot.plain_threads else list(ways)
+    timed: list[tuple[PlainAR, MethodRun]] = []
+    trials: list[tuple[int, float, bool]] = []
+    try:
+        for way in kept:
+            limit = PLAIN_CUT * min(r.wall() for _, r in timed) if timed else None
+            run = _run_plain(ar, way, snapshot, stop if limit is None else _Deadline(stop, limit))
+            if stop.is_set() or (run is None and limit is None):
+                return None
+            trials.append((way.threads, limit, False) if run is None else (way.threads, run.wall(), True))
+            if run is not None:
+                timed.append((way, run))
+    finally:
+        for way in ways:
+            if way.executor is not None and way.executor is not pipeline:
+                way.executor.close()
+    way, run = min(timed, key=lambda t: t[1].wall())
+    if not snapshot.plain_threads:
+        snapshot.plain_threads, snapshot.plain_on, snapshot.plain_run = way.threads, way.words, run
+        snapshot.plain_trials = tuple(trials) if len(trials) > 1 else ()
+    return run.wall()
+
+
+def _run_plain(ar: MethodRun, way: PlainAR, snapshot: Snapshot, stop: threading.Event | _Deadline
+               ) -> MethodRun | None:
+    """One plain AR run of `ar`'s setup on `way` (measured, no pipeline); None if stopped."""
     plain = MethodRun.of(ar.setup, concurrent=False, alone=True)
     threads = torch.get_num_threads()
-    executor, snapshot.plain_threads, snapshot.plain_on = fastest_ar(ar.setup, snapshot.pipeline, pipeline)
-    torch.set_num_threads(snapshot.plain_threads)
+    torch.set_num_threads(way.threads)
     try:
-        for _ in _decode(plain, snapshot, float("inf"), executor, stop):
+        for _ in _decode(plain, snapshot, float("inf"), way.executor, stop):
             pass
     finally:
         torch.set_num_threads(threads)
-        if executor is not None and executor is not pipeline:
-            executor.close()
-    if plain.result is None:
-        return None
-    snapshot.plain_run = snapshot.plain_run or plain
-    return plain.wall()
+    return plain if plain.result is not None else None
 
 
 def _decode(run: MethodRun, snapshot: Snapshot, throttle: float, pipeline: Pipeline | None,

@@ -13,7 +13,7 @@ from typing import Any
 
 from ppsd import Trace
 from ppsd.executors.kinds import KINDS
-from ppsd.metrics import exit_fraction, slot_fraction, speedup, stalls
+from ppsd.metrics import decode_costs, exit_fraction, slot_fraction, speedup, stalls
 
 from . import numbers, render, teach
 from .numbers import Clocks
@@ -79,14 +79,15 @@ def snapshot(snap: Snapshot, *, figures: bool = True) -> dict[str, Any]:
     beside_run = message(snap.note, "notice") if snap.done or snap.stopped else message(_status_line(snap), "status")
     if not snap.runs:  # the worker processes are starting: only the status changes
         stopped = {"summary": _stopped(snap)} if snap.stopped else {}  # the API's last output says so
-        return {"headline": _headline(snap, {}), "message": beside_run, **stopped}
+        return {"headline": _headline(snap, {}, None), "message": beside_run, **stopped}
     finished = {m: Clocks(r.result.metrics("measured"), r.result.metrics("projected"), snap.concurrent)
                 for m, r in snap.runs.items() if r.done}
-    values: dict[str, Any] = {"headline": _headline(snap, finished)}
+    comparison = _comparison(snap, finished)  # one value per number: the headline and the theory star read it
+    values: dict[str, Any] = {"headline": _headline(snap, finished, comparison)}
     for method in METHODS:
         values[f"stats_{method}"], values[f"stream_{method}"] = _column(snap, method, finished)
     if figures:
-        values.update(timeline=_timeline(snap), theory=_theory(snap, finished))
+        values.update(timeline=_timeline(snap), theory=_theory(snap, finished, comparison))
     values.update(metrics=numbers.render_metrics_table(finished, on=KINDS[snap.pipeline], shown=shown_run(snap)),
                   message=beside_run,
                   summary=_summary(snap, finished) if snap.done else _stopped(snap),
@@ -158,19 +159,28 @@ def _status_line(snap: Snapshot) -> str:
     return ""
 
 
-def _headline(snap: Snapshot, finished: dict[str, Clocks]) -> str:
-    status_text = _status_line(snap)
-    progress = "" if snap.done or snap.stopped else numbers.render_progress(snap.request.phases(), snap.active)
+def _comparison(snap: Snapshot, finished: dict[str, Clocks]) -> numbers.Comparison | None:
+    """What the headline reports, once AR and PPSD have finished; None before."""
     if "ar" not in finished or "ppsd" not in finished:
-        return numbers.render_headline(None, status=status_text, progress=progress)
-    done = {m: r.result.token_ids for m, r in snap.runs.items() if r.done}
-    agreement = numbers.agreement_note(done, greedy=snap.request.temperature == 0) if snap.done else ""
+        return None
     ar, ppsd_ = finished["ar"], finished["ppsd"]
-    comparison = numbers.Comparison(
+    shown = snap.runs["ppsd"].shown()  # the trace the timeline draws on top: its rows' "util" are these
+    stages = numbers.Stages(layers=tuple(len(r) for r in shown.partition), utilization=tuple(shown.utilization()),
+                            costs=tuple(decode_costs(snap.runs["ar"].shown())))
+    return numbers.Comparison(
         ar=ar.lead, ppsd=ppsd_.lead, ar_other=ar.other, ppsd_other=ppsd_.other, num_stages=snap.num_stages,
         device=snap.device, workers=snap.concurrent, speedups=tuple(snap.speedups()),
         eesd=finished["eesd"].measured if "eesd" in finished else None, plain=_plain(snap),
-        pipeline=snap.pipeline, stalls={m: stalls(snap.runs[m].trace()) for m in ("ar", "ppsd")})
+        pipeline=snap.pipeline, stalls={m: stalls(snap.runs[m].trace()) for m in ("ar", "ppsd")}, stages=stages)
+
+
+def _headline(snap: Snapshot, finished: dict[str, Clocks], comparison: numbers.Comparison | None) -> str:
+    status_text = _status_line(snap)
+    progress = "" if snap.done or snap.stopped else numbers.render_progress(snap.request.phases(), snap.active)
+    if comparison is None:
+        return numbers.render_headline(None, status=status_text, progress=progress)
+    done = {m: r.result.token_ids for m, r in snap.runs.items() if r.done}
+    agreement = numbers.agreement_note(done, greedy=snap.request.temperature == 0) if snap.done else ""
     return numbers.render_headline(comparison, status=status_text, agreement=agreement, progress=progress)
 
 
@@ -181,7 +191,8 @@ def _plain(snap: Snapshot) -> numbers.Plain | None:
         return None
     median = statistics.median
     return numbers.Plain(seconds=median(walls[PLAIN]), runs=len(walls[PLAIN]), threads=snap.plain_threads,
-                         ar_seconds=median(walls["ar"]), ppsd_seconds=median(walls["ppsd"]), on=snap.plain_on)
+                         ar_seconds=median(walls["ar"]), ppsd_seconds=median(walls["ppsd"]), on=snap.plain_on,
+                         trials=snap.plain_trials)
 
 
 def _timeline(snap: Snapshot):
@@ -196,16 +207,15 @@ def _timeline(snap: Snapshot):
     return render.render_timeline(panels, snap.loaded.piece, title=title)
 
 
-def _theory(snap: Snapshot, finished: dict[str, Clocks]):
+def _theory(snap: Snapshot, finished: dict[str, Clocks], comparison: numbers.Comparison | None):
     first = next(iter(snap.runs.values()))
     config = first.config
     points = []
-    if "ar" in finished and "ppsd" in finished and finished["ppsd"].lead.acceptance_rate is not None:
-        ar_x, ppsd_x = finished["ar"].lead, finished["ppsd"].lead
+    if comparison is not None and comparison.ppsd.acceptance_rate is not None:
         clock = "measured clock, K workers" if snap.concurrent else "projected clock"
-        speedups = snap.speedups() or [speedup(ar_x.wall_seconds, ppsd_x.wall_seconds)]
-        label = f"PPSD measured ({clock}{', median of %d runs' % len(speedups) if len(speedups) > 1 else ''})"
-        points.append(render.TheoryPoint(label, ppsd_x.acceptance_rate, statistics.median(speedups)))
+        runs = len(comparison.speedups)
+        label = f"PPSD measured ({clock}{', median of %d runs' % runs if runs > 1 else ''})"
+        points.append(render.TheoryPoint(label, comparison.ppsd.acceptance_rate, comparison.speedup))
     if "ar" in finished and "eesd" in finished and finished["eesd"].measured.acceptance_rate is not None:
         ar_m, eesd_m = finished["ar"].measured, finished["eesd"].measured
         points.append(render.TheoryPoint("EESD measured (measured clock)", eesd_m.acceptance_rate,
@@ -246,6 +256,9 @@ def _summary(snap: Snapshot, finished: dict[str, Clocks]) -> dict:
         out["note"] = snap.note
     if snap.plain_threads:  # plain AR is on the measured clock, whatever the page's
         out["timed_runs"]["plain"] = f"AR {snap.plain_on}, measured"
+        # each way plain AR was first timed, when there was a choice: the faster was kept
+        out["timed_runs"]["plain_first_timings"] = [{"threads": t, "wall_seconds": w, "finished": done}
+                                                    for t, w, done in snap.plain_trials]
     if len(snap.speedups()) < snap.request.rounds():  # Stop or the time limit cut the timing again short
         out["stopped"] = _status_line(snap)
     return out
@@ -267,8 +280,9 @@ def _race_state(snap: Snapshot) -> dict:
     for method, run in [*snap.runs.items(), *plain]:
         trace = run.shown()
         tokens = run.result.tokens
-        finish = max((e.end for e in trace.events), default=0.0)  # on the clock of the commit times
-        lanes.append(render.Lane(method, tokens, render.commit_times(tokens, trace), finish))
+        # A lane ends at its run's wall on the page's clock, the value the stats card and the
+        # metrics table show (the last event ends a little before the stopwatch stops).
+        lanes.append(render.Lane(method, tokens, render.commit_times(tokens, trace), run.wall()))
         for token in tokens:
             for token_id in (token.id, token.draft):
                 if token_id is not None:

@@ -17,10 +17,12 @@ DEFINITIONS = {
     "bubble_fraction": "1 - mean stage utilization",
     "wasted_stage_slots": "stage-token slots spent on work later flushed",
     "ideal_speedup": "speedup of the ideal model at the measured acceptance a. PPSD: 1 / (1 - a (1 - s)), "
-                     "s = the slowest stage's share of the layers (every layer costs the same, the slowest "
+                     "s = the largest stage's share of the layers (every layer costs the same, so the largest "
                      "stage sets the slot, AR pays all L layers per token; s = 1/K only when the stages are "
                      "equal); EESD: tau / (g E/L + 1 - E/L)",
-    "slot_fraction": "s: layers of the slowest stage of this run's partition / all layers",
+    "slot_fraction": "s: layers of the largest stage of this run's partition / all layers",
+    "cost_slot_fraction": "s at the stages' measured costs: the costliest stage's seconds of decode work / all "
+                          "stages' seconds of decode work, in AR's run (every token passes every stage once)",
     "speedup": "AR wall time / method wall time, same model, prompt, length, device and clock",
     "stalls": "work that took over 3x the median time of the same stage's work of the same kind (prefill "
               "aside) and at least 5 ms more: a busy machine, not the method; their excess over that median",
@@ -34,9 +36,10 @@ def speedup(baseline_seconds: float, method_seconds: float) -> float:
 
 
 def ideal_ppsd_speedup_slowest_stage(acceptance: float, slot_fraction: float) -> float:
-    """S_PPSD(a, s) = 1 / (1 - a (1 - s)), s = the slowest stage's share of the layers.
+    """S_PPSD(a, s) = 1 / (1 - a (1 - s)), s = the slowest stage's share of a token's cost.
 
-    Assumes every layer costs the same, so the slowest stage sets the pipeline's slot: an
+    With s from the layers (`slot_fraction`, the page's ideal), every layer is taken to cost the
+    same, so the largest stage sets the pipeline's slot: an
     accepted token costs one slot (s of AR's token), a corrected one the whole pipeline (L
     layers, as AR pays for every token). Equal stages have s = 1/K, the spec's 1 / (a/K + 1 - a);
     any other partition must pass its own s (`slot_fraction`), or the ideal overstates it.
@@ -75,6 +78,22 @@ def stalls(trace: Trace) -> Stalls:
         late = [d - usual for d in durations if d > STALL_FACTOR * usual and d - usual >= STALL_MIN_SECONDS]
         count, excess = count + len(late), excess + sum(late)
     return Stalls(count, excess)
+
+
+def decode_costs(trace: Trace) -> list[float]:
+    """Per stage: seconds of decode work in `trace` (prefill aside, as its width is the prompt's)."""
+    costs = [0.0] * trace.num_stages
+    for e in trace.events:
+        if e.kind != "prefill":
+            costs[e.stage - 1] += e.duration
+    return costs
+
+
+def cost_slot_fraction(costs: list[float] | tuple[float, ...]) -> float | None:
+    """`DEFINITIONS["cost_slot_fraction"]` from AR's `decode_costs`: the s of the ideal model with
+    each stage's measured cost in place of its layer count (an LM head or an exit head costs more
+    than a layer); None when there was no decode work."""
+    return max(costs) / sum(costs) if costs and sum(costs) > 0 else None
 
 
 def slot_fraction(partition: tuple[range, ...] | list[range]) -> float:
@@ -120,7 +139,7 @@ class Metrics:
         rate = ("no drafts" if self.acceptance_rate is None else
                 f"{self.acceptance_rate:.2f} ({self.accepted} accepted, {self.rejected} corrected, "
                 f"{self.flushed} flushed)")
-        slot = "" if self.slot_fraction is None else f" (slowest stage {self.slot_fraction:.0%} of the layers)"
+        slot = "" if self.slot_fraction is None else f" (largest stage {self.slot_fraction:.0%} of the layers)"
         busy = ", ".join(f"{u:.2f}" for u in self.stage_utilization)
         return (f"{self.tokens} tokens in {self.wall_seconds:.2f} s: {self.tokens_per_second:.1f} tok/s "
                 f"({self.clock} clock)\nacceptance {rate}\nstage utilization {busy} · bubbles "

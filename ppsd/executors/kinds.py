@@ -32,8 +32,8 @@ from .base import Executor
 if TYPE_CHECKING:
     from ..setup import RunSetup
 
-__all__ = ["AUTO", "ExecutorKind", "KINDS", "WorkerOptions", "choose", "concurrent_by_default", "concurrent_kinds",
-           "fastest_ar", "kind_named"]
+__all__ = ["AUTO", "ExecutorKind", "KINDS", "PlainAR", "WorkerOptions", "choose", "concurrent_by_default",
+           "concurrent_kinds", "fastest_ar", "kind_named"]
 
 Progress = Callable[[str], None]
 
@@ -187,24 +187,39 @@ def concurrent_by_default(num_stages: int, device: str) -> bool:
     return device.startswith("cuda") or usable_cores() >= num_stages
 
 
-def fastest_ar(setup: RunSetup, kind: str, pipeline: Executor | None) -> tuple[Executor | None, int, str]:
-    """Where the fastest plain AR here runs (None: in process), on how many torch threads, in
-    words, beside a pipeline of `kind` (`pipeline`, reused where it serves). On a GPU: on the
-    captured steps (eager AR there pays about 1,300 kernel launches a token and runs 5-6x slower:
-    docs/benchmarks.md). On a CPU whose pipeline is the captured steps: those steps compiled, in
-    turn, on every core (compiled for that thread count here). Else in-process AR on every core.
-    The caller closes what it did not pass in, and gives the process its threads back."""
+@dataclass(frozen=True)
+class PlainAR:
+    """One way to run plain AR here: on `executor` (None: in process), on `threads` torch threads,
+    described in `words` ("in this one process on 1 thread with no pipeline")."""
+
+    executor: Executor | None
+    threads: int
+    words: str
+
+
+def fastest_ar(setup: RunSetup, kind: str, pipeline: Executor | None) -> tuple[PlainAR, ...]:
+    """The ways the fastest plain AR here may run, beside a pipeline of `kind` (`pipeline`,
+    reused where it serves): the caller times each and keeps the faster, as which is faster is
+    the machine's to say. On a GPU: the captured steps (eager AR there pays about 1,300 kernel
+    launches a token and runs 5-6x slower: docs/benchmarks.md). On a CPU whose pipeline is the
+    captured steps: those steps compiled, in turn, on every core (compiled for that thread count
+    here; a second thread count would compile again, for minutes). Else in-process AR on 1 thread
+    and on every core: on a busy 2-core machine torch on 2 threads ran 3.5x slower than on 1
+    (issue 34), on a quiet one faster. The caller closes what it did not pass in, and gives the
+    process its threads back."""
     from .pool import usable_cores
 
     graphed, cores = KINDS["graphed"], usable_cores()
     if setup.model.info.device.startswith("cuda"):
         executor = pipeline if kind == graphed.name else graphed.ready(setup)
-        return executor, 1, f"on the captured steps in this one process ({graphed.where})"
-    words = f"in this one process on {cores} thread{'s' * (cores != 1)}"
+        return (PlainAR(executor, 1, f"on the captured steps in this one process ({graphed.where})"),)
+    threads = lambda n: f"{n} thread{'s' * (n != 1)}"  # noqa: E731
     if kind != graphed.name:
-        return None, cores, f"{words} with no pipeline"
+        return tuple(PlainAR(None, n, f"in this one process on {threads(n)} with no pipeline")
+                     for n in sorted({1, cores}))
     from .graphed import GraphedExecutor
 
     torch.set_num_threads(cores)
     executor = _warmed(setup, GraphedExecutor(setup.model, setup.partition, compiled=True, stage_threads=False))
-    return executor, cores, f"on the captured steps, compiled, the stages in turn, {words}"
+    return (PlainAR(executor, cores, f"on the captured steps, compiled, the stages in turn, in this one process "
+                                     f"on {threads(cores)}"),)

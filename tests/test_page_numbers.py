@@ -1,0 +1,347 @@
+"""Issue 34, "Numbers that disagree": every number the page shows has one source and one way of
+being written, so no two numbers on the page contradict each other, on a quiet or a busy machine.
+
+First as pure functions over constructed `Comparison`s and real tiny-model snapshots (fast,
+deterministic), then on the rendered page after a real Run in Debian chromium (`page_url`,
+`open_page` from conftest: the default model when its wheel is installed).
+"""
+
+from __future__ import annotations
+
+import re
+import statistics
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+
+import ppsd
+from app import numbers, render, view
+from app.models import ModelCache
+from app.runner import PLAIN, RunRequest, run_comparison
+from conftest import CHROMIUM, open_page
+from ppsd.metrics import Stalls, ideal_ppsd_speedup_slowest_stage
+
+RATIO = re.compile(r"(\d+\.\d\d)× (faster|slower)")
+BARE = re.compile(r"\d+\.\d\d×(?! (?:faster|slower))")  # a decimal ratio without its direction
+AGAINST_AR = re.compile(r"PPSD (\d+\.\d\d× (?:faster|slower)) than AR\b")  # "than plain AR" is another baseline
+
+
+def metrics(*, wall: float, accepted: int = 5, rejected: int = 5, clock: str = "measured", slot: float = 0.6,
+            ideal: float | None = None) -> ppsd.Metrics:
+    rate = accepted / (accepted + rejected) if accepted + rejected else None
+    ideal = ideal_ppsd_speedup_slowest_stage(rate or 0.0, slot) if ideal is None else ideal
+    return ppsd.Metrics(clock, 10, accepted, rejected, 1, rate, wall, 10 / wall, wall, [0.5, 0.75], 0.375, 3,
+                        ideal, slot_fraction=slot)
+
+
+def comparison(speedups=(), **fields) -> numbers.Comparison:
+    ar, ppsd_ = metrics(wall=2.0), metrics(wall=2.0 / (sorted(speedups)[len(speedups) // 2] if speedups else 1.6))
+    return numbers.Comparison(ar, ppsd_, ar, ppsd_, num_stages=2, device="cpu", workers=True,
+                              speedups=tuple(speedups), **fields)
+
+
+def text(html_: str) -> str:
+    return re.sub(r"<[^>]+>", "", html_)
+
+
+def sentences(page_text: str) -> list[str]:
+    return [s for s in re.split(r"(?<=[.;!])\s+|\n+", page_text) if s.strip()]
+
+
+def assert_one_story(page_text: str, headline: str, clock: str) -> None:
+    """Every decimal ratio says which way it goes, and every sentence on the page's clock that
+    puts PPSD against AR gives the headline's ratio (`headline`: "1.35× slower")."""
+    assert not BARE.findall(page_text), BARE.findall(page_text)
+    other = {"measured": ("projected",), "projected": ("measured", "one device")}[clock]
+    for sentence in sentences(page_text):
+        if any(word in sentence.lower() for word in other):
+            continue  # the other clock's own ratio, named as such
+        for found in AGAINST_AR.findall(sentence):
+            assert found == headline, sentence
+
+
+# --------------------------------------------------------------------------- 1. one ratio, one direction
+
+
+def test_a_slower_ppsd_reads_slower_in_the_headline_and_its_range():
+    """Issue 34: "PPSD 1.35× slower than AR (median of 3 runs, range 0.68–0.79×…)"."""
+    out = text(numbers.render_headline(comparison((0.68, 0.74, 0.79))))
+    assert "PPSD 1.35× slower than AR" in out
+    assert "median of 3 runs, range 1.27–1.47× slower" in out  # 1/0.79 .. 1/0.68, the headline's way
+    assert_one_story(out, "1.35× slower", "measured")
+
+
+def test_a_range_across_one_says_both_ways_and_ratios_have_one_writer():
+    assert render.range_text((0.9, 1.02, 1.1)) == "1.11× slower to 1.10× faster"
+    assert render.range_text((1.1, 1.3)) == "1.10–1.30× faster"
+    assert [render.ratio_text(x) for x in (1.35, 1 / 1.35, 1.0, 0.0)] == [
+        "1.35× faster", "1.35× slower", "1.00× faster", "not timed"]
+    out = text(numbers.render_headline(comparison((0.9, 1.02, 1.1))))
+    assert "PPSD 1.02× faster than AR" in out and "range 1.11× slower to 1.10× faster" in out
+
+
+def test_every_ratio_in_the_headline_says_its_direction_on_either_clock():
+    """The other clock's ratio, EESD's and the ideals: "0.99×" never stands beside "1.01× slower"."""
+    ar, slow = metrics(wall=2.0, clock="projected"), metrics(wall=2.02, clock="projected")
+    one = numbers.Comparison(ar, slow, metrics(wall=2.0), metrics(wall=2.5), num_stages=2, device="cpu",
+                             workers=False, eesd=metrics(wall=2.6, ideal=0.8))
+    out = text(numbers.render_headline(one))
+    assert "PPSD 1.01× slower than AR" in out and "(PPSD 1.25× slower than AR)" in out
+    assert "EESD (draft then verify, one device): 1.30× slower than AR" in out and "1.25× slower." in out
+    assert_one_story(out, "1.01× slower", "projected")
+    table = numbers.render_metrics_table({m: numbers.Clocks(metrics(wall=1.0, ideal=0.8), metrics(wall=1.0))
+                                          for m in ("ar", "ppsd", "eesd")})
+    assert BARE.findall(text(table)) == [] and "<td>the reference</td><td>1.25× slower</td>" in table
+
+
+# --------------------------------------------------------------------------- real snapshots: star = headline
+
+
+@pytest.fixture(scope="module")
+def tiny_cache(saved_model):
+    from transformers import AutoTokenizer
+
+    def loader(name, device=None, progress=None):
+        model, _ = ppsd.load_model(saved_model, device="cpu")
+        return model, AutoTokenizer.from_pretrained(saved_model)
+
+    torch.set_num_threads(1)
+    return ModelCache(device="cpu", loader=loader)
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tiny_cache):
+    request = RunRequest(prompt="def fibonacci(n):", model="tiny", max_new_tokens=16, repeats=3)
+    return list(run_comparison(request, tiny_cache, throttle=0.0))[-1]
+
+
+def star(values):
+    point = next(t for t in values["theory"].data if t.name.startswith("PPSD measured"))
+    return point.y[0], point.text[0]
+
+
+def headline_ratio(headline_html: str) -> str:
+    return RATIO.search(re.search(r'headline-main">([^<]*)<', headline_html).group(1)).group(0)
+
+
+@pytest.mark.parametrize("slower", [False, True])
+def test_the_theory_star_and_the_headline_show_one_value(tiny_run, slower):
+    """Issue 34: "The theory star said 0.99× while the headline said PPSD 1.01× slower"."""
+    snap = tiny_run
+    if slower:  # the same run with walls that make PPSD slower than AR in every round
+        snap = replace(snap, walls={**snap.walls, "ppsd": [w * 1.6 for w in snap.walls["ar"]]})
+    values = view.snapshot(snap)
+    y, label = star(values)
+    assert y == statistics.median(snap.speedups())  # the headline's median, the same value
+    assert label == headline_ratio(values["headline"])
+    assert label == ("1.60× slower" if slower else render.ratio_text(y))
+    assert_one_story(text(values["headline"]), label, "projected")
+
+
+def test_the_slowest_stage_is_the_stage_the_timeline_shows_busiest(tiny_run):
+    """Issue 34: "slowest stage 60% of the layers" (stage 1) where the timeline showed stage 2 busier."""
+    values = view.snapshot(tiny_run)
+    labels = {label for t in values["timeline"].data if t.type == "bar" and t.yaxis == "y"  # PPSD's panel, on top
+              for label in t.y}
+    util = {int(re.match(r"stage (\d+)", lab).group(1)): int(re.search(r"util (\d+)%", lab).group(1))
+            for lab in labels}
+    named = re.search(r"slowest stage: stage (\d+) \(util (\d+)% on the timeline", values["headline"])
+    assert named, values["headline"]
+    assert util[int(named.group(1))] == int(named.group(2)) == max(util.values())
+    assert "slowest stage" not in re.sub(r"slowest stage: stage \d+", "", values["headline"])  # named every time
+
+
+@pytest.fixture(scope="module")
+def tiny_threads_run(tiny_cache):
+    """The K stages at once on threads (the measured clock leads) and plain AR timed beside them."""
+    request = RunRequest(prompt="def fibonacci(n):", model="tiny", max_new_tokens=12, workers=True,
+                         pipeline="threads", repeats=2)
+    return list(run_comparison(request, tiny_cache, throttle=0.0))[-1]
+
+
+def test_the_race_ends_at_the_wall_the_table_shows(tiny_run, tiny_threads_run):
+    """Issue 34: 17.49 s in the race, 17.50 s in the table: one value per wall, on either clock."""
+    for snap, row_name in ((tiny_run, "wall, projected (K workers)"),
+                           (tiny_threads_run, "wall, measured (K threads in one process)")):
+        values = view.snapshot(snap)
+        race = values["race"]
+        runs = {**snap.runs, **({PLAIN: snap.plain_run} if snap.plain_run is not None else {})}
+        for lane in race["lanes"]:
+            assert lane.total == runs[lane.method].wall()  # the run's wall on the page's clock
+            assert max(lane.times) <= lane.total  # every token still commits within its lane
+        row = re.search(re.escape(row_name) + r"</th>(.*?)<td class", values["metrics"]).group(1)
+        shown = [render.duration_text(lane.total) for lane in race["lanes"] if lane.method != PLAIN]
+        assert row == "".join(f"<td>{s}</td>" for s in shown)
+
+
+# --------------------------------------------------------------------------- a* only where defined
+
+
+def test_a_star_appears_only_where_plain_ar_is_faster_than_the_pipelines_ar():
+    """Issue 34: "...so PPSD does not beat it here; ... a* = 0.00", and "PPSD 1.35× slower than AR"
+    beside "PPSD beats it here"."""
+    # PPSD 1.35x slower than the pipeline's AR, plain AR slower still: both said, plainly, no a*
+    c = comparison((0.74,), plain=numbers.Plain(seconds=4.0, runs=1, threads=2, ar_seconds=2.0, ppsd_seconds=2.7))
+    out = text(numbers.render_headline(c))
+    assert "a*" not in out
+    assert "PPSD on the 2 worker processes: 1.48× faster than plain AR" in out
+    assert "Plain AR ran 2.00× slower than AR on the pipeline here" in out
+    assert_one_story(out, "1.35× slower", "measured")
+    # plain AR faster than the pipeline's AR: a* is defined, and shown with this run's a
+    faster = text(numbers.render_headline(replace(c, plain=numbers.Plain(1.8, 1, 1, 2.0, 2.7))))
+    a_star = float(re.search(r"a\* = (\d\.\d\d)", faster).group(1))
+    assert 0 < a_star <= 1 and "(this run: a = 0.50)" in faster
+
+
+# --------------------------------------------------------------------------- above the ideal
+
+
+def test_a_run_above_the_ideal_is_explained_or_flagged_beside_the_ideal():
+    """Issue 34: "PPSD 1.33× faster" beside "ideal = 1.26×", and "range 0.91–3.64×" against 1.44×."""
+    wide = numbers.render_headline(comparison((0.91, 1.2, 3.64)))
+    head = re.search(r'<div class="headline">.*?</div>', wide).group(0)  # shown in Present mode too
+    assert "⚠ 1 of the 3 timed runs is above the ideal" in head
+    assert "range 1.10× slower to 3.64× faster, far apart" in head
+
+    # measured 1.33x, ideal 1.25x by layers (a = 0.5, s = 0.6), 1.33x at the measured costs (s = 0.5)
+    stages = numbers.Stages(layers=(18, 12), utilization=(0.6, 0.7), costs=(2.0, 2.0))
+    costs = re.search(r'<div class="headline">.*?</div>', numbers.render_headline(
+        comparison((1.31, 1.33, 1.34), stages=stages))).group(0)
+    assert "The median is above the ideal 1.25× faster, which counts layers" in costs and "⚠" not in costs
+    assert "at those costs the ideal is 1.33× faster" in costs
+
+    busy = numbers.render_headline(comparison((1.33,), stalls={"ar": Stalls(3, 0.6)}))
+    assert "⚠ This run is above the ideal 1.25× faster: the machine was busy (stalled work added up to 30%" \
+        in busy
+    assert "above the ideal" not in numbers.render_headline(comparison((1.1, 1.2, 1.24)))
+
+
+# --------------------------------------------------------------------------- the best plain AR
+
+
+def test_plain_ar_may_run_on_one_thread_or_every_core(tiny_cache, monkeypatch):
+    from ppsd.executors import kinds, pool
+
+    monkeypatch.setattr(pool, "usable_cores", lambda: 2)
+    setup = tiny_cache.set_up(tiny_cache.get("tiny"), "hi", ppsd.DecodeConfig(method="ar"), exit_head="",
+                                 chat=False)
+    ways = kinds.fastest_ar(setup, "processes", None)
+    assert [(w.executor, w.threads) for w in ways] == [(None, 1), (None, 2)]
+    assert ways[0].words == "in this one process on 1 thread with no pipeline"
+
+
+@pytest.mark.skipif(len(__import__("os").sched_getaffinity(0)) < 2, reason="a choice needs 2 cores")
+def test_the_plain_ar_kept_is_the_faster_of_one_thread_and_every_core(tiny_threads_run):
+    """Issue 34: plain AR on every core ran 3.5× slower than on 1 thread on a busy 2-core machine."""
+    snap = tiny_threads_run
+    trials = {threads: wall for threads, wall, _ in snap.plain_trials}
+    assert set(trials) == {1, 2} and len(snap.walls[PLAIN]) == 2
+    assert snap.plain_threads == min(trials, key=trials.get)
+    assert snap.walls[PLAIN][0] == min(trials.values()) == snap.plain_run.wall()
+    out = text(view.snapshot(snap)["headline"])
+    kept = "1 thread" if snap.plain_threads == 1 else "2 threads"
+    assert f"AR in this one process on {kept} with no pipeline, the faster of 1 thread (" in out
+    for threads, wall in trials.items():
+        assert f"{threads} thread{'s' * (threads != 1)} ({render.duration_text(wall)})" in out
+
+
+@pytest.mark.skipif(len(__import__("os").sched_getaffinity(0)) < 2, reason="a choice needs 2 cores")
+def test_a_way_of_plain_ar_that_has_lost_is_cut_and_said_so(tiny_cache, monkeypatch):
+    """The slow way on a busy machine (27.6 s against 2.9 s) does not hold the run: it is cut at
+    `PLAIN_CUT` times the faster way's wall, and the page says it was cut, not how long it took."""
+    from app import runner
+
+    monkeypatch.setattr(runner, "PLAIN_CUT", 1e-9)  # every way after the first has lost at once
+    request = RunRequest(prompt="def fibonacci(n):", model="tiny", max_new_tokens=12, workers=True,
+                         pipeline="threads", repeats=1)
+    snap = list(run_comparison(request, tiny_cache, throttle=0.0))[-1]
+    (one, first, done), (every, cut_at, finished) = snap.plain_trials
+    assert (one, every, done, finished) == (1, 2, True, False) and snap.plain_threads == 1
+    assert snap.walls[PLAIN] == [first] and cut_at == pytest.approx(first * 1e-9)
+    out = text(view.snapshot(snap)["headline"])
+    assert f"the faster of 1 thread ({render.duration_text(first)}) and 2 threads (cut after " in out
+    assert "still decoding)" in out
+
+
+# --------------------------------------------------------------------------- the page in a browser
+
+browser = pytest.mark.skipif(not Path(CHROMIUM).exists(),
+                             reason=f"{CHROMIUM} is missing: install Debian's chromium (apt-get install chromium)")
+
+
+@pytest.fixture(scope="module")
+def ran(page_url):
+    """One real Run of the default prompt settings (32 new tokens, 3 timed runs), and what the
+    page then shows: the texts the tests below compare."""
+    real = page_url[2]
+    with open_page(page_url) as page:
+        page.locator("#prompt textarea").first.fill("Why is the sky blue?")
+        box = page.locator("#max-new-tokens input[type=number]").first
+        box.fill("32")
+        box.press("Enter")
+        box.blur()
+        page.locator("#run").click()
+        page.locator(".headline-agreement").wait_for(timeout=300_000 if real else 60_000)
+        page.locator("#theory g.textpoint text").first.wait_for(timeout=10_000)
+        page.locator("#timeline g.subplot.xy .yaxislayer-above text").first.wait_for(timeout=10_000)
+        page.wait_for_function("() => document.querySelector('.race-verdict')", timeout=30_000)
+        yield {
+            "headline": page.locator(".headline-box").inner_text(),
+            "main": page.locator(".headline-main").inner_text(),
+            "clock": page.locator(".headline-clock").inner_text(),
+            "stars": page.locator("#theory g.textpoint text").all_text_contents(),
+            "rows": page.locator("#timeline g.subplot.xy .yaxislayer-above text").all_text_contents(),
+            "race": {page.locator(".race-name").nth(i).inner_text(): page.locator(".race-clock").nth(i).inner_text()
+                     for i in range(page.locator(".race-lane").count())},
+            "table": page.locator("#metrics table").inner_text(),
+            "workers": page.locator("#workers input").is_checked(),
+        }
+
+
+@browser
+def test_page_the_star_shows_the_headlines_ratio(ran):
+    ratio = RATIO.search(ran["main"]).group(0)
+    assert ran["stars"][0] == ratio, (ran["stars"], ran["main"])
+
+
+@browser
+def test_page_no_sentence_contradicts_the_headline(ran):
+    ratio = RATIO.search(ran["main"]).group(0)
+    assert_one_story(ran["headline"], ratio, "measured" if ran["workers"] else "projected")
+    spread = re.search(r"range ([^;]*);", ran["clock"])
+    if spread and " to " not in spread.group(1):  # on one side of 1: the headline's side
+        assert spread.group(1).endswith(ratio.split()[1]), ran["clock"]
+    for a_star in re.findall(r"a\* = (\S+)", ran["headline"]):
+        assert 0 < float(a_star.rstrip(",.;")) <= 1, ran["headline"]
+
+
+@browser
+def test_page_the_slowest_stage_is_the_timelines_busiest(ran):
+    named = re.search(r"slowest stage: stage (\d+) \(util (\d+)%", ran["headline"])
+    assert named, ran["headline"]
+    util = {int(re.match(r"stage (\d+)", r).group(1)): int(re.search(r"util (\d+)%", r).group(1))
+            for r in ran["rows"] if r.startswith("stage")}
+    assert util[int(named.group(1))] == int(named.group(2)) == max(util.values()), (ran["rows"], named.group(0))
+
+
+@browser
+def test_page_the_race_and_the_table_show_one_value_per_wall(ran):
+    clock = "measured" if ran["workers"] else "projected"
+    row = next(line for line in ran["table"].splitlines() if line.startswith(f"wall, {clock}"))
+    cells = row.split("\t")[1:3]  # AR, PPSD
+    assert [ran["race"]["AR"].split(" ✓")[0], ran["race"]["PPSD"].split(" ✓")[0]] == cells, (ran["race"], row)
+
+
+@browser
+@pytest.mark.skipif(len(__import__("os").sched_getaffinity(0)) < 2, reason="a choice needs 2 cores")
+def test_page_plain_ar_is_the_faster_of_one_thread_and_every_core(ran):
+    if not ran["workers"]:
+        pytest.skip("plain AR is timed beside K stages at once only")
+    found = re.search(r"the faster of 1 thread \(([\d.]+) (m?s)\) and (\d+) threads \((cut after )?([\d.]+) (m?s)",
+                      ran["headline"])
+    assert found, ran["headline"]
+    one, every = (float(found.group(i)) * (1e-3 if found.group(i + 1) == "ms" else 1) for i in (1, 5))
+    kept = "1 thread" if found.group(4) or one <= every else f"{found.group(3)} threads"  # a cut way had lost
+    assert f"on {kept} with no pipeline, the faster of" in ran["headline"]
