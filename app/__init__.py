@@ -1,8 +1,9 @@
 """The PPSD web demo, in layers (each imports only those listed before it):
 
-- `render`, `numbers`, `teach`: pure functions, records in, HTML and Plotly figures out;
+- `render`, `numbers`, `tables`, `teach`: pure functions, records in, HTML and Plotly figures out;
 - `models`: the loaded models a server shares; `line`: the device line, background waits, Stops;
 - `zerogpu`: the device's part of a run as a ZeroGPU call, and what crosses its fork;
+- `request`: what a visitor asks for (the form, checked) and its GPU lease;
 - `state`: what one server shares (models, device line, Stops), built by the entry point;
 - `runner`: one comparison (AR, PPSD, EESD, timed again), as snapshots;
 - `view`: snapshot -> every output of the page, by name; `page_text`: the page's words;

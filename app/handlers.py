@@ -25,7 +25,8 @@ from ppsd.model_source import needs_preparing
 from . import render, view
 from .line import Background
 from .models import ModelCache
-from .runner import RunRequest, Snapshot, run_comparison
+from .request import RunRequest
+from .runner import Snapshot, run_comparison
 from .state import AppState
 
 DEFAULT_LAYERS = 30  # the default model's (SmolLM2-135M); replaced on page load / Load for others
@@ -127,7 +128,7 @@ def _session(request: gr.Request | None) -> str:
 def on_run(state: AppState, decode: Callable[..., Iterator[tuple]], request: gr.Request | None,
            *form: Any) -> Iterator[tuple]:
     """Run the comparison `form` asks for (the page's run inputs, in the order of
-    `runner.FORM`), yielding every output at the runner's throttled pace. Here, in the server's
+    `request.FORM`), yielding every output at the runner's throttled pace. Here, in the server's
     process: the model loads, then the run waits in line for the device; `decode` (`on_decode`,
     a ZeroGPU call where there is one) runs it, told of this session's Stop by its slot."""
     with state.stops.running(_session(request)) as stop:

@@ -16,7 +16,7 @@ from ppsd.executors.pool import on_zerogpu
 
 from .line import DeviceLine, StopRegistry
 from .models import ModelCache
-from .runner import MAX_RUN_SECONDS
+from .request import MAX_RUN_SECONDS
 
 QUEUE_SIZE = 16  # runs that may wait for the device; one more is told the demo is busy
 

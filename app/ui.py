@@ -29,7 +29,7 @@ from .handlers import (DEFAULT_LAYERS, model_status, on_eesd, after_run, idle_ou
                        max_tokens_update, on_diagram, on_exit, on_load, on_page_load, on_decode, on_replay, on_run,
                        on_settings, on_stages, on_step, on_steps_ready, on_stop)
 from .page_text import INTRO, TIMELINE_CAPTION, load_examples
-from .runner import DEFAULT_REPEATS, FORM, MAX_REPEATS, gpu_seconds
+from .request import DEFAULT_REPEATS, FORM, MAX_REPEATS, gpu_seconds
 from .state import AppState
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -15,9 +15,10 @@ from ppsd import Trace
 from ppsd.executors.kinds import KINDS
 from ppsd.metrics import decode_costs, exit_fraction, slot_fraction, speedup, stalls
 
-from . import numbers, render, teach
+from . import numbers, render, tables, teach
 from .numbers import Clocks
-from .runner import PLAIN, RunRequest, Snapshot
+from .request import PLAIN, RunRequest
+from .runner import Snapshot
 
 METHODS = ("ar", "ppsd", "eesd")
 OUTPUTS = ("headline", *(f"{part}_{m}" for m in METHODS for part in ("stats", "stream")),
@@ -38,13 +39,13 @@ def idle() -> dict[str, Any]:
     """The page before any run (also after a failed one: no stale numbers stay up)."""
     values: dict[str, Any] = {"headline": numbers.render_headline(None)}
     for method in METHODS:
-        values[f"stats_{method}"] = numbers.render_stats("", None, None,
+        values[f"stats_{method}"] = tables.render_stats("", None, None,
                                                         live="not enabled" if method == "eesd" else "waiting")
         values[f"stream_{method}"] = render.render_tokens((), str, placeholder="The output appears here.")
     values.update(timeline=render.empty_figure(TIMELINE_EMPTY),
                   theory=render.render_theory(num_stages=2, slot_fraction=0.5, draft_len=4, exit_fraction=0.5,
                                               eesd=False),
-                  metrics=numbers.render_metrics_table({}), message=message(), summary=None, race=None)
+                  metrics=tables.render_metrics_table({}), message=message(), summary=None, race=None)
     return values
 
 
@@ -88,7 +89,7 @@ def snapshot(snap: Snapshot, *, figures: bool = True) -> dict[str, Any]:
         values[f"stats_{method}"], values[f"stream_{method}"] = _column(snap, method, finished)
     if figures:
         values.update(timeline=_timeline(snap), theory=_theory(snap, finished, comparison))
-    values.update(metrics=numbers.render_metrics_table(finished, on=KINDS[snap.pipeline], shown=shown_run(snap)),
+    values.update(metrics=tables.render_metrics_table(finished, on=KINDS[snap.pipeline], shown=shown_run(snap)),
                   message=beside_run,
                   summary=_summary(snap, finished) if snap.done else _stopped(snap),
                   race=_race_state(snap) if snap.done else None)
@@ -119,17 +120,17 @@ def _column(snap: Snapshot, method: str, finished: dict[str, Clocks]) -> tuple[s
     if run is None:
         waiting = "not enabled" if method == "eesd" and not snap.request.eesd else (
             "not run: stopped" if snap.stopped else "waiting for its turn")
-        return numbers.render_stats(method, None, None, live=waiting), render.render_tokens((), piece, prompt=prompt)
+        return tables.render_stats(method, None, None, live=waiting), render.render_tokens((), piece, prompt=prompt)
     trace = run.trace()
     deciders = render.deciding_events(trace.events, trace.num_stages)
     if run.done:
         clocks = finished[method]
-        stats = numbers.render_stats(method, clocks.projected, clocks.measured, workers=snap.concurrent,
+        stats = tables.render_stats(method, clocks.projected, clocks.measured, workers=snap.concurrent,
                                      shown=shown_run(snap))
         pending = ()
     else:
         doing = "stopped at" if snap.stopped else "decoding…"
-        stats = numbers.render_stats(method, None, None, live=f"{doing} {len(run.recorder.tokens)} tokens"
+        stats = tables.render_stats(method, None, None, live=f"{doing} {len(run.recorder.tokens)} tokens"
                                      + _rate_so_far(trace, len(run.recorder.tokens)))
         pending = () if snap.stopped else run.recorder.pending
     return stats, render.render_tokens(run.recorder.tokens, piece, prompt=prompt, pending=pending,

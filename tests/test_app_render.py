@@ -11,9 +11,10 @@ import pytest
 import torch
 
 import ppsd
-from app import numbers, render
+from app import numbers, render, tables
 from app.models import ModelCache
-from app.runner import PausableStopwatch, RunRequest, run_comparison
+from app.request import RunRequest
+from app.runner import PausableStopwatch, run_comparison
 from ppsd import Draft, Event, Token, Trace
 from ppsd.metrics import DEFINITIONS, ideal_ppsd_speedup_slowest_stage
 
@@ -208,14 +209,14 @@ def test_metrics_table_puts_each_definition_beside_its_values():
     runs = {"ar": numbers.Clocks(metrics(wall=2.0, clock="measured"), metrics(wall=1.5)),
             "ppsd": numbers.Clocks(metrics(wall=3.0, accepted=3, rejected=1, clock="measured"),
                                    metrics(wall=0.5, accepted=3, rejected=1))}
-    out = numbers.render_metrics_table(runs)
+    out = tables.render_metrics_table(runs)
     for key in ("acceptance_rate", "tokens_per_second", "stage_utilization", "bubble_fraction",
                 "wasted_stage_slots", "ideal_speedup"):
         assert render.html.escape(DEFINITIONS[key]) in out
     assert "<td>2.00 s</td><td>3.00 s</td>" in out  # measured walls
     assert "<td>1.50 s</td><td>500.0 ms</td>" in out  # projected walls
     assert "<td>—</td><td>0.75</td>" in out and "50% · 75%" in out
-    assert "appear here" in numbers.render_metrics_table({})
+    assert "appear here" in tables.render_metrics_table({})
     assert "wall, measured (one process)" in out and "stage utilization, measured" not in out
 
 
@@ -223,15 +224,15 @@ def test_metrics_table_names_the_executor_the_measured_runs_ran_on():
     from ppsd.executors.kinds import KINDS
 
     runs = {"ar": numbers.Clocks(metrics(wall=2.0, clock="measured"), metrics(wall=1.5))}
-    out = numbers.render_metrics_table(runs, on=KINDS["threads"])
+    out = tables.render_metrics_table(runs, on=KINDS["threads"])
     assert "wall, measured (K threads in one process)" in out and "worker process" not in out
     assert "stage utilization, measured" in out  # the stages ran at once: their measured overlap means something
 
 
 def test_stats_card_shows_both_clocks():
-    out = numbers.render_stats("ppsd", metrics(wall=0.5, accepted=1, rejected=1), metrics(wall=1.0, clock="measured"))
+    out = tables.render_stats("ppsd", metrics(wall=0.5, accepted=1, rejected=1), metrics(wall=1.0, clock="measured"))
     assert "500.0 ms" in out and "1.00 s" in out and "0.50" in out
-    assert "decoding" in numbers.render_stats("ppsd", None, None, live="decoding… 3 tokens")
+    assert "decoding" in tables.render_stats("ppsd", None, None, live="decoding… 3 tokens")
 
 
 def test_theory_curves_break_even_and_measured_point():

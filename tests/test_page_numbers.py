@@ -17,9 +17,10 @@ import pytest
 import torch
 
 import ppsd
-from app import numbers, render, view
+from app import numbers, render, tables, view
 from app.models import ModelCache
-from app.runner import PLAIN, RunRequest, run_comparison
+from app.request import PLAIN, RunRequest
+from app.runner import run_comparison
 from conftest import CHROMIUM, open_page
 from ppsd.metrics import Stalls, ideal_ppsd_speedup_slowest_stage
 
@@ -91,7 +92,7 @@ def test_every_ratio_in_the_headline_says_its_direction_on_either_clock():
     assert "PPSD 1.01× slower than AR" in out and "(PPSD 1.25× slower than AR)" in out
     assert "EESD (draft then verify, one device): 1.30× slower than AR" in out and "1.25× slower." in out
     assert_one_story(out, "1.01× slower", "projected")
-    table = numbers.render_metrics_table({m: numbers.Clocks(metrics(wall=1.0, ideal=0.8), metrics(wall=1.0))
+    table = tables.render_metrics_table({m: numbers.Clocks(metrics(wall=1.0, ideal=0.8), metrics(wall=1.0))
                                           for m in ("ar", "ppsd", "eesd")})
     assert BARE.findall(text(table)) == [] and "<td>the reference</td><td>1.25× slower</td>" in table
 

@@ -55,7 +55,7 @@ def zerogpu_state(request):
 
 
 def _form(model: str, **settings):
-    from app.runner import FORM, RunRequest
+    from app.request import FORM, RunRequest
 
     settings = {"max_new_tokens": 16, "repeats": 1, "workers": True, "pipeline": "processes", **settings}
     request = RunRequest(prompt="def fibonacci(n):", model=model, exit_layer=None, **settings)
@@ -162,7 +162,7 @@ def test_the_lease_follows_the_run_and_the_default_run_asks_for_at_most_a_minute
     import types
 
     from app import AppState, create_demo
-    from app.runner import FORM, GPU_SETUP_SECONDS, RunRequest
+    from app.request import FORM, GPU_SETUP_SECONDS, RunRequest
 
     leases = []
     fake = types.ModuleType("spaces")

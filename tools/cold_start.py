@@ -29,7 +29,8 @@ def main() -> None:
     since = lambda: time.perf_counter() - started  # noqa: E731
     import ppsd
     from app.models import ModelCache
-    from app.runner import RunRequest, run_comparison
+    from app.request import RunRequest
+    from app.runner import run_comparison
     from app.state import AppState
 
     print(f"{since():6.1f} s  imports done (cache {os.environ['PPSD_CACHE']})", flush=True)

@@ -33,7 +33,7 @@ def main() -> None:
     import spaces_standin
     from app import AppState, view, zerogpu
     from app.handlers import on_decode
-    from app.runner import FORM, RunRequest
+    from app.request import FORM, RunRequest
 
     with pytest.MonkeyPatch.context() as monkeypatch:
         spaces_standin.install(monkeypatch)

@@ -1,0 +1,110 @@
+"""What a visitor asks for: one comparison's settings as the page's form sends them
+(`RunRequest`, its fields in `FORM`'s order), checked where they are used, and the GPU lease
+such a run needs on ZeroGPU (`gpu_seconds`). Plain data: nothing here loads or decodes.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+from typing import Any
+
+import ppsd
+from ppsd import DecodeConfig
+from ppsd.config import DEFAULTS, real_number, whole_number
+
+DEFAULT_REPEATS = 3  # timed runs of each method: the page shows their median speedup and its range
+MAX_REPEATS = 9
+MAX_RUN_SECONDS = 300.0  # how long one comparison may hold the device; past it, it ends with what it has
+
+
+@dataclass(frozen=True)
+class RunRequest:
+    """What the user asked for; `exit_layer` None means the model's default (`ppsd.setup`). The
+    order of the fields is `FORM`: the page's run inputs and the arguments of the `run` API, by
+    position. Defaults are `ppsd.config.DEFAULTS`."""
+
+    prompt: str
+    model: str = ppsd.DEFAULT_MODEL
+    exit_layer: int | None = DEFAULTS.exit_layer
+    num_stages: int = DEFAULTS.num_stages
+    eesd: bool = False
+    draft_len: int = DEFAULTS.draft_len
+    max_new_tokens: int = DEFAULTS.max_new_tokens
+    temperature: float = DEFAULTS.temperature
+    top_p: float = DEFAULTS.top_p
+    seed: int = DEFAULTS.seed
+    exit_head: str = ""  # "" or "auto": the shipped head if one fits; "shared"; or a train-head directory
+    workers: bool = False  # the K stages at once (measured clock), instead of in turn in one process (projected)
+    chat: bool = True  # the prompt as a chat user turn (when the model has a template), else raw text
+    repeats: int = DEFAULT_REPEATS  # timed runs of each method, interleaved; the first is shown live
+    pipeline: str = "auto"  # with `workers`: a concurrent kind's name (`ppsd.executors.kinds`), or "auto"
+
+    @classmethod
+    def from_form(cls, *values: Any) -> "RunRequest":
+        """The request of the page's run inputs, given in the order of `FORM` (those left out keep
+        their defaults): boxes become bools, empty text its default; numbers stay as sent, for
+        `config` and `rounds` to check."""
+        form = dict(zip(FORM, values))
+        form.update({name: bool(form[name]) for name in ("eesd", "workers", "chat") if name in form})
+        form.update({name: form[name] or "" for name in ("prompt", "exit_head") if name in form})
+        form["pipeline"] = form.get("pipeline") or "auto"
+        form["model"] = (form.get("model") or "").strip() or ppsd.DEFAULT_MODEL
+        return cls(**form)
+
+    def rounds(self) -> int:
+        """`repeats`, checked: a whole number in [1, MAX_REPEATS]."""
+        rounds = whole_number("repeats", self.repeats)
+        if not 1 <= rounds <= MAX_REPEATS:
+            raise ValueError(f"repeats={rounds} is out of range: 1 <= repeats <= {MAX_REPEATS}")
+        return rounds
+
+    @property
+    def methods(self) -> tuple[str, ...]:
+        return ("ar", "ppsd", "eesd") if self.eesd else ("ar", "ppsd")
+
+    def phases(self) -> tuple[str, ...]:
+        """What a run goes through, in order: the model, the workers, each method, plain AR in
+        this process (with workers), the repeats (the keys `Snapshot.active` takes, "model"
+        before there is a snapshot)."""
+        repeats = ("repeats",) if self.repeats != 1 else ()
+        workers = ("workers",) if self.workers else ()
+        return ("model", *workers, *self.methods, *((PLAIN,) if self.workers else ()), *repeats)
+
+    def settings(self) -> DecodeConfig:
+        """The run's settings as typed, for `ppsd.setup` to resolve against the model (ValueError
+        names the bad value: a form or an API client may send 2.5 layers, NaN or a seed past
+        2^63, and none of it is rounded away)."""
+        return DecodeConfig(
+            method="ppsd", exit_layer=None if self.exit_layer is None else whole_number("exit_layer", self.exit_layer),
+            num_stages=whole_number("stages", self.num_stages), draft_len=whole_number("draft_len", self.draft_len),
+            max_new_tokens=whole_number("max_new_tokens", self.max_new_tokens),
+            temperature=real_number("temperature", self.temperature), top_p=real_number("top_p", self.top_p),
+            seed=whole_number("seed", self.seed),
+        )
+
+
+FORM = tuple(f.name for f in fields(RunRequest))  # the page's run inputs, in the order it sends them
+PLAIN = "plain"  # the walls' key of plain AR: this one process on every core it may use, no pipeline
+# What a ZeroGPU lease is sized from (`gpu_seconds`). A token: eager AR in one process, the slowest
+# way this page decodes on a GPU, measured at 21.4 ms a token on a whole NVIDIA H200
+# (docs/benchmarks.md, "The captured-step engine"), doubled because ZeroGPU lends about half a
+# card; the captured steps, the default there, measured 3.7-4.9 ms. A call's setup (the model onto
+# the card, its warm-up, the steps' capture) is an estimate, not yet measured on ZeroGPU.
+GPU_TOKEN_SECONDS = 2 * 0.0214
+GPU_SETUP_SECONDS = 15.0
+
+
+def gpu_seconds(form: tuple, run_seconds: float = MAX_RUN_SECONDS) -> int:
+    """Seconds of GPU to ask ZeroGPU for the run `form` (the page's run inputs, in `FORM`'s order):
+    the call's setup, then every token of every timed run of every method (plain AR too, with
+    the stages at once) at `GPU_TOKEN_SECONDS`, never more than the run's own time limit allows.
+    The default run (64 tokens, 3 timed runs, AR, PPSD and plain AR) asks for 40 s. A form that
+    does not check out (it will be refused in words) asks for the least."""
+    try:
+        request = RunRequest.from_form(*form)
+        runs = request.rounds() * (len(request.methods) + request.workers)
+        decode = runs * whole_number("max_new_tokens", request.max_new_tokens) * GPU_TOKEN_SECONDS
+    except (TypeError, ValueError):
+        decode = 0.0
+    return math.ceil(GPU_SETUP_SECONDS + min(decode, run_seconds))

@@ -1,0 +1,96 @@
+"""Pure render functions for each method's numbers: the stats card at the top of its column and
+the metrics table, every metric beside its definition and the clock it reads. Records in, HTML
+out; ratios and durations are written as `app.render` writes them everywhere.
+"""
+
+from __future__ import annotations
+
+import html
+from typing import Mapping
+
+from ppsd import Metrics
+from ppsd.executors.kinds import KINDS, ExecutorKind
+from ppsd.metrics import DEFINITIONS
+
+from .numbers import Clocks
+from .render import METHOD_NAMES, duration_text, ratio_text
+
+
+def render_stats(method: str, projected: Metrics | None, measured: Metrics | None, *, live: str = "",
+                 workers: bool = False, shown: str = "") -> str:
+    """The small card at the top of a method's column; `workers`: measured on K worker processes
+    (the measured clock leads), else on one device (the projected clock leads); `shown`: which
+    timed run it is, when there were several."""
+    if projected is None or measured is None:
+        return f'<div class="stats"><span class="stats-live">{html.escape(live or "waiting")}</span></div>'
+    rate = "—" if projected.acceptance_rate is None else f"{projected.acceptance_rate:.2f}"
+    clocks = Clocks(measured, projected, workers)
+    lead, other = clocks.lead, clocks.other
+    lead_name, other_name = ("measured, K workers", "projected") if workers else ("projected", "measured")
+    cells = [("tokens", f"{lead.tokens}"),
+             (f"tok/s ({lead_name})", f"{lead.tokens_per_second:.1f}"),
+             (f"wall ({lead_name})", duration_text(lead.wall_seconds)),
+             (f"wall ({other_name})", duration_text(other.wall_seconds)),
+             ("acceptance", rate)]
+    if method == "ar":
+        cells[-1] = ("acceptance (no drafts)", "—")
+    body = "".join(f'<div class="stat"><div class="stat-value">{v}</div><div class="stat-name">{k}</div></div>'
+                   for k, v in cells)
+    return f'<div class="stats">{body}{_shown(shown)}</div>'
+
+
+def _shown(shown: str) -> str:
+    return f'<div class="shown-run">{html.escape(shown)}</div>' if shown else ""
+
+
+# (row name, which run's Metrics it reads, DEFINITIONS key or own definition, format). "measured":
+# the decoder alone, where it ran ({where} and {how}: the executor kind's words); "projected":
+# replayed on K concurrent workers. `None` as the clock: a row shown only for runs whose stages
+# ran at once (with the stages in turn, a measured utilization says nothing about overlap).
+_UTILIZATION = lambda m: " · ".join(f"{u:.0%}" for u in m.stage_utilization)  # noqa: E731
+_TABLE_ROWS = (
+    ("tokens", "measured", "generated tokens", lambda m: f"{m.tokens}"),
+    ("wall, measured ({where})", "measured",
+     "seconds of the decoder alone, {how} (UI rendering excluded)", lambda m: duration_text(m.wall_seconds)),
+    ("wall, projected (K workers)", "projected",
+     "makespan when the measured per-stage costs are replayed on K concurrent workers",
+     lambda m: duration_text(m.wall_seconds)),
+    ("tokens/s, measured", "measured", "tokens_per_second", lambda m: f"{m.tokens_per_second:.1f}"),
+    ("tokens/s, projected", "projected", "tokens_per_second", lambda m: f"{m.tokens_per_second:.1f}"),
+    ("acceptance a", "measured", "acceptance_rate",
+     lambda m: "—" if m.acceptance_rate is None else f"{m.acceptance_rate:.2f}"),
+    ("accepted / corrected / flushed", "measured",
+     "drafts confirmed / replaced by the full model / discarded before verification",
+     lambda m: f"{m.accepted} / {m.rejected} / {m.flushed}"),
+    ("stage utilization, projected", "projected", "stage_utilization", _UTILIZATION),
+    ("bubble fraction, projected", "projected", "bubble_fraction", lambda m: f"{m.bubble_fraction:.0%}"),
+    ("wasted stage slots", "measured", "wasted_stage_slots", lambda m: f"{m.wasted_stage_slots}"),
+    ("ideal speedup at a", "measured", "ideal_speedup", lambda m: ratio_text(m.ideal_speedup)),
+    ("slot s", "measured", "slot_fraction", lambda m: "—" if m.slot_fraction is None else f"{m.slot_fraction:.2f}"),
+    ("stage utilization, measured", None, "stage_utilization", _UTILIZATION),
+)
+
+
+def render_metrics_table(runs: Mapping[str, Clocks], *, on: ExecutorKind = KINDS["in-process"],
+                         shown: str = "") -> str:
+    """Every metric of every run, each beside its definition; each row names the clock it reads
+    when the clock matters; `on`: the kind of executor the measured runs ran on; `shown`: which
+    timed run it is, when there were several."""
+    if not runs:
+        return '<div class="metrics-empty">Metrics and their definitions appear here after a run.</div>'
+    methods = list(runs)
+    head = "".join(f"<th>{METHOD_NAMES.get(m, m)}</th>" for m in methods)
+    rows = []
+    for name, clock, definition, fmt in _TABLE_ROWS:
+        if clock is None and not on.concurrent:
+            continue
+        where = {"where": on.label, "how": on.where}
+        name, definition = name.format(**where), DEFINITIONS.get(definition, definition).format(**where)
+        values = [fmt(runs[m].on(clock)) for m in methods]
+        if name.startswith("ideal"):
+            values = ["the reference" if m == "ar" else v for m, v in zip(methods, values)]
+        cells = "".join(f"<td>{html.escape(v)}</td>" for v in values)
+        rows.append(f'<tr><th scope="row">{html.escape(name)}</th>{cells}'
+                    f'<td class="definition">{html.escape(definition)}</td></tr>')
+    return (f'{_shown(shown)}<table class="metrics-table"><thead><tr><th>metric</th>{head}<th>definition</th>'
+            f'</tr></thead><tbody>{"".join(rows)}</tbody></table>')
