@@ -225,7 +225,7 @@ def empty_figure(message: str) -> go.Figure:
 def _style(fig: go.Figure, title: str | None, *, height: int) -> None:
     # The legend sits under the plot: above it, it collides with the title and subplot titles.
     fig.update_layout(
-        title=dict(text=title, font=dict(size=15), x=0.01, xanchor="left") if title else None, height=height,
+        title=dict(text=title, font=dict(size=20), x=0.01, xanchor="left") if title else None, height=height,
         margin=dict(l=10, r=10, t=60 if title else 20, b=20),
         paper_bgcolor="rgba(0,0,0,0)", plot_bgcolor="rgba(0,0,0,0)", font=dict(color=_FONT, size=14),
         legend=dict(orientation="h", yanchor="top", y=-0.18, x=0, bgcolor="rgba(0,0,0,0)"),

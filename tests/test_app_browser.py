@@ -85,7 +85,7 @@ def test_page_runs_an_example_and_shows_tokens_timeline_and_headline(page_url, t
         # timeline, the intro folded away, one timed run next time and a short headline now
         size = lambda selector: page.evaluate(  # noqa: E731 - the rendered height of a text, zoom included
             f"() => document.querySelector('{selector}').getBoundingClientRect().height")
-        tick = size("#timeline .xtick text")
+        tick = size("#timeline svg.main-svg text")
         page.locator("#headline").click()  # the page has the focus, no text box
         page.keyboard.press("p")
         page.wait_for_function("() => document.body.classList.contains('present')", timeout=5_000)
@@ -96,7 +96,7 @@ def test_page_runs_an_example_and_shows_tokens_timeline_and_headline(page_url, t
             f"() => getComputedStyle(document.querySelector('{selector}')).fontSize")[:-2])
         assert font(".headline-main") >= 48
         assert font("#stream-ppsd .ppsd-stream") >= 22 and font("#stream-ar .ppsd-stream") >= 22
-        assert size("#timeline .xtick text") >= 1.3 * tick
+        assert size("#timeline svg.main-svg text") >= 1.3 * tick
         assert page.locator("#intro").is_hidden()
         page.evaluate("() => window.scrollTo(0, 0)")
         for selector in ("#headline .headline-main", "#stream-ar", "#stream-ppsd", "#present"):
