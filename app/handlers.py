@@ -118,8 +118,10 @@ def stages_problem(num_stages: Any, workers: bool, pipeline: str | None) -> str:
     try:
         k = int(num_stages)
         kind = choose(pipeline or AUTO, k, device)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         return ""  # Run refuses the value itself, in words
+    if k != num_stages:
+        return ""  # 2.5 stages: the same
     if not workers or kind.unavailable(device, k) is None:
         return ""
     cores = usable_cores()
