@@ -266,4 +266,8 @@ def test_a_short_run_marks_cut_answers_and_races_every_lane_at_its_recorded_pace
                       for n, unit in re.findall(r"([0-9.]+) (ms|s)\b", verdict.inner_text()))
         assert took >= slowest * 0.9, f"replayed in {took:.2f} s, recorded {slowest:.2f} s: not the recorded pace"
         # the PPSD lane shows committed text only, like AR's, unless the drafts are asked for
+        rejected = page.locator("#race .tok-rejected")
+        assert rejected.count() > 0  # there are drafts to hide: 16 tokens of the default model see corrections
         assert all(not t.is_visible() for t in page.locator("#race .tok-rejected, #race .tok-pending").all())
+        page.locator("#drafts input").check()
+        assert rejected.first.is_visible()  # the drafts on request, in the race as in the streams
