@@ -1,4 +1,5 @@
-"""The page's words: the intro, the captions and the example prompts. Text only; no events.
+"""The page's words: the title, the intro, the captions, the example prompts and the labels
+other words name (a warning names the control to change). Text only; no events.
 """
 
 from __future__ import annotations

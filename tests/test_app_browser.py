@@ -1,6 +1,10 @@
 """The whole page in a real browser (Debian chromium through Playwright): open it, click an
 example, Run, and see coloured tokens, the Plotly timeline and the speedup headline.
 
+Then what a room needs (issue 34): a run's status, headline and streams on the first screen at
+1920x1080, every text from 14 px with AA contrast (`text_walk.js`), a Present mode, the race at
+its recorded pace naming every lane, cut answers marked, and a warning for K past the cores.
+
 Uses the default model (SmolLM2-135M-Instruct) when its wheel is installed, else the tiny random
 test model.
 Saves a screenshot to docs/screenshot.png when PPSD_SAVE_SCREENSHOT=1, else to tmp_path.
