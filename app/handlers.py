@@ -19,18 +19,21 @@ import ppsd
 from ppsd.config import fit_stages, stage_bounds
 from ppsd.metrics import exit_fraction, slot_fraction
 from ppsd.heads import default_exit_layer
-from ppsd.model import model_config
+from ppsd.executors.kinds import AUTO, choose
+from ppsd.executors.pool import usable_cores
+from ppsd.model import model_config, resolve_device
 from ppsd.model_source import needs_preparing
 
 from . import render, view
 from .line import Background
+from .page_text import STAGES_LABEL, WORKERS_LABEL
 from .models import ModelCache
 from .request import RunRequest
 from .runner import Snapshot, run_comparison
 from .state import AppState
 
 DEFAULT_LAYERS = 30  # the default model's (SmolLM2-135M); replaced on page load / Load for others
-REPLAY_SECONDS = 4.0  # screen time of the slowest lane in the race replay
+REPLAY_SECONDS = 3.0  # least screen time of the slowest lane: a faster race is slowed down, never sped up
 REPLAY_FPS = 12
 FIGURE_SECONDS = 1.0  # live redraw period of the plots (the token streams follow every snapshot)
 
@@ -109,6 +112,29 @@ def max_tokens_update(state: AppState, prompt: str, model: str, chat: bool, valu
     return gr.update(maximum=top, value=min(int(value), top), info=f"at most {top}: {why}")
 
 
+def stages_problem(num_stages: Any, workers: bool, pipeline: str | None) -> str:
+    """Why K stages cannot run at once here, naming the controls to change ("" when they can):
+    said as the slider moves, and again by Run, in the same words."""
+    device = resolve_device("auto")
+    try:
+        k = int(num_stages)
+        kind = choose(pipeline or AUTO, k, device)
+    except (TypeError, ValueError, OverflowError):
+        return ""  # Run refuses the value itself, in words
+    if k != num_stages:
+        return ""  # 2.5 stages: the same
+    if not workers or kind.unavailable(device, k) is None:
+        return ""
+    cores = usable_cores()
+    return (f"K = {k} stages at once need {k} CPU cores, one each; this machine gives {cores}. "
+            f"Lower {STAGES_LABEL} to {cores}, or untick “{WORKERS_LABEL}” (the stages then run in turn, "
+            "projected clock).")
+
+
+def on_stages_warning(num_stages: float, workers: bool, pipeline: str | None) -> str:
+    return view.message(stages_problem(num_stages, workers, pipeline), "warning")
+
+
 # --------------------------------------------------------------------------- handlers
 
 
@@ -135,7 +161,10 @@ def on_run(state: AppState, decode: Callable[..., Iterator[tuple]], request: gr.
         run = RunRequest.from_form(*form)
         try:
             if not run.prompt.strip():
-                raise ValueError("The prompt is empty: type some text for the model to continue, or click an example.")
+                wanted = "a question for the model" if run.chat else "some text for the model to continue"
+                raise ValueError(f"The prompt is empty: type {wanted}, or click an example.")
+            if problem := stages_problem(run.num_stages, run.workers, run.pipeline):
+                raise ValueError(problem)
             yield ordered({**view.idle(), **view.status("Starting…")})  # no numbers of an earlier run stay up
             if run.model not in state.cache:
                 for doing in _loading(state.cache, run.model, stop):
@@ -190,14 +219,15 @@ def _updates(snapshots: Iterator[Snapshot]) -> Iterator[tuple]:
 
 
 def on_replay(race: dict | None) -> Iterator[str]:
-    """Animate the finished run: every lane commits its tokens at its recorded (projected) times."""
+    """Replay the finished run: every lane commits its tokens at its recorded times, on the page's
+    clock, at their pace (a race shorter than REPLAY_SECONDS is slowed down to it, and says so)."""
     if not race:
         yield '<div class="race-note">Run a comparison first; its race replays here.</div>'
         return
     lanes, pieces = race["lanes"], race["pieces"]
     piece = lambda token_id: pieces.get(token_id, "?")  # noqa: E731
     longest = max(lane.total for lane in lanes) or 1e-3
-    stretch = REPLAY_SECONDS / longest
+    stretch = max(1.0, REPLAY_SECONDS / longest)
     started = time.perf_counter()
     while True:
         at = (time.perf_counter() - started) / stretch

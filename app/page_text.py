@@ -1,4 +1,5 @@
-"""The page's words: the intro, the captions and the example prompts. Text only; no events.
+"""The page's words: the title, the intro, the captions, the example prompts and the labels
+other words name (a warning names the control to change). Text only; no events.
 """
 
 from __future__ import annotations
@@ -19,9 +20,12 @@ BUILTIN_EXAMPLES = (
      "prompt": "A car drives 150 km in 2 hours. What is its average speed? Answer briefly."},
 )
 
-INTRO = """
-# Pipeline-Parallel Self-Speculative Decoding
+TITLE = "Pipeline-Parallel Self-Speculative Decoding"
+# Control labels the page's own words name (the warning for K past the cores names them to change).
+STAGES_LABEL = "Stages K"
+WORKERS_LABEL = "Run the K stages at once (measured clock)"
 
+INTRO = """
 **The picture.** A language model writes one word-piece (a *token*) at a time, and every token
 passes through all of its layers, one after another: 30 layers here. Cut those layers into
 **K** groups, the *stages* in the diagram, and give each stage its own worker, like stations on

@@ -60,9 +60,11 @@ def render_tokens(
     pending: Sequence[Draft] = (),
     deciders: Mapping[int, Event] | None = None,
     placeholder: str = "",
+    cut: int | None = None,
 ) -> str:
     """Committed tokens as coloured spans (accepted / corrected with its struck-through draft /
-    plain), then in-flight drafts as dashed spans. All text is escaped; CSS keeps whitespace."""
+    plain), then in-flight drafts as dashed spans, then, for an answer the max-tokens limit
+    ended (`cut`, that limit), a note saying so. All text is escaped; CSS keeps whitespace."""
     deciders = deciders or {}
     parts = [f'<span class="tok-prompt" title="prompt">{_text(prompt)}</span>'] if prompt else []
     for token in tokens:
@@ -74,6 +76,9 @@ def render_tokens(
             parts.append(f'<span class="tok tok-pending" title="{_attr(tip)}">{_token_text(piece(draft.id))}</span>')
     if not tokens and not pending and placeholder:
         parts.append(f'<span class="tok-placeholder">{html.escape(placeholder)}</span>')
+    if cut is not None:
+        parts.append(f'<span class="tok-cut">✂ cut at {cut} tokens (Max new tokens): the model had not ended its '
+                     'answer</span>')
     return f'<div class="ppsd-stream">{"".join(parts)}</div>'
 
 
@@ -142,6 +147,10 @@ def render_legend() -> str:
              ("tok-pending", "pending", "drafted, still in the pipeline (live only)")]
     spans = "".join(f'<span class="legend-item" title="{_attr(tip)}"><span class="tok {cls}">{label}</span>'
                     f'<span class="legend-tip">{html.escape(tip)}</span></span>' for cls, label, tip in items)
+    marks = [(_token_text(""), "the model's end token: its answer is complete"),
+             (_token_text("\n"), "a line break")]  # drawn by `_token_text`, so the key matches the stream
+    spans += "".join(f'<span class="legend-item"><span class="tok tok-mark">{mark.strip()}</span>'
+                     f'<span class="legend-tip">{html.escape(tip)}</span></span>' for mark, tip in marks)
     return f'<div class="ppsd-legend">{spans}</div>'
 
 
@@ -236,9 +245,9 @@ def empty_figure(message: str) -> go.Figure:
 def _style(fig: go.Figure, title: str | None, *, height: int) -> None:
     # The legend sits under the plot: above it, it collides with the title and subplot titles.
     fig.update_layout(
-        title=dict(text=title, font=dict(size=15), x=0.01, xanchor="left") if title else None, height=height,
+        title=dict(text=title, font=dict(size=20), x=0.01, xanchor="left") if title else None, height=height,
         margin=dict(l=10, r=10, t=60 if title else 20, b=20),
-        paper_bgcolor="rgba(0,0,0,0)", plot_bgcolor="rgba(0,0,0,0)", font=dict(color=_FONT),
+        paper_bgcolor="rgba(0,0,0,0)", plot_bgcolor="rgba(0,0,0,0)", font=dict(color=_FONT, size=14),
         legend=dict(orientation="h", yanchor="top", y=-0.18, x=0, bgcolor="rgba(0,0,0,0)"),
         hoverlabel=dict(align="left"),
     )
@@ -286,7 +295,7 @@ def render_theory(
     if eesd and (lose is None or lose > 0):
         fig.add_vrect(x0=0, x1=1 if lose is None else lose, fillcolor=CORRECTION_COLOR, opacity=0.08,
                       line_width=0, annotation_text="EESD slower than AR", annotation_position="top left",
-                      annotation_font=dict(color=CORRECTION_COLOR, size=11))
+                      annotation_font=dict(color=CORRECTION_COLOR, size=14))
     equal = abs(slot_fraction * num_stages - 1) < 1e-9  # then K alone says what s is
     name = f"ideal PPSD, K={num_stages}" + ("" if equal else f", largest stage {slot_fraction:.0%} of the layers")
     fig.add_trace(go.Scatter(x=grid, y=[ideal_ppsd_speedup_slowest_stage(a, slot_fraction) for a in grid],
@@ -353,20 +362,21 @@ def render_race(lanes: Sequence[Lane], piece: Piece, *, at: float, clock: str, s
             f'{done}/{len(lane.tokens)} tokens</span></div><div class="race-track"><div class="race-bar '
             f'race-{lane.method}" style="width:{100 * min(at, lane.total) / longest:.1f}%"></div></div>'
             f'{shown}</div>')
-    note = (f"Replayed at their recorded pace on the {clock} clock, slowed {stretch:.0f}× so the eye can follow."
-            if stretch >= 1.5 else f"Replayed at their recorded pace on the {clock} clock.")
+    note = (f"Replay of this run, slowed {stretch:.0f}× from its recorded pace ({clock} clock) so the "
+            "eye can follow." if stretch >= 1.5 else
+            f"Replay of this run at its recorded pace ({clock} clock).")
     verdict = race_verdict(lanes) if at >= longest else ""
     verdict = f'<div class="race-verdict">{html.escape(verdict)}</div>' if verdict else ""
     return f'<div class="race"><div class="race-note">{html.escape(note)}</div>{verdict}{"".join(rows)}</div>'
 
 
 def race_verdict(lanes: Sequence[Lane]) -> str:
-    """Which lane finished first, and by how much (the replay's last frame)."""
+    """Every lane in the order it finished, with its time and how far behind the first it was
+    (the replay's last frame)."""
     if len(lanes) < 2:
         return ""
-    first, second = sorted(lanes, key=lambda lane: lane.total)[:2]
+    first, *rest = sorted(lanes, key=lambda lane: lane.total)
     name = lambda lane: METHOD_NAMES.get(lane.method, lane.method)  # noqa: E731
-    if first.total <= 0:
-        return ""
-    return (f"{name(first)} finished first, {duration_text(second.total - first.total)} ahead of {name(second)} "
-            f"({second.total / first.total:.2f}× as fast on this run).")
+    behind = "; ".join(f"{name(lane)} {duration_text(lane.total)}, {duration_text(lane.total - first.total)} behind"
+                       for lane in rest)
+    return f"{name(first)} finished first, in {duration_text(first.total)}; then {behind}."

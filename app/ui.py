@@ -27,8 +27,8 @@ from ppsd.model import resolve_device
 from . import render, view, zerogpu
 from .handlers import (DEFAULT_LAYERS, model_status, on_eesd, after_run, idle_outputs,
                        max_tokens_update, on_diagram, on_exit, on_load, on_page_load, on_decode, on_replay, on_run,
-                       on_settings, on_stages, on_step, on_steps_ready, on_stop)
-from .page_text import INTRO, TIMELINE_CAPTION, load_examples
+                       on_settings, on_stages, on_stages_warning, on_step, on_steps_ready, on_stop)
+from .page_text import INTRO, STAGES_LABEL, TIMELINE_CAPTION, TITLE, WORKERS_LABEL, load_examples
 from .request import DEFAULT_REPEATS, FORM, MAX_REPEATS, gpu_seconds
 from .state import AppState
 
@@ -65,54 +65,57 @@ def refusing_quietly(component: Any) -> Any:
     return component
 
 
-def create_controls(run_seconds: float) -> dict[str, Any]:
-    """Prompt, examples, model box and every decoding setting, with Run and Stop; `run_seconds`
-    is how long a run may hold the device (said beside the timed runs)."""
+def create_controls() -> dict[str, Any]:
+    """Prompt (a default one filled in, so Run works with nothing typed), examples, Run and Stop
+    with the message box beside them: the top of the side column, always on the first screen."""
     c: dict[str, Any] = {}
-    with gr.Row(equal_height=False):
-        with gr.Column(scale=3, min_width=320):
-            c["prompt"] = gr.Textbox(label="Prompt", lines=4, placeholder="Type a prompt, or click an example below",
-                                     elem_id="prompt")
-            c["chat"] = gr.Checkbox(value=True, label="Chat: ask the model (its chat template)", elem_id="chat",
-                                    info="Off: raw completion, the model continues the text. Models without a "
-                                         "chat template always continue the text.")
-            examples = load_examples()
-            gr.Examples(examples=[[e["prompt"]] for e in examples], inputs=[c["prompt"]], cache_examples=False,
-                        example_labels=[f"{e['category']} · {e['name']}" for e in examples],
-                        label="Examples (never cached: every timing is live)", elem_id="examples")
-            with gr.Row():
-                c["run"] = gr.Button("▶ Run AR vs PPSD", variant="primary", elem_id="run", scale=3)
-                c["stop"] = gr.Button("■ Stop", variant="stop", elem_id="stop", scale=1)
-            c["present"] = gr.Checkbox(value=False, label="Present: one timed run, a short headline", elem_id="present",
-                                       info="For a class: the number, what was compared and whether PPSD beat plain "
-                                            "decoding; the other notes are folded away. Off again: three timed runs.")
-            c["message"] = gr.HTML(view.message(), elem_id="run-message")
-        with gr.Column(scale=2, min_width=300):
-            with gr.Row(equal_height=True):
-                c["model"] = gr.Textbox(label="Model (the default, a local directory, a .gguf file or a hub id)",
-                                        value=ppsd.DEFAULT_MODEL,
-                                        scale=4, elem_id="model")
-                c["load"] = gr.Button("Load", scale=1, min_width=80, elem_id="load")
-            c["model_status"] = gr.HTML(model_status("Model not loaded yet: it loads on the first Run.", "idle"))
-            c["layers"] = gr.State(DEFAULT_LAYERS)
-            e_default = default_exit_layer(ppsd.DEFAULT_MODEL, DEFAULT_LAYERS, DEFAULTS.num_stages)
-            with gr.Row():
-                c["num_stages"] = Slider(2, DEFAULT_LAYERS, value=DEFAULTS.num_stages, step=1, label="Stages K", elem_id="stages")
-                c["exit_layer"] = Slider(1, DEFAULT_LAYERS - 1, value=e_default, step=1, label="Exit layer E",
-                                            elem_id="exit-layer")
-            with gr.Row():
-                c["max_new_tokens"] = Slider(1, ppsd.MAX_NEW_TOKENS_CAP, value=DEFAULTS.max_new_tokens, step=1,
-                                                label="Max new tokens", elem_id="max-new-tokens")
-                c["eesd"] = gr.Checkbox(value=False, label="Also run EESD (draft then verify)", elem_id="eesd")
-            c["repeats"] = Slider(1, MAX_REPEATS, value=DEFAULT_REPEATS, step=1, elem_id="repeats",
-                                     label="Timed runs of each method",
-                                     info="The first is shown live; the rest run back to back, AR and PPSD "
-                                          "interleaved, and the headline gives the median speedup and its range. "
-                                          f"A run may hold the device {run_seconds:g} s; past that it ends with "
-                                          "what it has.")
-            c.update(_pipeline_controls())
-            with gr.Accordion("Sampling and EESD settings", open=False):
-                c.update(_sampling_controls())
+    examples = load_examples()
+    c["prompt"] = gr.Textbox(label="Prompt", lines=3, value=examples[0]["prompt"], elem_id="prompt",
+                             placeholder="Type a prompt, or click an example below")
+    gr.Examples(examples=[[e["prompt"]] for e in examples], inputs=[c["prompt"]], cache_examples=False,
+                example_labels=[f"{e['category']} · {e['name']}" for e in examples],
+                label="Examples (never cached: every timing is live)", elem_id="examples")
+    with gr.Row():
+        c["run"] = gr.Button("▶ Run AR vs PPSD", variant="primary", elem_id="run", scale=3)
+        c["stop"] = gr.Button("■ Stop", variant="stop", elem_id="stop", scale=1)
+    c["message"] = gr.HTML(view.message(), elem_id="run-message")
+    c["chat"] = gr.Checkbox(value=True, label="Chat: ask the model (its chat template)", elem_id="chat",
+                            info="Off: raw completion, the model continues the text. Models without a "
+                                 "chat template always continue the text.")
+    return c
+
+
+def create_settings(run_seconds: float) -> dict[str, Any]:
+    """The model box and every decoding setting; `run_seconds` is how long a run may hold the
+    device (said beside the timed runs). A K the cores cannot run at once is warned of here, as
+    the slider moves."""
+    c: dict[str, Any] = {}
+    with gr.Row(equal_height=True):
+        c["model"] = gr.Textbox(label="Model (the default, a local directory, a .gguf file or a hub id)",
+                                value=ppsd.DEFAULT_MODEL, scale=4, elem_id="model")
+        c["load"] = gr.Button("Load", scale=1, min_width=80, elem_id="load")
+    c["model_status"] = gr.HTML(model_status("Model not loaded yet: it loads on the first Run.", "idle"))
+    c["layers"] = gr.State(DEFAULT_LAYERS)
+    e_default = default_exit_layer(ppsd.DEFAULT_MODEL, DEFAULT_LAYERS, DEFAULTS.num_stages)
+    with gr.Row():
+        c["num_stages"] = Slider(2, DEFAULT_LAYERS, value=DEFAULTS.num_stages, step=1, label=STAGES_LABEL,
+                                 elem_id="stages")
+        c["exit_layer"] = Slider(1, DEFAULT_LAYERS - 1, value=e_default, step=1, label="Exit layer E",
+                                 elem_id="exit-layer")
+    c["stages_warning"] = gr.HTML(view.message(), elem_id="stages-warning")
+    with gr.Row():
+        c["max_new_tokens"] = Slider(1, ppsd.MAX_NEW_TOKENS_CAP, value=DEFAULTS.max_new_tokens, step=1,
+                                     label="Max new tokens", elem_id="max-new-tokens")
+        c["eesd"] = gr.Checkbox(value=False, label="Also run EESD (draft then verify)", elem_id="eesd")
+    c["repeats"] = Slider(1, MAX_REPEATS, value=DEFAULT_REPEATS, step=1, elem_id="repeats",
+                          label="Timed runs of each method",
+                          info="The first is shown live; the rest run back to back, AR and PPSD "
+                               "interleaved, and the headline gives the median speedup and its range. "
+                               f"A run may hold the device {run_seconds:g} s; past that it ends with "
+                               "what it has.")
+    c.update(_pipeline_controls())
+    with gr.Accordion("Sampling and EESD settings", open=False):
+        c.update(_sampling_controls())
     return c
 
 
@@ -123,7 +126,7 @@ def _pipeline_controls() -> dict[str, Any]:
         return {
             "workers": gr.Checkbox(
                 value=concurrent_by_default(k, device), elem_id="workers",
-                label="Run the K stages at once (measured clock)",
+                label=WORKERS_LABEL,
                 info="Real pipeline parallelism, every number measured. Off: one process runs the stages "
                      "in turn and the page shows their costs replayed on K workers (projected clock)."),
             "pipeline": refusing_quietly(gr.Radio(
@@ -156,37 +159,43 @@ def _sampling_controls() -> dict[str, Any]:
 
 
 def create_results() -> tuple[dict[str, Any], gr.Column, gr.HTML, gr.Button]:
-    """Headline, the race right under it, the method columns with their token streams, timeline,
-    theory and numbers. Returns the components by name, the EESD column (shown when EESD is
-    enabled) and the race with its replay button."""
+    """The results column, beside the controls so a run is in view at once: the headline, the
+    method columns with their token streams, the drafts toggle, the legend and the race. Returns
+    the components by name, the EESD column (shown when EESD is enabled) and the race with its
+    replay button."""
     r: dict[str, Any] = {"headline": gr.HTML(elem_id="headline")}
-    race, replay = create_race()
-    gr.HTML(render.render_legend())
     titles = {"ar": ("AR", "autoregressive, the reference"),
               "ppsd": ("PPSD", "verify while drafting, K stages"),
               "eesd": ("EESD", "draft g tokens, then verify")}
     columns = {}
-    r["drafts"] = gr.Checkbox(value=False, label="Show the drafts inline (rejected ones struck through, in-flight ones dashed)", elem_id="drafts",
-                              info="Off: each stream shows only its committed text, so AR's and PPSD's can be compared "
-                                   "word for word. Hover a token for its draft either way.")
     with gr.Row(equal_height=False, elem_id="columns"):
         for method, (name, sub) in titles.items():
             with gr.Column(min_width=260, visible=method != "eesd", elem_id=f"col-{method}") as columns[method]:
                 gr.HTML(f'<div class="col-title">{name} <span>{sub}</span></div>')
                 r[method] = (gr.HTML(elem_id=f"stats-{method}"), gr.HTML(elem_id=f"stream-{method}"))
-    r["timeline"] = gr.Plot(label="Pipeline timeline", elem_id="timeline", show_label=False)
+    r["drafts"] = gr.Checkbox(value=False, label="Show the drafts inline (rejected ones struck through, in-flight ones dashed)", elem_id="drafts",
+                              info="Off: each stream (and each lane of the race) shows only its committed text, so "
+                                   "AR's and PPSD's can be compared word for word. Hover a token for its draft either way.")
+    gr.HTML(render.render_legend())
+    race, replay = create_race()
+    return r, columns["eesd"], race, replay
+
+
+def create_analysis() -> dict[str, Any]:
+    """Under the first screen, full width: the timeline with its caption, theory and numbers."""
+    r: dict[str, Any] = {"timeline": gr.Plot(label="Pipeline timeline", elem_id="timeline", show_label=False)}
     gr.Markdown(TIMELINE_CAPTION, elem_classes=["caption"])
     with gr.Row(equal_height=False):
         with gr.Column(scale=2, min_width=320):
             r["theory"] = gr.Plot(label="Theory", elem_id="theory", show_label=False)
         with gr.Column(scale=3, min_width=320):
             r["metrics"] = gr.HTML(elem_id="metrics")
-    return r, columns["eesd"], race, replay
+    return r
 
 
 def create_race() -> tuple[gr.HTML, gr.Button]:
-    """The race replay: lanes that commit tokens at their recorded pace."""
-    with gr.Accordion("Race replay: the streams side by side at their recorded pace", open=True):
+    """The race replay: lanes that commit tokens at their recorded pace (never faster)."""
+    with gr.Accordion("Race replay: the finished streams side by side at their recorded pace", open=True):
         race = gr.HTML('<div class="race-note">Run a comparison; its race replays here.</div>', elem_id="race")
         replay = gr.Button("↻ Replay the race", size="sm")
     return race, replay
@@ -204,8 +213,16 @@ def create_steps() -> dict[str, Any]:
     return s
 
 
-PRESENT_JS = "(on) => { document.body.classList.toggle('present', on); }"
-SHOW_DRAFTS_JS = "(on) => { document.querySelector('#columns').classList.toggle('show-drafts', on); }"
+# Present is a class on the body (assets/styles/app.css does the rest); Plotly redraws its plots
+# for their new size on a window resize.
+PRESENT_JS = ("(on) => { document.body.classList.toggle('present', on); "
+              "setTimeout(() => window.dispatchEvent(new Event('resize')), 100); }")
+# P, outside a text box, clicks the Present box: one key in, the same key out.
+PRESENT_KEY_JS = ("() => { document.addEventListener('keydown', (e) => { if ((e.key === 'p' || e.key === 'P') "
+                  "&& !e.ctrlKey && !e.metaKey && !e.altKey && !e.target.closest('textarea, input:not([type=checkbox]), "
+                  "[contenteditable]')) document.querySelector('#present input').click(); }); }")
+# On the body, so the race's lanes follow the streams' toggle.
+SHOW_DRAFTS_JS = "(on) => { document.body.classList.toggle('show-drafts', on); }"
 QUIET = dict(api_visibility="private", show_progress="hidden")  # the page's own events, kept out of the API
 
 
@@ -256,16 +273,25 @@ def create_demo(state: AppState | None = None) -> gr.Blocks:
     if state is None:
         state = AppState.from_environment()
     with gr.Blocks(title="PPSD: pipeline-parallel self-speculative decoding") as demo:
-        with gr.Row(equal_height=False):
-            with gr.Column(scale=3):
-                gr.Markdown(INTRO, elem_id="intro")
-            with gr.Column(scale=2, min_width=300):
-                k = DEFAULTS.num_stages
-                diagram = gr.HTML(view.diagram(DEFAULT_LAYERS, default_exit_layer(ppsd.DEFAULT_MODEL, DEFAULT_LAYERS, k),
-                                               k), elem_id="diagram")
-        c = create_controls(state.run_seconds)
-        c["diagram"] = diagram
-        r, eesd_column, race, replay = create_results()
+        with gr.Row(equal_height=False, elem_id="title-row"):
+            gr.HTML(f'<h1 class="page-title">{TITLE}</h1>')
+            present = gr.Checkbox(value=False, label="Present (key P)", elem_id="present", scale=0, min_width=260,
+                                  info="For a room: large type, one timed run, a short headline. P again to leave.")
+        with gr.Row(equal_height=False, elem_id="first-screen"):
+            with gr.Column(scale=2, min_width=420, elem_id="side"):
+                c = create_controls()
+                with gr.Accordion("What PPSD is: the picture, the trick, why it is safe", open=True,
+                                  elem_id="intro-fold"):
+                    gr.Markdown(INTRO, elem_id="intro")
+                    k = DEFAULTS.num_stages
+                    c["diagram"] = gr.HTML(view.diagram(DEFAULT_LAYERS, default_exit_layer(
+                        ppsd.DEFAULT_MODEL, DEFAULT_LAYERS, k), k), elem_id="diagram")
+                with gr.Column(elem_id="settings"):
+                    c.update(create_settings(state.run_seconds))
+            with gr.Column(scale=3, min_width=520, elem_id="results"):
+                r, eesd_column, race, replay = create_results()
+        c["present"] = present
+        r.update(create_analysis())
         steps = create_steps()
         with gr.Accordion("Raw numbers (JSON; also the last output of the `run` API)", open=False):
             r["summary"] = gr.JSON(show_label=False, elem_id="summary")
@@ -276,6 +302,7 @@ def create_demo(state: AppState | None = None) -> gr.Blocks:
         _wire_settings(state, c, r, eesd_column)
         r["drafts"].change(None, r["drafts"], None, js=SHOW_DRAFTS_JS)  # in the browser: no server call
         c["present"].change(None, c["present"], None, js=PRESENT_JS)
+        demo.load(None, None, None, js=PRESENT_KEY_JS)
         c["present"].change(lambda on: 1 if on else DEFAULT_REPEATS, c["present"], c["repeats"], **QUIET)
         demo.load(idle_outputs, None, [r[name] for name in view.OUTPUTS], **QUIET)
         demo.load(_bind(on_page_load, state), c["model"], [c["exit_layer"], c["num_stages"], c["layers"],
@@ -332,10 +359,22 @@ def _wire_settings(state: AppState, c: dict[str, Any], r: dict[str, Any], eesd_c
     for name in ("exit_layer", "num_stages", "layers"):
         c[name].change(on_diagram, [c["exit_layer"], c["num_stages"], c["layers"]], c["diagram"], **QUIET)
     c["eesd"].change(on_eesd, c["eesd"], [eesd_column, c["run"]], **QUIET)
+    for name in ("num_stages", "workers", "pipeline"):  # as the slider moves, before any Run
+        c[name].change(on_stages_warning, [c["num_stages"], c["workers"], c["pipeline"]], c["stages_warning"], **QUIET)
 
 
 def launch_kwargs() -> dict[str, Any]:
     """What Gradio 6 takes at launch rather than in Blocks: theme and CSS, and `show_error`, so
     input Gradio itself refuses (a value past a slider's maximum) reaches an API client in words."""
-    return {"theme": gr.themes.Soft(primary_hue="emerald", secondary_hue="blue"), "css_paths": [CSS],
-            "show_error": True}
+    return {"theme": theme(), "css_paths": [CSS], "show_error": True}
+
+
+def theme() -> gr.themes.Base:
+    """Soft in emerald, sized and coloured for a room: text from 14 px (its "lg" sizes), and AA
+    contrast where Soft has none (emerald-500 labels, white on emerald-500 buttons and grey-400
+    hints read 2.2-2.5:1 on white)."""
+    return gr.themes.Soft(primary_hue="emerald", secondary_hue="blue", text_size="lg").set(
+        block_label_text_color="*primary_800", block_title_text_color="*primary_800",
+        button_primary_background_fill="*primary_700", button_primary_background_fill_hover="*primary_600",
+        checkbox_label_background_fill_selected="*primary_700",
+        body_text_color_subdued="*neutral_600", block_info_text_color="*neutral_600")

@@ -133,8 +133,12 @@ def _column(snap: Snapshot, method: str, finished: dict[str, Clocks]) -> tuple[s
         stats = tables.render_stats(method, None, None, live=f"{doing} {len(run.recorder.tokens)} tokens"
                                      + _rate_so_far(trace, len(run.recorder.tokens)))
         pending = () if snap.stopped else run.recorder.pending
-    return stats, render.render_tokens(run.recorder.tokens, piece, prompt=prompt, pending=pending,
-                                       deciders=deciders)
+    tokens = run.recorder.tokens
+    # Ended by the limit, not by the model: a teacher should not read a cut answer as a whole one.
+    limit = run.config.max_new_tokens
+    cut = limit if run.done and len(tokens) >= limit and tokens[-1].id not in snap.loaded.model.info.eos_token_ids \
+        else None
+    return stats, render.render_tokens(tokens, piece, prompt=prompt, pending=pending, deciders=deciders, cut=cut)
 
 
 def _status_line(snap: Snapshot) -> str:

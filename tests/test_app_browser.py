@@ -1,6 +1,10 @@
 """The whole page in a real browser (Debian chromium through Playwright): open it, click an
 example, Run, and see coloured tokens, the Plotly timeline and the speedup headline.
 
+Then what a room needs (issue 34): a run's status, headline and streams on the first screen at
+1920x1080, every text from 14 px with AA contrast (`text_walk.js`), a Present mode, the race at
+its recorded pace naming every lane, cut answers marked, and a warning for K past the cores.
+
 Uses the default model (SmolLM2-135M-Instruct) when its wheel is installed, else the tiny random
 test model.
 Saves a screenshot to docs/screenshot.png when PPSD_SAVE_SCREENSHOT=1, else to tmp_path.
@@ -77,18 +81,38 @@ def test_page_runs_an_example_and_shows_tokens_timeline_and_headline(page_url, t
         assert page.locator("#stream-ppsd .tok-rejected").first.is_visible()  # the drafts on request
         page.locator("#drafts input").uncheck()
         page.locator(".race-lane").first.wait_for(timeout=10_000)
-        page.wait_for_timeout(4500)  # let the race replay finish before the picture
+        page.locator("#race .race-verdict").wait_for(timeout=60_000)  # the replay has ended: the picture
         shot.parent.mkdir(parents=True, exist_ok=True)
         page.screenshot(path=str(shot), full_page=True)
-        # Present: one timed run next time, and a short headline now
-        page.locator("#present input").check()
+        assert not (bad := _unreadable(page)), f"{len(bad)} unreadable texts after a run, e.g. {bad[:5]}"
+        # Present: one key (P) in, one click (the Present box) out; large numbers, streams and
+        # timeline, the intro folded away, one timed run next time and a short headline now
+        size = lambda selector: page.evaluate(  # noqa: E731 - the rendered height of a text, zoom included
+            f"() => document.querySelector('{selector}').getBoundingClientRect().height")
+        tick = size("#timeline svg.main-svg text")
+        page.locator("#headline").click()  # the page has the focus, no text box
+        page.keyboard.press("p")
         page.wait_for_function("() => document.body.classList.contains('present')", timeout=5_000)
         page.wait_for_function("() => document.querySelector('#repeats input[type=number]').value === '1'",
                                timeout=10_000)
+        page.wait_for_timeout(500)  # the plots redraw at their new size
+        font = lambda selector: float(page.evaluate(  # noqa: E731
+            f"() => getComputedStyle(document.querySelector('{selector}')).fontSize")[:-2])
+        assert font(".headline-main") >= 48
+        assert font("#stream-ppsd .ppsd-stream") >= 22 and font("#stream-ar .ppsd-stream") >= 22
+        assert size("#timeline svg.main-svg text") >= 1.3 * tick
+        assert page.locator("#intro").is_hidden()
+        page.evaluate("() => window.scrollTo(0, 0)")
+        for selector in ("#headline .headline-main", "#stream-ar", "#stream-ppsd", "#present"):
+            _in_view(page, selector)
         assert page.locator(".headline-compared").is_visible()
         for note in page.locator(".headline-note").all():
             kept = {"headline-compared", "headline-plain", "headline-agreement"} & set(note.get_attribute("class").split())
             assert note.is_visible() == bool(kept)
+        assert not (bad := _unreadable(page)), f"{len(bad)} unreadable texts in Present, e.g. {bad[:5]}"
+        page.locator("#present input").uncheck()
+        page.wait_for_function("() => !document.body.classList.contains('present')", timeout=5_000)
+        assert page.locator("#intro").is_visible() and font(".headline-main") < 48
     assert shot.stat().st_size > 10_000
 
 
@@ -148,3 +172,106 @@ def test_every_slider_position_is_valid_and_errors_go_beside_run(page_url):
         page.locator("#run").click()
         page.get_by_text("cannot reach the model hub").first.wait_for(timeout=30_000)
         assert time.monotonic() - clicked < 5  # offline (tests run so): at once, not after the hub's retries
+
+
+# --------------------------------------------------------------------------- issue 34: a page for a room
+
+VIEW_HEIGHT = 1080  # open_page's viewport: a projector's 1920x1080
+WALK_TEXTS = (Path(__file__).with_name("text_walk.js")).read_text()
+
+
+def _in_view(page, selector: str) -> dict:
+    """The first element of `selector`, asserted on the first screen (the page never scrolled):
+    its top inside the viewport with room for a line of text under it."""
+    box = page.locator(selector).first.bounding_box()
+    assert page.evaluate("() => window.scrollY") == 0
+    assert box is not None and 0 <= box["y"] <= VIEW_HEIGHT - 40, f"{selector} at {box}"
+    return box
+
+
+def _unreadable(page) -> list[dict]:
+    """Every visible text under 14 px or under WCAG AA contrast (4.5:1, or 3:1 for large text),
+    against the background it is painted on (`text_walk.js`)."""
+    texts = page.evaluate(WALK_TEXTS)
+    assert len(texts) > 50  # the walk found the page
+    return [t for t in texts if t["size"] < 14 or t["contrast"] < (3 if t["large"] else 4.5)]
+
+
+def test_run_with_nothing_typed_shows_status_headline_and_streams_on_the_first_screen(page_url):
+    with open_page(page_url) as page:
+        prompt = page.locator("#prompt textarea").first
+        assert prompt.input_value().strip()  # a default prompt: Run works with nothing typed
+        page.locator("#run").click()
+        _in_view(page, "#run-message .run-message-status")
+        page.locator("#stream-ar .tok").first.wait_for(timeout=180_000)
+        for selector in ("#headline .headline-status", "#stream-ar", "#stream-ppsd"):
+            _in_view(page, selector)
+        page.locator("#stop").click()
+        page.get_by_text("Stopped").first.wait_for(timeout=10_000)
+        _in_view(page, "#run-message")
+        _in_view(page, "#headline .headline-status")
+        prompt.fill("")
+        page.locator("#run").click()
+        error = page.locator("#run-message .run-message-error")
+        error.wait_for(timeout=30_000)
+        _in_view(page, "#run-message .run-message-error")
+        # Chat is on: the words ask for a question, not for text to continue
+        assert "question" in error.inner_text() and "continue" not in error.inner_text()
+
+
+def test_every_text_is_at_least_14_px_with_aa_contrast(page_url):
+    with open_page(page_url) as page:
+        page.wait_for_timeout(1500)  # the page-load handlers fill the sliders' notes
+        bad = _unreadable(page)
+        assert not bad, f"{len(bad)} unreadable texts, e.g. {bad[:5]}"
+
+
+def test_a_stages_count_past_the_cores_warns_before_run_and_names_the_controls(page_url):
+    from ppsd.executors.pool import usable_cores
+
+    with open_page(page_url) as page:
+        page.wait_for_timeout(1000)
+        warning = page.locator("#stages-warning")
+        assert not warning.get_by_text("Stages K").count()
+        if not page.locator("#workers input").is_checked():
+            page.locator("#workers input").check()
+        _set_slider(page, "stages", usable_cores() + 1)
+        warning.get_by_text("Run the K stages at once").first.wait_for(timeout=10_000)
+        text = warning.inner_text()
+        assert "untick" in text.lower() and f"Stages K to {usable_cores()}" in text
+        page.locator("#workers input").uncheck()  # the stages in turn: nothing to warn of
+        page.wait_for_function("() => !document.querySelector('#stages-warning').innerText.trim()", timeout=10_000)
+
+
+def test_a_short_run_marks_cut_answers_and_races_every_lane_at_its_recorded_pace(page_url):
+    import re
+    import time
+
+    with open_page(page_url) as page:
+        legend = page.locator(".ppsd-legend").inner_text()
+        assert "∅" in legend and "↵" in legend  # the end marker and the line break, explained
+        _set_slider(page, "max-new-tokens", 16)
+        _set_slider(page, "repeats", 1)
+        page.locator("#run").click()
+        page.locator(".headline-agreement").wait_for(timeout=180_000)
+        for method in ("ar", "ppsd"):
+            assert "cut at 16 tokens" in page.locator(f"#stream-{method}").inner_text()
+        page.locator("#race .race-lane").first.wait_for(timeout=10_000)
+        started = time.monotonic()
+        note = page.locator("#race .race-note").inner_text()
+        assert note.startswith("Replay") and "recorded pace" in note
+        verdict = page.locator("#race .race-verdict")
+        verdict.wait_for(timeout=60_000)
+        took = time.monotonic() - started
+        names = [n.inner_text() for n in page.locator("#race .race-name").all()]
+        for name in names:  # every lane, PPSD included, in the finish order
+            assert name in verdict.inner_text(), (name, verdict.inner_text())
+        slowest = max(float(n) / (1000 if unit == "ms" else 1)
+                      for n, unit in re.findall(r"([0-9.]+) (ms|s)\b", verdict.inner_text()))
+        assert took >= slowest * 0.9, f"replayed in {took:.2f} s, recorded {slowest:.2f} s: not the recorded pace"
+        # the PPSD lane shows committed text only, like AR's, unless the drafts are asked for
+        rejected = page.locator("#race .tok-rejected")
+        assert rejected.count() > 0  # there are drafts to hide: 16 tokens of the default model see corrections
+        assert all(not t.is_visible() for t in page.locator("#race .tok-rejected, #race .tok-pending").all())
+        page.locator("#drafts input").check()
+        assert rejected.first.is_visible()  # the drafts on request, in the race as in the streams

@@ -454,6 +454,7 @@ def test_more_workers_than_cores_is_refused_with_the_reason(server):
     too_many = len(os.sched_getaffinity(0)) + 1
     outputs = client.predict(*run_args(model, num_stages=too_many, exit_layer=1, workers=True), api_name="/run")
     assert "CPU cores" in outputs[-1]["error"]
+    assert "untick “Run the K stages at once" in outputs[-1]["error"]  # the control to change, named
 
 
 def test_one_model_however_its_path_is_spelled_and_at_most_two_kept(server, app_state, tmp_path):

@@ -281,16 +281,27 @@ def test_race_lanes_commit_at_their_final_stage_times():
     assert times == (2.0, 4.0, 5.0)
     lane = render.Lane("ppsd", tokens, times, trace.makespan)
     half = render.render_race([lane], piece, at=4.5, clock="projected", stretch=100)
-    assert "2/3 tokens" in half and "slowed 100×" in half and "finished" not in half
+    assert "2/3 tokens" in half and "slowed 100×" in half and "finished" not in half and half.count("Replay") == 1
     assert "3/3 tokens" in render.render_race([lane], piece, at=5.0, clock="projected", stretch=1)
 
 
-def test_the_race_says_who_finished_first_and_by_how_much_once_it_has_ended():
+def test_the_race_names_every_lane_in_finish_order_once_it_has_ended():
     tokens = (Token(2, 3, "verified"),)
-    ar, ppsd_ = render.Lane("ar", tokens, (6.0,), 6.0), render.Lane("ppsd", tokens, (4.0,), 4.0)
-    end = render.render_race([ar, ppsd_], piece, at=6.0, clock="measured", stretch=1)
-    assert "PPSD finished first, 2.00 s ahead of AR (1.50× as fast on this run)." in end
+    ar, ppsd_, plain = (render.Lane("ar", tokens, (6.0,), 6.0), render.Lane("ppsd", tokens, (4.0,), 4.0),
+                        render.Lane("plain", tokens, (7.5,), 7.5))
+    end = render.render_race([ar, plain, ppsd_], piece, at=7.5, clock="measured", stretch=1)
+    assert ("PPSD finished first, in 4.00 s; then AR 6.00 s, 2.00 s behind; Plain AR, one process 7.50 s, "
+            "3.50 s behind.") in end
+    assert "at its recorded pace" in end
     assert "finished first" not in render.render_race([ar, ppsd_], piece, at=5.0, clock="measured", stretch=1)
+
+
+def test_an_answer_cut_by_the_limit_says_so_and_the_legend_explains_the_marks():
+    out = render.render_tokens([Token(0, 4, "verified")], piece, cut=16)
+    assert "cut at 16 tokens" in out
+    assert "cut at" not in render.render_tokens([Token(0, 4, "verified")], piece)
+    legend = render.render_legend()
+    assert "∅" in legend and "end token" in legend and "↵" in legend and "line break" in legend
 
 
 # --------------------------------------------------------------------------- runner

@@ -264,3 +264,10 @@ def test_train_head_names_binary_chat_data_exit_2(saved_model, tmp_path, capsys,
     assert code == 2 and out == ""
     assert err.endswith("\n") and err.splitlines()[-1].startswith(f"error: data {str(noise)!r} {message}"), err
     assert "Traceback" not in err and not (tmp_path / "out" / "head_config.json").exists()
+
+
+def test_help_names_the_program_ppsd():
+    """`ppsd` is the installed command (pyproject's [project.scripts]); `python -m ppsd` runs the same."""
+    for argv in ([sys.executable, "-m", "ppsd", "--help"], [sys.executable, "-m", "ppsd", "generate", "--help"]):
+        out = subprocess.run(argv, capture_output=True, text=True, check=True).stdout
+        assert out.startswith("usage: ppsd "), out.splitlines()[0]

@@ -1,4 +1,4 @@
-"""Command line: `python -m ppsd SUBCOMMAND ...`, the stable contract other tools use.
+"""Command line: `ppsd SUBCOMMAND ...` (or `python -m ppsd ...`), the stable contract other tools use.
 
 Each subcommand lives in its own module exposing `add_arguments(parser)` and `run(args) -> int`,
 imported only when used. Bad input raises ValueError there; here it becomes a one-line
@@ -85,7 +85,8 @@ def check_output_file(path: str | None, what: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = Parser(prog="python -m ppsd", description=__doc__.splitlines()[0])
+    # Named as installed (pyproject's [project.scripts]), however it was started.
+    parser = Parser(prog="ppsd", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
     modules = {}
     for name, (module_name, help_text) in SUBCOMMANDS.items():
