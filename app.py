@@ -13,10 +13,18 @@ import argparse
 import os
 import signal
 import sys
+import threading
 
 import ppsd
 from app import AppState, create_demo, launch_kwargs, zerogpu
 from ppsd.cli import thread_count
+
+
+def _preload(state: AppState) -> None:
+    try:
+        state.cache.get(ppsd.DEFAULT_MODEL)
+    except ValueError as error:  # said again, in words, to whoever presses Run
+        print(f"preloading {ppsd.DEFAULT_MODEL} failed: {error}", file=sys.stderr, flush=True)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -39,6 +47,10 @@ def main(argv: list[str] | None = None) -> None:
     state = AppState.from_environment()
     if zerogpu.active():  # its documented pattern: the model loaded at start-up, and every call reuses it
         state.cache.get(ppsd.DEFAULT_MODEL)
+    elif state.cache.offers(ppsd.DEFAULT_MODEL):
+        # A cold start's first Run waited ~40 s for the conversion, load and warm-up (tools/cold_start.py):
+        # done once, now, while the page comes up; a Run meanwhile waits for it, with its progress shown.
+        threading.Thread(target=_preload, args=(state,), name="preload", daemon=True).start()
     demo = create_demo(state)
     demo.launch(server_name=args.host, server_port=args.port, **launch_kwargs())
 
