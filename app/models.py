@@ -118,6 +118,7 @@ class ModelCache:
     def _fresh_locks(self) -> None:
         self._lock = threading.Lock()  # held briefly: the tables above
         self._loading = threading.Lock()  # held through a load: two at once would hold both in memory
+        self._warming = threading.Lock()  # held through a warm-up, apart from loads: a loaded model never waits for one
 
     def __contains__(self, name: str) -> bool:
         return self.find(name) is not None
@@ -185,7 +186,9 @@ class ModelCache:
 
     def _warm_up(self, loaded: Loaded) -> None:
         done = (os.getpid(), loaded.key)
-        with self._loading:  # one warm-up at a time, and never beside a load
+        if done in self._warmed:  # the common case, without waiting behind another visitor's load
+            return
+        with self._warming:  # one warm-up at a time
             if done not in self._warmed:
                 warm_up(loaded.model, loaded.encode("Hello") or [0])
                 self._warmed.add(done)

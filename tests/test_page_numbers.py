@@ -344,5 +344,7 @@ def test_page_plain_ar_is_the_faster_of_one_thread_and_every_core(ran):
                       ran["headline"])
     assert found, ran["headline"]
     one, every = (float(found.group(i)) * (1e-3 if found.group(i + 1) == "ms" else 1) for i in (1, 5))
-    kept = "1 thread" if found.group(4) or one <= every else f"{found.group(3)} threads"  # a cut way had lost
-    assert f"on {kept} with no pipeline, the faster of" in ran["headline"]
+    every_core = f"{found.group(3)} threads"
+    kept = ({"1 thread"} if found.group(4) or one < every else {every_core} if every < one else  # a cut way had lost
+            {"1 thread", every_core})  # equal as shown: either may have been the faster by less than shown
+    assert any(f"on {way} with no pipeline, the faster of" in ran["headline"] for way in kept), ran["headline"]
