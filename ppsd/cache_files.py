@@ -1,0 +1,114 @@
+"""The converted-model cache's files, on disk: a checksum of every file written at conversion and
+checked before use, a folder swapped in whole, and the one message of a full disk.
+
+Boundary: files and folders only; which model goes where, and when to convert, is
+`ppsd.model_source`'s.
+"""
+
+from __future__ import annotations
+
+import errno
+import functools
+import hashlib
+import json
+import shutil
+import stat
+import tempfile
+from pathlib import Path
+
+COMPLETE_MARKER = "ppsd_source.json"  # written last, with the checksums: a folder without it is an interrupted conversion
+
+
+def sha256_of(path: Path) -> str:
+    """The file's sha256, read once per version of the file (a 98 MB GGUF takes a third of a
+    second, and a server resolves the same name for its cache key and again to load it)."""
+    info = Path(path).stat()
+    return _sha256(str(Path(path).resolve()), info.st_size, info.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=32)
+def _sha256(path: str, size: int, mtime_ns: int) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def damage(directory: Path) -> str | None:
+    """What is wrong with the converted model in `directory`, or None when it is whole: every
+    file its record lists is a regular file of the recorded size and sha256 (hashed once per
+    version of a file in a process, `sha256_of`). No record at all is an unfinished conversion."""
+    try:
+        record = json.loads((directory / COMPLETE_MARKER).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return "not converted yet"
+    except (OSError, ValueError) as error:
+        return f"its {COMPLETE_MARKER} is unreadable ({getattr(error, 'strerror', None) or error})"
+    files = record.get("files") if isinstance(record, dict) else None
+    if not isinstance(files, dict) or not files:
+        return "it has no checksums (converted by an earlier version)"
+    for name, expected in files.items():
+        path = directory / name
+        try:
+            info = path.stat()
+            if not stat.S_ISREG(info.st_mode):
+                return f"{name} is not a regular file"
+            if info.st_size != expected.get("size"):
+                return f"{name} is {info.st_size:,} bytes, not the {expected.get('size'):,} written"
+            if sha256_of(path) != expected.get("sha256"):
+                return f"{name} does not match the sha256 recorded when it was written"
+        except FileNotFoundError:
+            return f"{name} is missing"
+        except (OSError, AttributeError, TypeError, ValueError) as error:
+            return f"{name} cannot be checked ({getattr(error, 'strerror', None) or error})"
+    return None
+
+
+def checksums(folder: Path) -> dict[str, dict]:
+    """{relative path: {"size", "sha256"}} of every file under `folder`."""
+    return {str(path.relative_to(folder)): {"size": path.stat().st_size, "sha256": sha256_of(path)}
+            for path in sorted(folder.rglob("*")) if path.is_file()}
+
+
+def replace_folder(staging: Path, target: Path) -> None:
+    """Put `staging` where `target` is, moving an old (damaged or interrupted) one aside first, so
+    the window in which another process finds no model there is two renames long."""
+    old = None
+    if target.exists():
+        old = Path(tempfile.mkdtemp(prefix=f".{target.name}-old-", dir=target.parent))
+        target.replace(old / target.name)
+    staging.replace(target)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
+
+
+class NoSpace(ValueError):
+    """The model cache's disk is full: said as it is everywhere (the page too), as it names no
+    visitor's path, only the server's cache and what to do."""
+
+
+def no_space(folder: Path, *, needed: int | None, doing: str) -> NoSpace:
+    """The one-line message of a full disk: where, how much is needed and free, what to do."""
+    try:
+        free = f", {shutil.disk_usage(folder).free / 1e6:,.0f} MB free"
+    except OSError:
+        free = ""
+    size = f"about {needed / 1e6:,.0f} MB" if needed else "more space"
+    return NoSpace(f"no space left in the model cache {folder} for {doing}: it needs {size}{free}; "
+                      "free some space there, or set PPSD_CACHE to a folder with room")
+
+
+def space_needed(gguf: Path) -> int | None:
+    """Bytes the conversion of `gguf` writes: its weights as float32, plus the tokenizer files
+    (bounded by the GGUF's own size). None when the file cannot be read as a GGUF."""
+    try:
+        from gguf import GGUFReader
+
+        elements = sum(int(tensor.n_elements) for tensor in GGUFReader(str(gguf)).tensors)
+    except Exception:  # noqa: BLE001 - a bad file is reported by the conversion itself
+        return None
+    return 4 * elements + gguf.stat().st_size // 10
