@@ -218,8 +218,10 @@ def test_a_head_config_with_wrong_field_types_exits_2_with_one_line(saved_model,
 
 @pytest.mark.parametrize("timeout,message", [("0", "0 is out of range"), ("-1", "-1 is out of range"),
                                              ("nan", "nan is out of range"), ("soon", "'soon' is not a number"),
-                                             ("0.001", "0.001 is out of range: 1 <= seconds < inf"),
-                                             ("1e-300", "1e-300 is out of range: 1 <= seconds < inf")])
+                                             ("0.001", "0.001 is out of range: 1 <= seconds <= 604800"),
+                                             ("1e-300", "1e-300 is out of range: 1 <= seconds <= 604800"),
+                                             ("1e10", "1e10 is out of range: 1 <= seconds <= 604800 (a week)"),
+                                             ("1e308", "1e308 is out of range")])
 def test_pipeline_timeout_is_checked_like_every_flag(saved_model, capsys, timeout, message):
     code, _, err = cli(capsys, "pipeline", "--model", saved_model, "--prompt", "hi", "--timeout", timeout)
     assert code == 2 and f"argument --timeout: {message}" in err
@@ -245,7 +247,7 @@ def test_train_head_refuses_an_out_file_and_binary_data_before_training(saved_mo
     taken.write_text("not a directory")
     code, _, err = cli(capsys, "train-head", "--model", saved_model, "--exit-layer", "4", "--steps", "1",
                        "--out", str(taken))
-    assert code == 2 and "is a file, not a directory" in err and taken.read_text() == "not a directory"
+    assert code == 2 and "is a file, not a folder" in err and taken.read_text() == "not a directory"
     noise = tmp_path / "noise.txt"
     noise.write_bytes(bytes(range(256)) * 64)
     code, _, err = cli(capsys, "train-head", "--model", saved_model, "--exit-layer", "4", "--steps", "1",

@@ -128,7 +128,7 @@ def test_head_for_another_model_or_exit_layer_is_refused(model, trained, tmp_pat
         load_exit_head(tmp_path, sharp_llama(seed=1), EXIT)
     with pytest.raises(ValueError, match="exit layer E=2, not E=4"):
         load_exit_head(tmp_path, model, 4)
-    with pytest.raises(ValueError, match="not found"):
+    with pytest.raises(ValueError, match="does not exist"):
         load_exit_head(tmp_path / "missing", model, EXIT)
 
 

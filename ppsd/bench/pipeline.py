@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 
 from ..chat import encode_prompt, use_chat
-from ..cli import options, thread_count
+from ..cli import check_output_file, options, thread_count, whole
 from ..model_source import resolve
 from ..config import DEFAULTS, DecodeConfig, balanced_exit_layer
 from ..executors.kinds import KINDS, ExecutorKind, WorkerOptions, concurrent_kinds
@@ -57,14 +57,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     options.add_model(parser)
     parser.add_argument("--prompts", default=None,
                         help="prompts JSON [{name, category, prompt}] (default: assets/prompts/prompts.json)")
-    parser.add_argument("--max-prompts", type=int, default=6, help="first N prompts, spread over categories")
-    parser.add_argument("--new-tokens", type=int, default=DEFAULTS.max_new_tokens)
+    parser.add_argument("--max-prompts", type=whole(1), default=6, help="first N prompts, spread over categories")
+    parser.add_argument("--new-tokens", type=whole(1), default=DEFAULTS.max_new_tokens)
     options.add_stages(parser)
     parser.add_argument("--threads-per-worker", type=thread_count, default=1)
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--warmup", type=int, default=1)
+    parser.add_argument("--repeats", type=whole(1), default=5)
+    parser.add_argument("--warmup", type=whole(0), default=1)
     parser.add_argument("--device", default="cpu", help="cpu or cuda (workers share one GPU if only one)")
-    parser.add_argument("--random-hidden", type=int, default=None,
+    parser.add_argument("--random-hidden", type=_width, default=None,
                         help="use a random Llama of this width (8 layers, vocab 4096) instead of --model")
     parser.add_argument("--perfect-exit", action="store_true",
                         help="with --random-hidden: layers from E on add nothing, so every draft is "
@@ -80,7 +80,17 @@ class Measured:
     runs: dict[str, list[Result]]  # method label -> library results (HF has none)
 
 
+def _width(text: str) -> int:
+    """argparse type of --random-hidden: a width its 4 attention heads split evenly, small enough
+    to build in memory."""
+    value = whole(4, 4096, why="the random Llama's width")(text)
+    if value % 4:
+        raise argparse.ArgumentTypeError(f"{value} is not a multiple of 4 (the random Llama's attention heads)")
+    return value
+
+
 def run(args: argparse.Namespace) -> int:
+    check_output_file(args.json, "--json")  # before the run, whose results go there
     model, prompts, source = _model_and_prompts(args)
     # E by the name asked for: the model is loaded from its converted directory, whose path names no shipped head.
     config = resolve_config(args.model, model.num_layers, DecodeConfig(

@@ -9,6 +9,7 @@ from typing import Sequence
 
 from ..assets import ASSETS
 from ..chat import encode_prompt
+from ..paths import problem
 
 PROMPTS_FILE = ASSETS / "prompts" / "prompts.json"
 CHAT_PROMPTS_FILE = PROMPTS_FILE.with_name("chat.json")  # questions for instruct models
@@ -33,9 +34,10 @@ FALLBACK_PROMPTS = (
 def load_prompts(path: str | None) -> tuple[list[dict], str]:
     """The prompt set and where it came from. Raises ValueError on a malformed file."""
     file = Path(path) if path else PROMPTS_FILE
-    if not file.exists():
-        if path:
-            raise ValueError(f"prompts file {path!r} does not exist")
+    wrong = problem(file, "file")  # before reading: a FIFO would wait for ever
+    if wrong is not None and path:
+        raise ValueError(f"prompts file {path!r} {wrong}")
+    if wrong is not None:
         return [dict(p) for p in FALLBACK_PROMPTS], f"built-in fallback ({PROMPTS_FILE.name} is missing)"
     try:
         prompts = json.loads(file.read_text())

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..chat import use_chat
-from ..cli import thread_count
+from ..cli import check_output_folder, thread_count, whole
 from ..config import DecodeConfig
 from ..heads import default_exit_layer
 from ..model import DEFAULT_MODEL, StagedModel
@@ -46,13 +46,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="one prompt per category and a small sweep (about a minute on a laptop CPU)")
     parser.add_argument("--json", action="store_true", help="print the JSON report on stdout (table on stderr)")
     parser.add_argument("--out", default="benchmarks", help="folder for bench.json/.csv/.html/.md (default benchmarks)")
-    parser.add_argument("--repeats", type=int, default=None, help="timed runs per setting and prompt (median kept)")
-    parser.add_argument("--warmup", type=int, default=None, help="untimed runs before them")
-    parser.add_argument("--max-new-tokens", type=int, default=None, help="tokens generated per run (exactly)")
+    parser.add_argument("--repeats", type=whole(1), default=None, help="timed runs per setting and prompt (median kept)")
+    parser.add_argument("--warmup", type=whole(0), default=None, help="untimed runs before them")
+    parser.add_argument("--max-new-tokens", type=whole(1), default=None, help="tokens generated per run (exactly)")
     parser.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
-    parser.add_argument("--exit-layers", type=int, nargs="+", default=None, help="E values (default: L/K per K)")
-    parser.add_argument("--stages", type=int, nargs="+", default=None, help="K values for PPSD")
-    parser.add_argument("--draft-lens", type=int, nargs="+", default=None, help="g values for EESD")
+    parser.add_argument("--exit-layers", type=whole(1, why="E >= 1: stage 1 holds a layer"), nargs="+", default=None, help="E values (default: L/K per K)")
+    parser.add_argument("--stages", type=whole(2, why="K >= 2: a drafting stage and a verifying one"), nargs="+", default=None, help="K values for PPSD")
+    parser.add_argument("--draft-lens", type=whole(1, why="g >= 1: EESD drafts a token at least"), nargs="+", default=None, help="g values for EESD")
     parser.add_argument("--temperatures", type=float, nargs="+", default=None, help="0 is greedy")
     parser.add_argument("--distributed", choices=("auto", "on", "off"), default=None,
                         help="also run AR and PPSD on K worker processes (ppsd.distributed). auto: when "
@@ -95,6 +95,7 @@ def run(args: argparse.Namespace) -> int:
 
     if args.threads < 1:
         raise ValueError(f"threads={args.threads} must be >= 1")
+    check_output_folder(args.out, "--out")  # before the minutes of measuring, whose record goes there
     torch.set_num_threads(args.threads)
     # HF warns on every assisted call about its own internal arguments; the table is the output.
     transformers.logging.set_verbosity_error()

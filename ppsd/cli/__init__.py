@@ -43,18 +43,54 @@ def thread_count(text: str) -> int:
 
 
 MIN_TIMEOUT = 1.0  # seconds: a worker's answer takes milliseconds, but gloo's own calls need more
+MAX_TIMEOUT = 7 * 24 * 3600.0  # a week: far past any run, far below what a wait or timedelta can hold
 
 
 def seconds(text: str) -> float:
-    """argparse type of a timeout: a finite number of seconds >= MIN_TIMEOUT (0, -1 or NaN would
-    reach the process group as a traceback, and 0.001 fails the workers' first call or hangs)."""
+    """argparse type of a timeout: a finite number of seconds from MIN_TIMEOUT to MAX_TIMEOUT (0,
+    -1 or NaN would reach the process group as a traceback, 0.001 fails the workers' first call or
+    hangs, and 1e10 overflows a thread's wait)."""
     try:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not (math.isfinite(value) and value >= MIN_TIMEOUT):
-        raise argparse.ArgumentTypeError(f"{text} is out of range: {MIN_TIMEOUT:g} <= seconds < inf")
+    if not (math.isfinite(value) and MIN_TIMEOUT <= value <= MAX_TIMEOUT):
+        raise argparse.ArgumentTypeError(f"{text} is out of range: {MIN_TIMEOUT:g} <= seconds <= {MAX_TIMEOUT:g} "
+                                         "(a week)")
     return value
+
+
+def whole(low: int, high: int | None = None, *, why: str = "") -> Callable[[str], int]:
+    """argparse type of a whole number from `low` to `high` (None: no limit); `why` says what the
+    range comes from. A value out of range would fail late (after the model loads or the
+    benchmark runs) or never (0 repeats time nothing)."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if value < low or (high is not None and value > high):
+            bound = f"{low} <= value" + (f" <= {high}" if high is not None else "")
+            raise argparse.ArgumentTypeError(f"{value} is out of range: {bound}{f' ({why})' if why else ''}")
+        return value
+    parse.__name__ = "whole number"  # argparse names the type in its own messages
+    return parse
+
+
+def check_output_folder(path: str, what: str) -> None:
+    """ValueError unless `path` is, or can be made, a writable folder: checked before a long run
+    (a benchmark, a training), whose results would otherwise be lost at the end."""
+    from ..model_source import shown  # cut: a name may be 10,000 characters
+
+    target = Path(path)
+    try:
+        if target.exists() and not target.is_dir():
+            raise ValueError(f"{what} {shown(path)} is a file, not a folder: give a folder")
+        target.mkdir(parents=True, exist_ok=True)
+        if not os.access(target, os.W_OK):
+            raise ValueError(f"{what} {shown(path)} is not writable")
+    except OSError as error:
+        raise ValueError(f"{what} {shown(path)} cannot be made a folder: {error.strerror or error}") from None
 
 
 def check_output_file(path: str | None, what: str) -> None:

@@ -16,6 +16,8 @@ from typing import IO
 
 import torch
 
+from ..paths import problem
+
 TEXT_SUFFIXES = (".txt", ".md", ".rst", ".py", ".json", ".csv", ".html", ".tex")
 
 
@@ -54,12 +56,11 @@ def read_texts(data: str | None, heldout: str | None = None, *, max_chars: int =
 
 def _read_path(path: str, max_chars: int) -> tuple[list[str], str]:
     root = Path(path)
+    check_text_path(path)
     if root.is_file():
         files = [root]
-    elif root.is_dir():
-        files = sorted(p for p in root.rglob("*") if p.is_file() and p.suffix.lower() in TEXT_SUFFIXES)
     else:
-        raise ValueError(f"data {path!r} not found: give a text file or a folder of text files")
+        files = sorted(p for p in root.rglob("*") if p.is_file() and p.suffix.lower() in TEXT_SUFFIXES)
     texts, digest, budget = [], hashlib.sha256(), max_chars
     for file in files:
         if budget <= 0:
@@ -73,6 +74,15 @@ def _read_path(path: str, max_chars: int) -> tuple[list[str], str]:
         raise ValueError(f"data {path!r} holds no text (files ending in {', '.join(TEXT_SUFFIXES)})")
     chars = sum(map(len, texts))
     return texts, f"{path} ({len(texts)} documents, {chars:,} characters, sha256 {digest.hexdigest()[:12]})"
+
+
+def check_text_path(path: str, *, jsonl: bool = False, what: str = "data") -> None:
+    """ValueError naming what is wrong with `path` as training text (a readable text file or
+    folder, or a JSONL file of chat answers), before anything is loaded or read."""
+    wrong = problem(path, "file" if jsonl else "file or folder")
+    if wrong is not None:
+        wanted = "a JSONL file of chat answers" if jsonl else "a text file or a folder of text files"
+        raise ValueError(f"{what} {path!r} {wrong}: give {wanted}")
 
 
 def _text_of(file: Path) -> str:
@@ -101,8 +111,7 @@ def read_chat_answers(path: str) -> TokenData:
     a hash of their text, with every answer to them (a greedy and a sampled answer never straddle
     the split)."""
     file = Path(path)
-    if not file.is_file():
-        raise ValueError(f"data {path!r} not found: give a JSONL file of chat answers")
+    check_text_path(path, jsonl=True)
     try:
         with open_jsonl(file) as lines:
             rows = [json.loads(line) for line in lines if line.strip()]

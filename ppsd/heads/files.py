@@ -21,6 +21,7 @@ from torch import nn
 
 from ..model import StagedModel
 from ..model_source import shown
+from ..paths import problem
 from .exits import TRAINED_HEAD_TYPES, build_head
 
 CONFIG_FILE = "head_config.json"
@@ -120,8 +121,9 @@ class HeadConfig:
     @classmethod
     def read(cls, directory: Path) -> "HeadConfig":
         path = directory / CONFIG_FILE
-        if not path.is_file():
-            raise NotAHead(f"{directory} is not a saved exit head: {CONFIG_FILE} is missing")
+        wrong = problem(path, "file")  # never opened unless a regular file: a FIFO would wait for ever
+        if wrong is not None:
+            raise NotAHead(f"{directory} is not a saved exit head: {CONFIG_FILE} {wrong}")
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
             config = cls(**data)
@@ -177,14 +179,11 @@ def load_exit_head(path: str | Path, model: StagedModel, exit_layer: int) -> nn.
     from safetensors.torch import load_file
 
     directory = Path(path)
-    try:
-        if directory.is_file() and directory.name == CONFIG_FILE:
-            directory = directory.parent
-        found = directory.is_dir()
-    except OSError as error:  # a name the file system refuses (too long, say) is a bad name
-        raise NotAHead(f"exit head {shown(str(path))} is not a usable path: {error.strerror or error}") from None
-    if not found:
-        raise NotAHead(f"exit head {shown(str(path))} not found: give the directory train-head wrote")
+    if directory.name == CONFIG_FILE and problem(directory, "file") is None:
+        directory = directory.parent
+    wrong = problem(directory, "folder")
+    if wrong is not None:
+        raise NotAHead(f"exit head {shown(str(path))} {wrong}: give the directory train-head wrote")
     config = HeadConfig.read(directory)
     if config.format_version != FORMAT_VERSION:
         raise NotAHead(f"exit head {directory} has format {config.format_version}; this version reads {FORMAT_VERSION}")
@@ -204,8 +203,9 @@ def load_exit_head(path: str | Path, model: StagedModel, exit_layer: int) -> nn.
         )
     head = build_head(config.head_type, model, exit_layer, rank=config.rank or 1, draft_vocab=config.draft_vocab)
     weights_path = directory / WEIGHTS_FILE
-    if not weights_path.is_file():
-        raise NotAHead(f"exit head {directory} has no weights ({WEIGHTS_FILE} is missing)")
+    wrong = problem(weights_path, "file")
+    if wrong is not None:
+        raise NotAHead(f"exit head {directory} has no weights: {WEIGHTS_FILE} {wrong}")
     try:
         head.adapter.load_state_dict(load_file(str(weights_path)))
     except RuntimeError as error:

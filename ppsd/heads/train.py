@@ -29,13 +29,15 @@ from tqdm import tqdm
 
 from ..assets import ASSETS
 from ..chat import encode_prompt, has_chat_template
-from .data import TokenData, read_chat_answers, read_texts, tokenize
+from ..cli import check_output_folder, whole
+from ..config import DecodeConfig
+from .data import TokenData, check_text_path, read_chat_answers, read_texts, tokenize
 from .distill import (LR_SCHEDULES, Acceptance, CachedTeacher, TrainConfig, acceptance, batch_at, distill_loss,
                       eval_windows, frequent_tokens, learning_rate, teacher)
 from .exits import TRAINED_HEAD_TYPES, build_head, shared_head
 from .files import HeadConfig, fingerprint, save_exit_head
 from .shipped import pipeline_stages
-from ..model import DEFAULT_MODEL, StagedModel, load_model
+from ..model import DEFAULT_MODEL, StagedModel, load_model, model_config
 from ..model_source import is_default
 
 CHECKPOINT_FILE = "checkpoint.pt"
@@ -209,7 +211,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="prompts JSON [{name, prompt}] for greedy PPSD acceptance before/after "
                              "(default model: assets/prompts/chat.json, through its chat template)")
     parser.add_argument("--decode-tokens", type=int, default=64, help="new tokens per prompt decode (default 64)")
-    parser.add_argument("--stages", type=int, default=None,
+    parser.add_argument("--stages", type=whole(2, why="K >= 2: a drafting stage and a verifying one"), default=None,
                         help="the K this head's E is for: its default E with K stages, and the K of the "
                              "prompt decodes (default: the K whose balanced E is nearest)")
     parser.add_argument("--device", default="cpu", help="cpu, cuda or auto (default cpu)")
@@ -221,9 +223,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    check_out_dir(args.out)  # before the load and the hours of training: a bad --out is known now
+    # Every value before the load and the hours of training: a bad one is known now.
+    check_output_folder(args.out, "--out")
+    _check_data(args)
+    layers = model_config(args.model).num_hidden_layers
+    config = _config(args, layers)
+    if args.stages is not None:  # the K of the card's decodes: must fit E on this model
+        DecodeConfig(method="ppsd", exit_layer=config.exit_layer, num_stages=args.stages).resolved(layers)
     model, tokenizer = load_model(args.model, device=args.device)
-    config = _config(args, model.num_layers)
     data = _data(args, tokenizer)
     began = time.perf_counter()
     result = train_head(model, data, config, out=args.out, resume=args.resume, progress=not args.no_progress)
@@ -260,18 +267,17 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def check_out_dir(out: str) -> None:
-    """ValueError unless `out` is, or can be made, a writable directory (the head, its card and
-    the checkpoint go there; finding out at the first save would lose the training)."""
-    path = Path(out)
-    try:
-        if path.exists() and not path.is_dir():
-            raise ValueError(f"--out {out!r} is a file, not a directory: give a directory for the head")
-        path.mkdir(parents=True, exist_ok=True)
-        if not os.access(path, os.W_OK):
-            raise ValueError(f"--out {out!r} is not writable")
-    except OSError as error:
-        raise ValueError(f"--out {out!r} cannot be made a directory: {error.strerror or error}") from None
+def _check_data(args: argparse.Namespace) -> None:
+    """--data and --heldout name readable text (or --data a JSONL of chat answers), and --heldout
+    is only given where it is used."""
+    chat = bool(args.data) and args.data.endswith((".jsonl", ".jsonl.gz"))
+    if args.data:
+        check_text_path(args.data, jsonl=chat, what="--data")
+    if args.heldout is not None:
+        if args.data is None or chat:
+            raise ValueError("--heldout applies to a text --data only (the embedded corpus and chat answers "
+                             "hold out their own)")
+        check_text_path(args.heldout, what="--heldout")
 
 
 def _config(args: argparse.Namespace, num_layers: int) -> TrainConfig:
