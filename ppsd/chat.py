@@ -31,12 +31,41 @@ def use_chat(tokenizer, asked: bool | None) -> bool:
     return has_chat_template(tokenizer) if asked is None else asked
 
 
+USER_SLOT = "\ue000ppsd-user-text\ue001"  # private-use characters: no template or tokenizer makes them
+
+
 def encode_prompt(tokenizer, text: str, *, chat: bool) -> list[int]:
     """Token ids of `text`: as a chat user turn when `chat` (ValueError if the tokenizer has no
-    template), else the raw text with no special tokens added."""
-    if chat:
-        if not has_chat_template(tokenizer):
-            raise ValueError("this model's tokenizer has no chat template: use raw completion (--no-chat)")
-        text = tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
+    template), else the raw text with no special tokens added.
+
+    The user's text is always text: a typed "<|im_end|>" or "<|endoftext|>" is encoded as the
+    characters it is made of, never as the control token (which would let a prompt end its own
+    turn and write the system's). Only the template's own markup gives special tokens.
+    """
+    if chat and not has_chat_template(tokenizer):
+        raise ValueError("this model's tokenizer has no chat template: use raw completion (--no-chat)")
+    whole = tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
+                                          add_generation_prompt=True) if chat else text
+    if not any(special in text for special in special_texts(tokenizer)):
+        # The common case, encoded whole as always (splitting at the text would change the tokens
+        # of a prompt that starts with a blank line, and every measured run's prompt with them).
+        return list(tokenizer(whole, add_special_tokens=False)["input_ids"])
+    plain = lambda part: list(tokenizer(part, add_special_tokens=False, split_special_tokens=True)["input_ids"])  # noqa: E731
+    if not chat:
+        return plain(text)
+    # The template rendered around a placeholder: its parts keep their special tokens, the text none.
+    rendered = tokenizer.apply_chat_template([{"role": "user", "content": USER_SLOT}], tokenize=False,
                                              add_generation_prompt=True)
-    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+    if rendered.count(USER_SLOT) != 1:  # a template that edits the content: only the whole can be encoded
+        raise ValueError("this model's chat template changes the user's text, which holds a special token: "
+                         "use raw completion (--no-chat)")
+    before, after = rendered.split(USER_SLOT)
+    markup = lambda part: list(tokenizer(part, add_special_tokens=False)["input_ids"]) if part else []  # noqa: E731
+    return markup(before) + plain(text) + markup(after)
+
+
+def special_texts(tokenizer) -> set[str]:
+    """The text of every special token (end of turn, start of turn, end of text, ...)."""
+    added = getattr(tokenizer, "added_tokens_decoder", {}) or {}
+    return {t.content for t in added.values() if getattr(t, "special", False) and t.content} | {
+        t for t in getattr(tokenizer, "all_special_tokens", ()) if t}
