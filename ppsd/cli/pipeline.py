@@ -13,7 +13,7 @@ import sys
 from . import options, seconds, thread_count
 from ..chat import check_text
 from ..executors.pipeline import DistributedExecutor
-from ..executors.pool import shared_pipeline
+from ..executors.pool import shared_pipeline, workers_unavailable
 from ..executors.wire import PipelineError, PipelineSpec
 from ..executors.worker import run_worker
 from ..generate import Result, decode
@@ -43,6 +43,11 @@ def run(args: argparse.Namespace) -> int:
     if rank > 0:
         run_worker(spec, rank, local_rank=int(os.environ.get("LOCAL_RANK", "0")))
         return 0
+    # Started here, the workers need what `generate --executor processes` needs (one check, one
+    # message); under torchrun the launcher placed the ranks.
+    reason = None if torchrun else workers_unavailable(config.num_stages, args.device)
+    if reason is not None:
+        raise ValueError(reason)
     model, tokenizer = load_model(args.model, device=args.device)
     setup = set_up_text(model, tokenizer, args.prompt, config, exit_head=args.exit_head, chat=args.chat)
     try:
