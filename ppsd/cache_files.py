@@ -97,7 +97,7 @@ def no_space(folder: Path, *, needed: int | None, doing: str) -> NoSpace:
         free = f", {shutil.disk_usage(folder).free / 1e6:,.0f} MB free"
     except OSError:
         free = ""
-    size = f"about {needed / 1e6:,.0f} MB" if needed else "more space"
+    size = f"about {max(1, round(needed / 1e6)):,} MB" if needed else "more space"
     return NoSpace(f"no space left in the model cache {folder} for {doing}: it needs {size}{free}; "
                       "free some space there, or set PPSD_CACHE to a folder with room")
 

