@@ -619,6 +619,41 @@ def test_a_killed_worker_is_a_message_within_seconds_and_the_next_run_starts_fre
     assert current_pool().pids != idle and not any(_running(pid) for pid in idle)
 
 
+@pytest.mark.skipif(len(__import__("os").sched_getaffinity(0)) < 2, reason="K = 2 workers need 2 cores")
+def test_stop_ends_a_run_whose_worker_is_frozen_within_seconds_and_says_so(server):
+    """A worker frozen mid-run (SIGSTOP) cannot answer: Stop tears the pipeline down instead of
+    waiting for it, the page says so, and the next run starts fresh workers."""
+    import os
+    import signal
+    import time
+
+    from ppsd.executors.pool import current_pool
+
+    client, model = server
+    client.predict(*run_args(model, max_new_tokens=2, workers=True), api_name="/run")
+    pids = current_pool().pids
+    try:
+        job = client.submit(*run_args(model, max_new_tokens=240, workers=True, repeats=9), api_name="/run")
+        deadline = time.monotonic() + 60
+        while not job.outputs() or "Running" not in str(job.outputs()[-1][0]):
+            assert time.monotonic() < deadline, [str(o[0])[:200] for o in job.outputs()[-3:]]
+            time.sleep(0.02)
+        os.kill(pids[0], signal.SIGSTOP)
+        time.sleep(0.5)  # the run is now waiting on the frozen worker
+        stopped = time.monotonic()
+        client.predict(api_name="/stop")
+        summary = job.result(timeout=30)[-1]
+        assert time.monotonic() - stopped < 3.0, time.monotonic() - stopped
+        assert summary["stopped"].startswith("Stopped") and "shut down" in summary["note"], summary
+        assert not _running(pids[0])
+        outputs = client.predict(*run_args(model, max_new_tokens=3, workers=True), api_name="/run")
+        assert len(outputs[-1]["ppsd"]["token_ids"]) == 3 and current_pool().pids != pids  # fresh workers
+    finally:
+        for pid in pids:
+            if _running(pid):
+                os.kill(pid, signal.SIGCONT)
+
+
 def _children(pid: int) -> list[int]:
     import subprocess
 
