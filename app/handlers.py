@@ -31,6 +31,7 @@ from .models import ModelCache
 from .request import RunRequest
 from .runner import Snapshot, run_comparison
 from .state import AppState
+from .visitors import visitor
 
 DEFAULT_LAYERS = 30  # the default model's (SmolLM2-135M); replaced on page load / Load for others
 REPLAY_SECONDS = 3.0  # least screen time of the slowest lane: a faster race is slowed down, never sped up
@@ -169,7 +170,7 @@ def on_run(state: AppState, decode: Callable[..., Iterator[tuple]], request: gr.
             if run.model not in state.cache:
                 for doing in _loading(state.cache, run.model, stop):
                     yield ordered(view.status(doing, run, "model"))
-            with state.line.place(_session(request)) as ticket:
+            with state.line.place(visitor(request, state.proxy_hops)) as ticket:
                 ahead = state.line.ahead(ticket)
                 while ahead > 0 and not stop.is_set():
                     yield ordered(view.status(f"Waiting for the device: {ahead} run{'s' * (ahead > 1)} ahead of yours…"))
@@ -177,7 +178,8 @@ def on_run(state: AppState, decode: Callable[..., Iterator[tuple]], request: gr.
                 if stop.is_set():
                     yield ordered(view.stopped_before())
                     return
-                yield from decode(stop.slot, *form)
+                with state.line.turn(ticket, stop, state.shared_seconds):
+                    yield from decode(stop.slot, *form)
         except ValueError as error:
             yield ordered(view.failed(str(error)))
 
@@ -189,7 +191,8 @@ def on_decode(state: AppState, stop_slot: int, *form: Any) -> Iterator[tuple]:
     pipeline there (`app.runner`); what it refuses reaches the page in words."""
     try:
         yield from _updates(run_comparison(RunRequest.from_form(*form), state.cache,
-                                           stop=state.stops.flag(stop_slot), time_limit=state.run_seconds))
+                                           stop=state.stops.flag(stop_slot), time_limit=state.run_seconds,
+                                           shared_limit=state.shared_seconds))
     except ValueError as error:
         yield ordered(view.failed(str(error)))
 

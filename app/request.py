@@ -16,6 +16,7 @@ from ppsd.config import DEFAULTS, real_number, whole_number
 DEFAULT_REPEATS = 3  # timed runs of each method: the page shows their median speedup and its range
 MAX_REPEATS = 9
 MAX_RUN_SECONDS = 300.0  # how long one comparison may hold the device; past it, it ends with what it has
+SHARED_RUN_SECONDS = 60.0  # how long while another visitor waits: one script cannot keep a newcomer out for long
 
 
 @dataclass(frozen=True)

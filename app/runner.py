@@ -145,11 +145,13 @@ class Snapshot:
 
 def run_comparison(request: RunRequest, cache: ModelCache, *, throttle: float = THROTTLE_SECONDS,
                    stop: threading.Event | None = None,
-                   time_limit: float | None = MAX_RUN_SECONDS) -> Iterator[Snapshot]:
+                   time_limit: float | None = MAX_RUN_SECONDS,
+                   shared_limit: float | None = None) -> Iterator[Snapshot]:
     """Validate everything first, then run AR, PPSD (and EESD) in turn, yielding snapshots at
     most every `throttle` seconds of wall time and once when each method finishes. Once `stop`
     is set, or `time_limit` seconds have passed since this call, the running method ends at its
-    next step and a last snapshot says so (`stopped`, and `time_limit` when it was the limit)."""
+    next step and a last snapshot says so (`stopped`, and `time_limit` when it was the limit; a
+    `stop` that was `handed_over` to a waiting visitor ended it at `shared_limit`, and says so)."""
     stop = stop or threading.Event()
     expired = threading.Event()  # the limit, not a user, stopped it
 
@@ -165,6 +167,10 @@ def run_comparison(request: RunRequest, cache: ModelCache, *, throttle: float = 
         for snapshot in _compare(request, cache, throttle, stop):
             if expired.is_set():
                 snapshot.time_limit = time_limit
+            elif getattr(stop, "handed_over", False):
+                snapshot.time_limit = shared_limit
+                snapshot.note = (f"Another visitor was waiting for the device: while others wait, a run may hold it "
+                                 f"{shared_limit:g} s.")
             yield snapshot
     finally:
         if timer is not None:

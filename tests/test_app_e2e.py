@@ -39,6 +39,12 @@ def run_args(model: str, *, prompt: str = "def fibonacci(n):", eesd: bool = Fals
             workers, chat, repeats, pipeline)
 
 
+def visiting(src: str, address: str) -> Client:
+    """A client that a server behind one proxy (`AppState(proxy_hops=1)`) counts as the visitor
+    at `address`: the proxy would append it to X-Forwarded-For."""
+    return Client(src, verbose=False, headers={"X-Forwarded-For": address})
+
+
 @contextmanager
 def serving(state: AppState) -> Iterator[Client]:
     """The page on `state`, launched on a free port: a client of it, and the server closed afterwards."""
@@ -556,7 +562,7 @@ def test_one_api_client_cannot_hold_the_line(server):
     refused = client.predict(*run_args(model, max_new_tokens=2), api_name="/run")[-1]
     assert refused == {"error": "you have 2 runs in line already, the most one visitor may: wait for one to "
                                 "finish, or press Stop"}
-    visitor = Client(client.src, verbose=False).submit(*run_args(model, max_new_tokens=3), api_name="/run")
+    visitor = visiting(client.src, "192.0.2.1").submit(*run_args(model, max_new_tokens=3), api_name="/run")
     while not any("ahead of yours" in str(o[0]) for o in visitor.outputs()) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert any("Waiting for the device: 1 run ahead of yours" in str(o[0]) for o in visitor.outputs())
@@ -566,12 +572,68 @@ def test_one_api_client_cannot_hold_the_line(server):
         job.result(timeout=15)
 
 
+def test_a_forwarded_header_a_client_sets_does_not_make_it_another_visitor(server, app_state):
+    """Locally a visitor is its address: uvicorn would believe an X-Forwarded-For sent from
+    127.0.0.1 and call each session someone else; the line does not."""
+    import time
+
+    _, model = server
+    state = AppState(cache=app_state.cache)  # no proxy in front
+    with serving(state) as client:
+        first, second = (visiting(client.src, f"198.51.100.{i}") for i in (1, 2))
+        jobs = [first.submit(*run_args(model, max_new_tokens=240, repeats=9), api_name="/run") for _ in range(2)]
+        deadline = time.monotonic() + 60
+        while len(state.line) < 2 and time.monotonic() < deadline:  # both in line: one decodes, one waits
+            time.sleep(0.05)
+        refused = second.predict(*run_args(model, max_new_tokens=2), api_name="/run")[-1]
+        assert refused == {"error": "you have 2 runs in line already, the most one visitor may: wait for one to "
+                                    "finish, or press Stop"}
+        first.predict(api_name="/stop")
+        for job in jobs:
+            job.result(timeout=30)
+
+
+def test_one_address_with_16_sessions_keeps_a_newcomer_out_for_one_shared_turn_at_most(server, app_state):
+    """A script floods the line from one address with 16 sessions: two places, the rest refused;
+    a newcomer from another address waits behind the run in progress alone, which gives its turn
+    up once it has held the device `shared_seconds` (scaled down here from 60 s) and says so."""
+    import time
+
+    _, model = server
+    state = AppState(cache=app_state.cache, proxy_hops=1, shared_seconds=2.0)
+    with serving(state) as client:
+        client.predict(*run_args(model, max_new_tokens=2), api_name="/run")  # loaded and warm
+        script = [visiting(client.src, f"198.51.100.{i}, 203.0.113.7") for i in range(16)]  # its own header too
+        jobs = [s.submit(*run_args(model, max_new_tokens=240, repeats=9), api_name="/run") for s in script]
+        deadline = time.monotonic() + 120
+        while not all(job.done() or job.outputs() for job in jobs) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        while sum(not job.done() for job in jobs) > 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert sum(not job.done() for job in jobs) == 2  # the script's two places
+        refused = [job.result()[-1] for job in jobs if job.done()]
+        assert len(refused) == 14 and all("runs in line already" in r["error"] for r in refused)
+        arrived = time.monotonic()
+        newcomer = visiting(client.src, "192.0.2.50").submit(*run_args(model, max_new_tokens=3), api_name="/run")
+        summary = newcomer.result(timeout=120)[-1]
+        assert len(summary["ppsd"]["token_ids"]) == 3
+        assert time.monotonic() - arrived < 60  # a 2 s turn, not the script's minutes (generous: a busy machine)
+        seen = [str(o[0]) for o in newcomer.outputs()]
+        assert any("Waiting for the device: 1 run ahead of yours" in s for s in seen), seen[:5]
+        for session, job in zip(script, jobs):
+            if not job.done():
+                session.predict(api_name="/stop")
+        ended = [r for r in (job.result(timeout=60)[-1] for job in jobs) if "error" not in r]
+        assert len(ended) == 2
+        assert any("Another visitor was waiting for the device" in r.get("note", "") for r in ended), ended
+
+
 def test_ten_visitors_at_once_are_queued_see_their_place_and_all_finish(server):
     import time
 
     client, model = server
     client.predict(*run_args(model, max_new_tokens=2), api_name="/run")  # loaded and warm
-    visitors = [Client(client.src, verbose=False) for _ in range(10)]
+    visitors = [visiting(client.src, f"192.0.2.{i}") for i in range(10)]
     jobs = [v.submit(*run_args(model, max_new_tokens=12), api_name="/run") for v in visitors]
     deadline = time.monotonic() + 180
     while not all(job.done() for job in jobs) and time.monotonic() < deadline:
