@@ -28,7 +28,7 @@ from . import render, view
 from .line import Background
 from .page_text import STAGES_LABEL, WORKERS_LABEL
 from .models import ModelCache
-from .request import RunRequest
+from .request import RunRequest, unicode_text
 from .runner import Snapshot, run_comparison
 from .state import AppState
 from .visitors import visitor
@@ -103,6 +103,10 @@ def _stages_info(num_layers: int) -> str:
 def max_tokens_update(state: AppState, prompt: str, model: str, chat: bool, value: float) -> Any:
     """The max-tokens slider bound by the context left after the prompt, once the model is
     loaded (before that, by the cap alone; Run checks the rest)."""
+    try:
+        prompt, model = unicode_text("prompt", prompt), unicode_text("model", model)
+    except ValueError as error:  # a script's raw JSON: said, not a TypeError from the tokenizer
+        raise gr.Error(str(error), print_exception=False) from None
     loaded = state.cache.find((model or "").strip() or ppsd.DEFAULT_MODEL)
     if loaded is None or not (prompt or "").strip():
         return gr.skip()
@@ -161,6 +165,7 @@ def on_run(state: AppState, decode: Callable[..., Iterator[tuple]], request: gr.
     with state.stops.running(_session(request)) as stop:
         run = RunRequest.from_form(*form)
         try:
+            run.check_texts()
             if not run.prompt.strip():
                 wanted = "a question for the model" if run.chat else "some text for the model to continue"
                 raise ValueError(f"The prompt is empty: type {wanted}, or click an example.")
@@ -242,10 +247,14 @@ def on_replay(race: dict | None) -> Iterator[str]:
 
 def on_load(state: AppState, name: str) -> Iterator[tuple]:
     """Load (or find cached) model `name`; the status box shows the loading state."""
-    name = (name or "").strip() or ppsd.DEFAULT_MODEL
+    ready = gr.update(value="Load", interactive=True)
+    try:
+        name = unicode_text("model", name).strip() or ppsd.DEFAULT_MODEL
+    except ValueError as error:
+        yield (model_status(str(error), "error"), gr.skip(), gr.skip(), gr.skip(), ready)
+        return
     busy = gr.update(value="Loading…", interactive=False)
     yield (model_status(f"Loading {name}…", "busy"), gr.skip(), gr.skip(), gr.skip(), busy)
-    ready = gr.update(value="Load", interactive=True)
     try:
         for doing in _loading(state.cache, name):
             yield (model_status(doing, "busy"), gr.skip(), gr.skip(), gr.skip(), busy)
@@ -279,7 +288,10 @@ def after_run(state: AppState, name: str, exit_layer: float, num_stages: float, 
     """After a run (which may have loaded the model): the status line (with the exit head that
     drafted), and the E/K ranges fitted to the model, keeping the values the user chose when they fit."""
     cache = state.cache
-    name = (name or "").strip() or ppsd.DEFAULT_MODEL
+    try:
+        name, exit_head = unicode_text("model", name).strip() or ppsd.DEFAULT_MODEL, unicode_text("exit_head", exit_head)
+    except ValueError as error:  # the run said so too
+        return model_status(str(error), "error"), gr.skip(), gr.skip(), gr.skip()
     if name not in cache:
         return model_status(f"{name} is not loaded", "idle"), gr.skip(), gr.skip(), gr.skip()
     loaded = cache.get(name)

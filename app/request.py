@@ -53,6 +53,12 @@ class RunRequest:
         form["model"] = (form.get("model") or "").strip() or ppsd.DEFAULT_MODEL
         return cls(**form)
 
+    def check_texts(self) -> "RunRequest":
+        """Itself, or ValueError naming the first text field that is no valid Unicode (`unicode_text`)."""
+        for name in TEXTS:
+            unicode_text(name, getattr(self, name))
+        return self
+
     def rounds(self) -> int:
         """`repeats`, checked: a whole number in [1, MAX_REPEATS]."""
         rounds = whole_number("repeats", self.repeats)
@@ -85,6 +91,20 @@ class RunRequest:
         )
 
 
+def unicode_text(name: str, text: Any) -> str:
+    """`text` as a str, or ValueError naming the field `name` when it holds a lone surrogate (raw
+    JSON can send "\\ud800"): no tokenizer, file system or reply can take one, and a reply that
+    echoed it could not be sent at all (the connection drops). The message never echoes the text."""
+    text = "" if text is None else str(text)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as error:
+        raise ValueError(f"{name} is not valid Unicode text: character {error.start} is a lone surrogate "
+                         f"(U+{ord(text[error.start]):04X})") from None
+    return text
+
+
+TEXTS = ("prompt", "model", "exit_head", "pipeline")  # the run's text fields, each checked by `unicode_text`
 FORM = tuple(f.name for f in fields(RunRequest))  # the page's run inputs, in the order it sends them
 PLAIN = "plain"  # the walls' key of plain AR: this one process on every core it may use, no pipeline
 # What a ZeroGPU lease is sized from (`gpu_seconds`). A token: eager AR in one process, the slowest

@@ -257,9 +257,9 @@ def join_queue(client: Client, api_name: str, data: list) -> list:
     dependencies = httpx.get(f"{base}/config", timeout=30).json()["dependencies"]
     fn_index = next(i for i, d in enumerate(dependencies) if d.get("api_name") == api_name)
     session = "probe-" + api_name
-    httpx.post(f"{base}/gradio_api/queue/join", timeout=30,
-               json={"data": data, "fn_index": fn_index, "session_hash": session, "event_data": None,
-                     "trigger_id": None}).raise_for_status()
+    payload = {"data": data, "fn_index": fn_index, "session_hash": session, "event_data": None, "trigger_id": None}
+    httpx.post(f"{base}/gradio_api/queue/join", timeout=30, headers={"content-type": "application/json"},
+               content=json.dumps(payload)).raise_for_status()  # ASCII JSON: a lone surrogate goes as \\ud800
     with httpx.stream("GET", f"{base}/gradio_api/queue/data", params={"session_hash": session}, timeout=60) as response:
         for line in response.iter_lines():
             message = json.loads(line[len("data:"):]) if line.startswith("data:") else {}
@@ -267,6 +267,28 @@ def join_queue(client: Client, api_name: str, data: list) -> list:
                 output = message.get("output", {})
                 return output.get("data") if message.get("success") else [{"error": output.get("error")}]
     raise AssertionError("the queue closed without a result")
+
+
+@pytest.mark.parametrize("api_name, data", [
+    ("run", "model"), ("run", "exit_head"), ("load", ["x\ud800"]), ("after_run", ["x\ud800", 4, 2, ""]),
+    ("after_run", ["default", 4, 2, "\udfff"]), ("max_tokens_update", ["abc\ud800", "default", True, 24]),
+    ("max_tokens_update", ["abc", "x\ud800", True, 24]), ("on_stages", [2, 8, "x\ud800"]),
+    ("on_page_load", ["x\ud800"])])
+def test_a_lone_surrogate_in_any_visitor_text_is_refused_in_words_and_the_connection_kept(server, api_name, data):
+    """Not only the prompt: every text a handler takes (the model box in Run, Load and after a
+    run; the private slider handler) is checked, and the answer never echoes the bad text (it
+    could not be sent back: the connection would drop with no message)."""
+    client, model = server
+    client.predict(*run_args(model, max_new_tokens=2), api_name="/run")  # loaded: the handlers read it
+    if api_name == "run":
+        data = list(run_args(model if data != "model" else "x\ud800", max_new_tokens=2,
+                             exit_head="\ud800" if data == "exit_head" else ""))
+    data = [model if d == "default" else d for d in data]
+    outputs = join_queue(client, api_name, data)  # an answer came back: the connection held
+    said = str(outputs)
+    if api_name in ("run", "load", "after_run", "max_tokens_update"):
+        assert "is not valid Unicode text" in said and "lone surrogate (U+D" in said, said[:500]
+    assert "\ud800" not in said and "\udfff" not in said
 
 
 def test_the_private_page_load_handler_reads_only_what_load_may(saved_model):
