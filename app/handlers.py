@@ -163,9 +163,8 @@ def on_run(state: AppState, decode: Callable[..., Iterator[tuple]], request: gr.
     process: the model loads, then the run waits in line for the device; `decode` (`on_decode`,
     a ZeroGPU call where there is one) runs it, told of this session's Stop by its slot."""
     with state.stops.running(_session(request)) as stop:
-        run = RunRequest.from_form(*form)
         try:
-            run.check_texts()
+            run = RunRequest.from_form(*form).check_texts()
             if not run.prompt.strip():
                 wanted = "a question for the model" if run.chat else "some text for the model to continue"
                 raise ValueError(f"The prompt is empty: type {wanted}, or click an example.")

@@ -44,10 +44,10 @@ class RunRequest:
     @classmethod
     def from_form(cls, *values: Any) -> "RunRequest":
         """The request of the page's run inputs, given in the order of `FORM` (those left out keep
-        their defaults): boxes become bools, empty text its default; numbers stay as sent, for
-        `config` and `rounds` to check."""
+        their defaults): boxes must be true or false (`boolean`), empty text becomes its default;
+        numbers stay as sent, for `config` and `rounds` to check."""
         form = dict(zip(FORM, values))
-        form.update({name: bool(form[name]) for name in ("eesd", "workers", "chat") if name in form})
+        form.update({name: boolean(name, form[name]) for name in ("eesd", "workers", "chat") if name in form})
         form.update({name: form[name] or "" for name in ("prompt", "exit_head") if name in form})
         form["pipeline"] = form.get("pipeline") or "auto"
         form["model"] = (form.get("model") or "").strip() or ppsd.DEFAULT_MODEL
@@ -89,6 +89,15 @@ class RunRequest:
             temperature=real_number("temperature", self.temperature), top_p=real_number("top_p", self.top_p),
             seed=whole_number("seed", self.seed),
         )
+
+
+def boolean(name: str, value: Any) -> bool:
+    """A checkbox's value: True or False only, else ValueError naming `name` (through `bool()`,
+    the string "false" was true, and a script's typo ran something it did not ask for)."""
+    if isinstance(value, bool):
+        return value
+    shown = ascii(value)
+    raise ValueError(f"{name} must be true or false, not {shown if len(shown) <= 40 else shown[:40] + '…'}")
 
 
 def unicode_text(name: str, text: Any) -> str:

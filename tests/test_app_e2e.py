@@ -291,6 +291,29 @@ def test_a_lone_surrogate_in_any_visitor_text_is_refused_in_words_and_the_connec
     assert "\ud800" not in said and "\udfff" not in said
 
 
+@pytest.mark.parametrize("field, value", [("eesd", "false"), ("workers", 1), ("chat", "no"), ("chat", None)])
+def test_a_box_takes_true_or_false_only(server, field, value):
+    """Through bool(), "false" was true: a script's typo ran what it did not ask for."""
+    client, model = server
+    args = dict(zip(("prompt", "model", "exit_layer", "num_stages", "eesd", "draft_len", "max_new_tokens",
+                     "temperature", "top_p", "seed", "exit_head", "workers", "chat", "repeats", "pipeline"),
+                    run_args(model, max_new_tokens=2)))
+    args[field] = value
+    summary = raw_run(client, tuple(args.values()))
+    assert summary == {"error": f"{field} must be true or false, not {value!r}"}, summary
+
+
+def test_every_pipeline_the_docs_name_for_the_run_api_is_one_the_radio_takes():
+    """docs/app.md lists the run API's last field's values: the page's radio takes each, and only those."""
+    import re
+    from pathlib import Path
+
+    docs = (Path(__file__).resolve().parent.parent / "docs" / "app.md").read_text()
+    named = re.findall(r'"([a-z]+)"', re.search(r"timed runs, on (.*?)the fields of", docs, re.S).group(1))
+    radio = next(b for b in create_demo(AppState()).blocks.values() if getattr(b, "elem_id", None) == "pipeline")
+    assert named and set(named) == {value for _, value in radio.choices}, (named, radio.choices)
+
+
 def test_the_private_page_load_handler_reads_only_what_load_may(saved_model):
     from app.models import ModelCache
 
