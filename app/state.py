@@ -17,6 +17,7 @@ from ppsd.executors.pool import on_zerogpu
 from .line import DeviceLine, StopRegistry
 from .models import ModelCache
 from .request import MAX_RUN_SECONDS, SHARED_RUN_SECONDS
+from .sessions import SESSION_IDLE_SECONDS
 from .visitors import proxy_hops_from_environment
 
 QUEUE_SIZE = 16  # runs that may wait for the device; one more is told the demo is busy
@@ -54,6 +55,7 @@ class AppState:
     run_seconds: float = MAX_RUN_SECONDS  # how long one comparison may hold the device
     shared_seconds: float = SHARED_RUN_SECONDS  # how long, while another visitor waits
     proxy_hops: int = 0  # proxies in front that append to X-Forwarded-For (`app.visitors.visitor`)
+    session_seconds: float = SESSION_IDLE_SECONDS  # a visitor's session unused this long is forgotten (`app.sessions`)
 
     @classmethod
     def from_environment(cls) -> AppState:
