@@ -1,12 +1,13 @@
 """What the server keeps of each visitor's session, and when it lets go.
 
 Gradio keeps a `SessionState` per session (`Blocks.state_holder`): a copy of every component's
-config (about 90 kB pickled for this page) and the session's
-`gr.State` values (the race replay's data). It drops a session only when 10,000 more have come
-(`state_session_capacity`); a browser tab that closes frees its `gr.State` values, not the
-session. An API script opens a session per call and never closes one, so the server grew about
-0.33 MB a run (66-68 MB over 200 runs, tests/test_sessions.py without the sweeper). Here a sweeper forgets every session idle for `idle_seconds`: a tab left that long
-loses its race replay and gets the page's defaults back, and nothing else.
+config (about 90 kB pickled for this page) and the session's `gr.State` values (the race
+replay's data). It drops a session only when 10,000 more have come (`state_session_capacity`); a
+browser tab that closes frees its `gr.State` values, not the session. An API script opens a
+session per call and never closes one, so the server grew about 0.33 MB a run (65-68 MB over 200
+runs, measured with the sweeper off). Here a sweeper forgets every session idle for
+`idle_seconds`: a tab left that long loses its race replay and gets the page's defaults back, and
+nothing else.
 
 Boundary: Gradio's session store, read and trimmed from one daemon thread; no handlers.
 """
