@@ -28,9 +28,10 @@ from . import render, view
 from .line import Background
 from .page_text import STAGES_LABEL, WORKERS_LABEL
 from .models import ModelCache
-from .request import RunRequest
+from .request import RunRequest, unicode_text
 from .runner import Snapshot, run_comparison
 from .state import AppState
+from .visitors import visitor
 
 DEFAULT_LAYERS = 30  # the default model's (SmolLM2-135M); replaced on page load / Load for others
 REPLAY_SECONDS = 3.0  # least screen time of the slowest lane: a faster race is slowed down, never sped up
@@ -102,6 +103,10 @@ def _stages_info(num_layers: int) -> str:
 def max_tokens_update(state: AppState, prompt: str, model: str, chat: bool, value: float) -> Any:
     """The max-tokens slider bound by the context left after the prompt, once the model is
     loaded (before that, by the cap alone; Run checks the rest)."""
+    try:
+        prompt, model = unicode_text("prompt", prompt), unicode_text("model", model)
+    except ValueError as error:  # a script's raw JSON: said, not a TypeError from the tokenizer
+        raise gr.Error(str(error), print_exception=False) from None
     loaded = state.cache.find((model or "").strip() or ppsd.DEFAULT_MODEL)
     if loaded is None or not (prompt or "").strip():
         return gr.skip()
@@ -158,8 +163,8 @@ def on_run(state: AppState, decode: Callable[..., Iterator[tuple]], request: gr.
     process: the model loads, then the run waits in line for the device; `decode` (`on_decode`,
     a ZeroGPU call where there is one) runs it, told of this session's Stop by its slot."""
     with state.stops.running(_session(request)) as stop:
-        run = RunRequest.from_form(*form)
         try:
+            run = RunRequest.from_form(*form).check_texts()
             if not run.prompt.strip():
                 wanted = "a question for the model" if run.chat else "some text for the model to continue"
                 raise ValueError(f"The prompt is empty: type {wanted}, or click an example.")
@@ -169,7 +174,7 @@ def on_run(state: AppState, decode: Callable[..., Iterator[tuple]], request: gr.
             if run.model not in state.cache:
                 for doing in _loading(state.cache, run.model, stop):
                     yield ordered(view.status(doing, run, "model"))
-            with state.line.place(_session(request)) as ticket:
+            with state.line.place(visitor(request, state.proxy_hops)) as ticket:
                 ahead = state.line.ahead(ticket)
                 while ahead > 0 and not stop.is_set():
                     yield ordered(view.status(f"Waiting for the device: {ahead} run{'s' * (ahead > 1)} ahead of yours…"))
@@ -177,7 +182,8 @@ def on_run(state: AppState, decode: Callable[..., Iterator[tuple]], request: gr.
                 if stop.is_set():
                     yield ordered(view.stopped_before())
                     return
-                yield from decode(stop.slot, *form)
+                with state.line.turn(ticket, stop, state.shared_seconds):
+                    yield from decode(stop.slot, *form)
         except ValueError as error:
             yield ordered(view.failed(str(error)))
 
@@ -189,7 +195,8 @@ def on_decode(state: AppState, stop_slot: int, *form: Any) -> Iterator[tuple]:
     pipeline there (`app.runner`); what it refuses reaches the page in words."""
     try:
         yield from _updates(run_comparison(RunRequest.from_form(*form), state.cache,
-                                           stop=state.stops.flag(stop_slot), time_limit=state.run_seconds))
+                                           stop=state.stops.flag(stop_slot), time_limit=state.run_seconds,
+                                           shared_limit=state.shared_seconds))
     except ValueError as error:
         yield ordered(view.failed(str(error)))
 
@@ -239,10 +246,14 @@ def on_replay(race: dict | None) -> Iterator[str]:
 
 def on_load(state: AppState, name: str) -> Iterator[tuple]:
     """Load (or find cached) model `name`; the status box shows the loading state."""
-    name = (name or "").strip() or ppsd.DEFAULT_MODEL
+    ready = gr.update(value="Load", interactive=True)
+    try:
+        name = unicode_text("model", name).strip() or ppsd.DEFAULT_MODEL
+    except ValueError as error:
+        yield (model_status(str(error), "error"), gr.skip(), gr.skip(), gr.skip(), ready)
+        return
     busy = gr.update(value="Loading…", interactive=False)
     yield (model_status(f"Loading {name}…", "busy"), gr.skip(), gr.skip(), gr.skip(), busy)
-    ready = gr.update(value="Load", interactive=True)
     try:
         for doing in _loading(state.cache, name):
             yield (model_status(doing, "busy"), gr.skip(), gr.skip(), gr.skip(), busy)
@@ -276,7 +287,10 @@ def after_run(state: AppState, name: str, exit_layer: float, num_stages: float, 
     """After a run (which may have loaded the model): the status line (with the exit head that
     drafted), and the E/K ranges fitted to the model, keeping the values the user chose when they fit."""
     cache = state.cache
-    name = (name or "").strip() or ppsd.DEFAULT_MODEL
+    try:
+        name, exit_head = unicode_text("model", name).strip() or ppsd.DEFAULT_MODEL, unicode_text("exit_head", exit_head)
+    except ValueError as error:  # the run said so too
+        return model_status(str(error), "error"), gr.skip(), gr.skip(), gr.skip()
     if name not in cache:
         return model_status(f"{name} is not loaded", "idle"), gr.skip(), gr.skip(), gr.skip()
     loaded = cache.get(name)

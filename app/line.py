@@ -50,7 +50,7 @@ class Background:
         return self._result
 
 
-PER_CLIENT = 2  # runs one client (session) may have in line: the one decoding and one waiting
+PER_CLIENT = 2  # runs one client (an address, `app.visitors`) may have in line: the one decoding and one waiting
 
 
 @dataclass(frozen=True, eq=False)
@@ -63,10 +63,12 @@ class Ticket:
 
 class DeviceLine:
     """The device decodes one comparison at a time: visitors queue here, at most `max_waiting`
-    of them (more are told to come back), and can see how many are ahead. Fair by client: one
-    client may have at most `per_client` runs in line, and a client's first run waits ahead of
+    of them (more are told to come back), and can see how many are ahead. Fair by client (an
+    address, `app.visitors`, not a session a script can multiply): one client may have at most
+    `per_client` runs in line, and the line is served round-robin, a client's first run ahead of
     any other client's second, so a newcomer waits for at most the run in progress and one run of
-    each client already waiting, however many an API script submits. Loading a model happens
+    each client already waiting, however many sessions a script opens; and while others wait, the
+    run in progress gives its turn up after a shorter time (`turn`). Loading a model happens
     before joining, so it never holds the device."""
 
     def __init__(self, max_waiting: int, per_client: int = PER_CLIENT) -> None:
@@ -91,12 +93,40 @@ class DeviceLine:
             # After every run of an earlier or equal round, never ahead of the one decoding.
             after = [i for i, t in enumerate(self._line) if t.round <= ticket.round]
             self._line.insert(max(after[-1] + 1 if after else 0, 1 if self._line else 0), ticket)
+            self._changed.notify_all()  # a run in progress may now have to give its turn up (`turn`)
         try:
             yield ticket
         finally:
             with self._changed:
                 self._line.remove(ticket)
                 self._changed.notify_all()
+
+    @contextmanager
+    def turn(self, ticket: Ticket, stop: "Stop", seconds: float) -> Iterator[None]:
+        """While `ticket` holds the device (call it once its turn has come): once it has held it
+        `seconds` and another client's run waits, its turn is over, and `stop.hand_over()` (a
+        `StopFlag`) ends it as the time limit does. Leaving the block ends the watch."""
+        left = threading.Event()
+
+        def watch() -> None:
+            until = time.monotonic() + seconds
+            with self._changed:
+                while not left.is_set():
+                    remaining = until - time.monotonic()
+                    if remaining <= 0 and any(t.client != ticket.client for t in self._line[1:]):
+                        stop.hand_over()
+                        return
+                    self._changed.wait(remaining if remaining > 0 else None)
+
+        watcher = threading.Thread(target=watch, name="device-turn", daemon=True)
+        watcher.start()
+        try:
+            yield
+        finally:
+            with self._changed:
+                left.set()
+                self._changed.notify_all()
+            watcher.join()
 
     def __len__(self) -> int:
         """Runs in line, the one holding the device included."""
@@ -119,6 +149,57 @@ class Stop(Protocol):
     def is_set(self) -> bool: ...
 
 
+STOP_GRACE = 1.0  # seconds a stopped run has to reach its next step before its workers are torn down
+
+
+class StopGuard:
+    """Stop for a run that may block where it cannot look at its Stop: waiting on a pipeline
+    worker that froze (SIGSTOP) or hangs. While the block lasts, a watching thread sees `stop`;
+    once it is set and the run has not left within `grace` seconds, it calls `abort` (which
+    tears the pipeline down, so the wait fails at once) and records that it did (`fired`). Time
+    the run spends `handing` a snapshot to its caller is not the run's: it never counts. With no
+    `abort`, nothing watches."""
+
+    def __init__(self, stop: "Stop", abort: Callable[[], None] | None, grace: float = STOP_GRACE,
+                 every: float = 0.05) -> None:
+        self.stop, self.abort, self.grace, self.every = stop, abort, grace, every
+        self.fired = False
+        self._left = threading.Event()
+        self._handing = False
+        self._watch = threading.Thread(target=self._run, name="stop-guard", daemon=True)
+
+    def _run(self) -> None:
+        stopped_at = None
+        while not self._left.wait(self.every):
+            if self._handing or not self.stop.is_set():
+                stopped_at = None
+            elif stopped_at is None:
+                stopped_at = time.monotonic()
+            elif time.monotonic() - stopped_at >= self.grace:
+                self.fired = True
+                self.abort()
+                return
+
+    @contextmanager
+    def handing(self) -> Iterator[None]:
+        self._handing = True
+        try:
+            yield
+        finally:
+            self._handing = False
+
+    def __enter__(self) -> "StopGuard":
+        if self.abort is not None:
+            self._watch.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._left.set()
+        if self._watch.is_alive():
+            self._watch.join()
+
+
+HANDED_OVER = 2  # a StopFlag's byte when the run gave its turn to a waiting visitor (1: Stop or the limit)
 STOP_SLOTS = 256  # runs whose Stop may be in flight at once; slots are reused round-robin
 
 
@@ -126,17 +207,27 @@ class StopFlag:
     """One run's Stop, seen by every process forked from the one that made the registry: a byte
     of an anonymous shared mapping. A ZeroGPU call decodes in a child forked from the server's
     main process, and Stop arrives in the main process, where a `threading.Event` of the child's
-    copy would never hear it. Set only ever goes from 0 to 1, so no lock is needed."""
+    copy would never hear it. The byte only ever goes from 0 to 1 or 2, so no lock is needed."""
 
     def __init__(self, flags: mmap.mmap, slot: int) -> None:
         self._flags = flags
         self.slot = slot
 
     def set(self) -> None:
-        self._flags[self.slot] = 1
+        if self._flags[self.slot] == 0:
+            self._flags[self.slot] = 1
+
+    def hand_over(self) -> None:
+        """Stop, because another visitor waits for the device (`DeviceLine.turn`)."""
+        if self._flags[self.slot] == 0:
+            self._flags[self.slot] = HANDED_OVER
 
     def is_set(self) -> bool:
-        return self._flags[self.slot] == 1
+        return self._flags[self.slot] != 0
+
+    @property
+    def handed_over(self) -> bool:
+        return self._flags[self.slot] == HANDED_OVER
 
 
 class StopRegistry:

@@ -16,6 +16,7 @@ from ppsd.config import DEFAULTS, real_number, whole_number
 DEFAULT_REPEATS = 3  # timed runs of each method: the page shows their median speedup and its range
 MAX_REPEATS = 9
 MAX_RUN_SECONDS = 300.0  # how long one comparison may hold the device; past it, it ends with what it has
+SHARED_RUN_SECONDS = 60.0  # how long while another visitor waits: one script cannot keep a newcomer out for long
 
 
 @dataclass(frozen=True)
@@ -43,14 +44,20 @@ class RunRequest:
     @classmethod
     def from_form(cls, *values: Any) -> "RunRequest":
         """The request of the page's run inputs, given in the order of `FORM` (those left out keep
-        their defaults): boxes become bools, empty text its default; numbers stay as sent, for
-        `config` and `rounds` to check."""
+        their defaults): boxes must be true or false (`boolean`), empty text becomes its default;
+        numbers stay as sent, for `config` and `rounds` to check."""
         form = dict(zip(FORM, values))
-        form.update({name: bool(form[name]) for name in ("eesd", "workers", "chat") if name in form})
+        form.update({name: boolean(name, form[name]) for name in ("eesd", "workers", "chat") if name in form})
         form.update({name: form[name] or "" for name in ("prompt", "exit_head") if name in form})
         form["pipeline"] = form.get("pipeline") or "auto"
         form["model"] = (form.get("model") or "").strip() or ppsd.DEFAULT_MODEL
         return cls(**form)
+
+    def check_texts(self) -> "RunRequest":
+        """Itself, or ValueError naming the first text field that is no valid Unicode (`unicode_text`)."""
+        for name in TEXTS:
+            unicode_text(name, getattr(self, name))
+        return self
 
     def rounds(self) -> int:
         """`repeats`, checked: a whole number in [1, MAX_REPEATS]."""
@@ -84,6 +91,29 @@ class RunRequest:
         )
 
 
+def boolean(name: str, value: Any) -> bool:
+    """A checkbox's value: True or False only, else ValueError naming `name` (through `bool()`,
+    the string "false" was true, and a script's typo ran something it did not ask for)."""
+    if isinstance(value, bool):
+        return value
+    shown = ascii(value)
+    raise ValueError(f"{name} must be true or false, not {shown if len(shown) <= 40 else shown[:40] + '…'}")
+
+
+def unicode_text(name: str, text: Any) -> str:
+    """`text` as a str, or ValueError naming the field `name` when it holds a lone surrogate (raw
+    JSON can send "\\ud800"): no tokenizer, file system or reply can take one, and a reply that
+    echoed it could not be sent at all (the connection drops). The message never echoes the text."""
+    text = "" if text is None else str(text)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as error:
+        raise ValueError(f"{name} is not valid Unicode text: character {error.start} is a lone surrogate "
+                         f"(U+{ord(text[error.start]):04X})") from None
+    return text
+
+
+TEXTS = ("prompt", "model", "exit_head", "pipeline")  # the run's text fields, each checked by `unicode_text`
 FORM = tuple(f.name for f in fields(RunRequest))  # the page's run inputs, in the order it sends them
 PLAIN = "plain"  # the walls' key of plain AR: this one process on every core it may use, no pipeline
 # What a ZeroGPU lease is sized from (`gpu_seconds`). A token: eager AR in one process, the slowest

@@ -33,7 +33,7 @@ from ppsd.metrics import speedup
 from ppsd.setup import RunSetup, device_sync
 from ppsd.trace import Stopwatch
 
-from .line import Background
+from .line import Background, StopGuard
 from .models import Loaded, ModelCache
 from .request import MAX_RUN_SECONDS, PLAIN, RunRequest
 
@@ -145,11 +145,13 @@ class Snapshot:
 
 def run_comparison(request: RunRequest, cache: ModelCache, *, throttle: float = THROTTLE_SECONDS,
                    stop: threading.Event | None = None,
-                   time_limit: float | None = MAX_RUN_SECONDS) -> Iterator[Snapshot]:
+                   time_limit: float | None = MAX_RUN_SECONDS,
+                   shared_limit: float | None = None) -> Iterator[Snapshot]:
     """Validate everything first, then run AR, PPSD (and EESD) in turn, yielding snapshots at
     most every `throttle` seconds of wall time and once when each method finishes. Once `stop`
     is set, or `time_limit` seconds have passed since this call, the running method ends at its
-    next step and a last snapshot says so (`stopped`, and `time_limit` when it was the limit)."""
+    next step and a last snapshot says so (`stopped`, and `time_limit` when it was the limit; a
+    `stop` that was `handed_over` to a waiting visitor ended it at `shared_limit`, and says so)."""
     stop = stop or threading.Event()
     expired = threading.Event()  # the limit, not a user, stopped it
 
@@ -165,6 +167,10 @@ def run_comparison(request: RunRequest, cache: ModelCache, *, throttle: float = 
         for snapshot in _compare(request, cache, throttle, stop):
             if expired.is_set():
                 snapshot.time_limit = time_limit
+            elif getattr(stop, "handed_over", False):
+                snapshot.time_limit = shared_limit
+                snapshot.note = (f"Another visitor was waiting for the device: while others wait, a run may hold it "
+                                 f"{shared_limit:g} s.")
             yield snapshot
     finally:
         if timer is not None:
@@ -333,19 +339,26 @@ def _decode(run: MethodRun, snapshot: Snapshot, throttle: float, pipeline: Pipel
     stopwatch = PausableStopwatch(device_sync(run.setup.model))
     steps = run.setup.steps(stopwatch=stopwatch, executor=pipeline)
     shown = time.perf_counter()
+    guard = StopGuard(stop, getattr(pipeline, "abort", None))  # worker processes: one frozen would hold Stop up
     try:
-        for step in steps:
-            run.add(step)
-            if stop.is_set():
-                return  # between steps: the workers hold no half-done call, so they are kept
-            if time.perf_counter() - shown >= throttle:
-                stopwatch.pause()  # the UI's time is not the decoder's
-                yield snapshot
-                stopwatch.resume()
-                shown = time.perf_counter()
+        with guard:
+            for step in steps:
+                run.add(step)
+                if stop.is_set():
+                    return  # between steps: the workers hold no half-done call, so they are kept
+                if time.perf_counter() - shown >= throttle:
+                    stopwatch.pause()  # the UI's time is not the decoder's
+                    with guard.handing():
+                        yield snapshot
+                    stopwatch.resume()
+                    shown = time.perf_counter()
         wall = stopwatch.now()
     except PipelineError as error:
         pipeline.close()  # a worker died or hung: the next run starts fresh ones
+        if guard.fired:
+            snapshot.note = ("A worker process did not answer within a second of Stop, so the worker processes "
+                             "were shut down; the next run starts fresh ones.")
+            return
         print(f"pipeline failed: {error}", file=sys.stderr, flush=True)  # the pids are the log's, not a visitor's
         reason = re.sub(r" [(]pid [0-9]+[)]", "", str(error))
         raise ValueError(f"the worker processes failed and were shut down: {reason}") from None

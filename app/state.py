@@ -3,7 +3,7 @@ each session's Stop, in one object that the entry point builds and hands to the 
 (`create_demo(state)`), which hands it to every handler. Nothing here is made at import, so a
 test or a second page builds its own and no two share by accident.
 
-The environment (PPSD_MODELS, PPSD_HEADS, SPACE_ID, SPACES_ZERO_GPU) is read only by `AppState.from_environment`, when called.
+The environment (PPSD_MODELS, PPSD_HEADS, PPSD_PROXY_HOPS, SPACE_ID, SPACES_ZERO_GPU) is read only by `AppState.from_environment`, when called.
 """
 
 from __future__ import annotations
@@ -16,7 +16,9 @@ from ppsd.executors.pool import on_zerogpu
 
 from .line import DeviceLine, StopRegistry
 from .models import ModelCache
-from .request import MAX_RUN_SECONDS
+from .request import MAX_RUN_SECONDS, SHARED_RUN_SECONDS
+from .sessions import SESSION_IDLE_SECONDS
+from .visitors import proxy_hops_from_environment
 
 QUEUE_SIZE = 16  # runs that may wait for the device; one more is told the demo is busy
 
@@ -51,10 +53,14 @@ class AppState:
     line: DeviceLine = field(default_factory=lambda: DeviceLine(QUEUE_SIZE))  # one decode at a time
     stops: StopRegistry = field(default_factory=StopRegistry)  # session -> its running comparisons' Stops
     run_seconds: float = MAX_RUN_SECONDS  # how long one comparison may hold the device
+    shared_seconds: float = SHARED_RUN_SECONDS  # how long, while another visitor waits
+    proxy_hops: int = 0  # proxies in front that append to X-Forwarded-For (`app.visitors.visitor`)
+    session_seconds: float = SESSION_IDLE_SECONDS  # a visitor's session unused this long is forgotten (`app.sessions`)
 
     @classmethod
     def from_environment(cls) -> AppState:
         """The state a deployed server runs with: the models and heads PPSD_MODELS, PPSD_HEADS and
         SPACE_ID allow; on ZeroGPU (SPACES_ZERO_GPU), models warm up in the GPU call that decodes,
         not in the main process that loads them."""
-        return cls(cache=ModelCache(allowed=allowed_models(), allowed_heads=allowed_heads(), warm=not on_zerogpu()))
+        return cls(cache=ModelCache(allowed=allowed_models(), allowed_heads=allowed_heads(), warm=not on_zerogpu()),
+                   proxy_hops=proxy_hops_from_environment())

@@ -30,7 +30,9 @@ from .handlers import (DEFAULT_LAYERS, model_status, on_eesd, after_run, idle_ou
                        on_settings, on_stages, on_stages_warning, on_step, on_steps_ready, on_stop)
 from .page_text import INTRO, STAGES_LABEL, TIMELINE_CAPTION, TITLE, WORKERS_LABEL, load_examples
 from .request import DEFAULT_REPEATS, FORM, MAX_REPEATS, gpu_seconds
+from .sessions import sweep_sessions
 from .state import AppState
+from .visitors import distrust_forwarded_headers
 
 ROOT = Path(__file__).resolve().parent.parent
 CSS = ROOT / "assets" / "styles" / "app.css"
@@ -272,6 +274,7 @@ def create_demo(state: AppState | None = None) -> gr.Blocks:
     now). Builds components and wires events; loads no model."""
     if state is None:
         state = AppState.from_environment()
+    distrust_forwarded_headers()  # the device line counts visitors by address: no client names its own
     with gr.Blocks(title="PPSD: pipeline-parallel self-speculative decoding") as demo:
         with gr.Row(equal_height=False, elem_id="title-row"):
             gr.HTML(f'<h1 class="page-title">{TITLE}</h1>')
@@ -309,6 +312,7 @@ def create_demo(state: AppState | None = None) -> gr.Blocks:
                                                              c["model_status"]], **QUIET)
     # Gradio's own queue is a backstop far above the device line's bound, which answers "busy" in words.
     demo.queue(max_size=4 * run_handlers)
+    sweep_sessions(demo, state.session_seconds)  # an API script's sessions are never closed: forget idle ones
     return refusing_short_calls(demo)
 
 

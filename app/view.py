@@ -273,7 +273,7 @@ def _stopped(snap: Snapshot) -> dict | None:
     """The API's last output for a run that ended before its results: why, and where."""
     if not snap.stopped:
         return None
-    return {"stopped": _status_line(snap),
+    return {"stopped": _status_line(snap), **({"note": snap.note} if snap.note else {}),
             "finished": {m: {"token_ids": r.result.token_ids} for m, r in snap.runs.items() if r.done}}
 
 

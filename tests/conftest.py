@@ -69,10 +69,11 @@ def saved_model(tmp_path_factory) -> str:
 def app_state():
     """The demo's shared state for one module's server, built here rather than from the
     environment (any model name loads, whatever PPSD_MODELS or SPACE_ID say); its models are
-    dropped afterwards."""
+    dropped afterwards. As behind a Space's proxy (`proxy_hops=1`): a test client is another
+    visitor by the `X-Forwarded-For` it sends (`test_app_e2e.visiting`), all else 127.0.0.1."""
     from app.state import AppState
 
-    state = AppState()
+    state = AppState(proxy_hops=1)
     yield state
     state.cache.clear()
 

@@ -39,6 +39,12 @@ def run_args(model: str, *, prompt: str = "def fibonacci(n):", eesd: bool = Fals
             workers, chat, repeats, pipeline)
 
 
+def visiting(src: str, address: str) -> Client:
+    """A client that a server behind one proxy (`AppState(proxy_hops=1)`) counts as the visitor
+    at `address`: the proxy would append it to X-Forwarded-For."""
+    return Client(src, verbose=False, headers={"X-Forwarded-For": address})
+
+
 @contextmanager
 def serving(state: AppState) -> Iterator[Client]:
     """The page on `state`, launched on a free port: a client of it, and the server closed afterwards."""
@@ -251,9 +257,9 @@ def join_queue(client: Client, api_name: str, data: list) -> list:
     dependencies = httpx.get(f"{base}/config", timeout=30).json()["dependencies"]
     fn_index = next(i for i, d in enumerate(dependencies) if d.get("api_name") == api_name)
     session = "probe-" + api_name
-    httpx.post(f"{base}/gradio_api/queue/join", timeout=30,
-               json={"data": data, "fn_index": fn_index, "session_hash": session, "event_data": None,
-                     "trigger_id": None}).raise_for_status()
+    payload = {"data": data, "fn_index": fn_index, "session_hash": session, "event_data": None, "trigger_id": None}
+    httpx.post(f"{base}/gradio_api/queue/join", timeout=30, headers={"content-type": "application/json"},
+               content=json.dumps(payload)).raise_for_status()  # ASCII JSON: a lone surrogate goes as \\ud800
     with httpx.stream("GET", f"{base}/gradio_api/queue/data", params={"session_hash": session}, timeout=60) as response:
         for line in response.iter_lines():
             message = json.loads(line[len("data:"):]) if line.startswith("data:") else {}
@@ -261,6 +267,51 @@ def join_queue(client: Client, api_name: str, data: list) -> list:
                 output = message.get("output", {})
                 return output.get("data") if message.get("success") else [{"error": output.get("error")}]
     raise AssertionError("the queue closed without a result")
+
+
+@pytest.mark.parametrize("api_name, data", [
+    ("run", "model"), ("run", "exit_head"), ("load", ["x\ud800"]), ("after_run", ["x\ud800", 4, 2, ""]),
+    ("after_run", ["default", 4, 2, "\udfff"]), ("max_tokens_update", ["abc\ud800", "default", True, 24]),
+    ("max_tokens_update", ["abc", "x\ud800", True, 24]), ("on_stages", [2, 8, "x\ud800"]),
+    ("on_page_load", ["x\ud800"])])
+def test_a_lone_surrogate_in_any_visitor_text_is_refused_in_words_and_the_connection_kept(server, api_name, data):
+    """Not only the prompt: every text a handler takes (the model box in Run, Load and after a
+    run; the private slider handler) is checked, and the answer never echoes the bad text (it
+    could not be sent back: the connection would drop with no message)."""
+    client, model = server
+    client.predict(*run_args(model, max_new_tokens=2), api_name="/run")  # loaded: the handlers read it
+    if api_name == "run":
+        data = list(run_args(model if data != "model" else "x\ud800", max_new_tokens=2,
+                             exit_head="\ud800" if data == "exit_head" else ""))
+    data = [model if d == "default" else d for d in data]
+    outputs = join_queue(client, api_name, data)  # an answer came back: the connection held
+    said = str(outputs)
+    if api_name in ("run", "load", "after_run", "max_tokens_update"):
+        assert "is not valid Unicode text" in said and "lone surrogate (U+D" in said, said[:500]
+    assert "\ud800" not in said and "\udfff" not in said
+
+
+@pytest.mark.parametrize("field, value", [("eesd", "false"), ("workers", 1), ("chat", "no"), ("chat", None)])
+def test_a_box_takes_true_or_false_only(server, field, value):
+    """Through bool(), "false" was true: a script's typo ran what it did not ask for."""
+    client, model = server
+    args = dict(zip(("prompt", "model", "exit_layer", "num_stages", "eesd", "draft_len", "max_new_tokens",
+                     "temperature", "top_p", "seed", "exit_head", "workers", "chat", "repeats", "pipeline"),
+                    run_args(model, max_new_tokens=2)))
+    args[field] = value
+    summary = raw_run(client, tuple(args.values()))
+    assert summary == {"error": f"{field} must be true or false, not {value!r}"}, summary
+
+
+def test_every_pipeline_the_docs_name_for_the_run_api_is_one_the_radio_takes():
+    """docs/app.md lists the run API's last field's values: the page's radio takes each, and only those."""
+    import re
+    from pathlib import Path
+
+    docs = (Path(__file__).resolve().parent.parent / "docs" / "app.md").read_text()
+    named = re.findall(r'"([a-z]+)"', re.search(r"timed runs, on (.*?)the fields of", docs, re.S).group(1))
+    radio = next(b for b in create_demo(AppState()).blocks.values() if getattr(b, "elem_id", None) == "pipeline")
+    assert named and set(named) == {value for _, value in radio.choices}, (named, radio.choices)
 
 
 def test_the_private_page_load_handler_reads_only_what_load_may(saved_model):
@@ -556,7 +607,7 @@ def test_one_api_client_cannot_hold_the_line(server):
     refused = client.predict(*run_args(model, max_new_tokens=2), api_name="/run")[-1]
     assert refused == {"error": "you have 2 runs in line already, the most one visitor may: wait for one to "
                                 "finish, or press Stop"}
-    visitor = Client(client.src, verbose=False).submit(*run_args(model, max_new_tokens=3), api_name="/run")
+    visitor = visiting(client.src, "192.0.2.1").submit(*run_args(model, max_new_tokens=3), api_name="/run")
     while not any("ahead of yours" in str(o[0]) for o in visitor.outputs()) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert any("Waiting for the device: 1 run ahead of yours" in str(o[0]) for o in visitor.outputs())
@@ -566,12 +617,68 @@ def test_one_api_client_cannot_hold_the_line(server):
         job.result(timeout=15)
 
 
+def test_a_forwarded_header_a_client_sets_does_not_make_it_another_visitor(server, app_state):
+    """Locally a visitor is its address: uvicorn would believe an X-Forwarded-For sent from
+    127.0.0.1 and call each session someone else; the line does not."""
+    import time
+
+    _, model = server
+    state = AppState(cache=app_state.cache)  # no proxy in front
+    with serving(state) as client:
+        first, second = (visiting(client.src, f"198.51.100.{i}") for i in (1, 2))
+        jobs = [first.submit(*run_args(model, max_new_tokens=240, repeats=9), api_name="/run") for _ in range(2)]
+        deadline = time.monotonic() + 60
+        while len(state.line) < 2 and time.monotonic() < deadline:  # both in line: one decodes, one waits
+            time.sleep(0.05)
+        refused = second.predict(*run_args(model, max_new_tokens=2), api_name="/run")[-1]
+        assert refused == {"error": "you have 2 runs in line already, the most one visitor may: wait for one to "
+                                    "finish, or press Stop"}
+        first.predict(api_name="/stop")
+        for job in jobs:
+            job.result(timeout=30)
+
+
+def test_one_address_with_16_sessions_keeps_a_newcomer_out_for_one_shared_turn_at_most(server, app_state):
+    """A script floods the line from one address with 16 sessions: two places, the rest refused;
+    a newcomer from another address waits behind the run in progress alone, which gives its turn
+    up once it has held the device `shared_seconds` (scaled down here from 60 s) and says so."""
+    import time
+
+    _, model = server
+    state = AppState(cache=app_state.cache, proxy_hops=1, shared_seconds=2.0)
+    with serving(state) as client:
+        client.predict(*run_args(model, max_new_tokens=2), api_name="/run")  # loaded and warm
+        script = [visiting(client.src, f"198.51.100.{i}, 203.0.113.7") for i in range(16)]  # its own header too
+        jobs = [s.submit(*run_args(model, max_new_tokens=240, repeats=9), api_name="/run") for s in script]
+        deadline = time.monotonic() + 120
+        while not all(job.done() or job.outputs() for job in jobs) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        while sum(not job.done() for job in jobs) > 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert sum(not job.done() for job in jobs) == 2  # the script's two places
+        refused = [job.result()[-1] for job in jobs if job.done()]
+        assert len(refused) == 14 and all("runs in line already" in r["error"] for r in refused)
+        arrived = time.monotonic()
+        newcomer = visiting(client.src, "192.0.2.50").submit(*run_args(model, max_new_tokens=3), api_name="/run")
+        summary = newcomer.result(timeout=120)[-1]
+        assert len(summary["ppsd"]["token_ids"]) == 3
+        assert time.monotonic() - arrived < 60  # a 2 s turn, not the script's minutes (generous: a busy machine)
+        seen = [str(o[0]) for o in newcomer.outputs()]
+        assert any("Waiting for the device: 1 run ahead of yours" in s for s in seen), seen[:5]
+        for session, job in zip(script, jobs):
+            if not job.done():
+                session.predict(api_name="/stop")
+        ended = [r for r in (job.result(timeout=60)[-1] for job in jobs) if "error" not in r]
+        assert len(ended) == 2
+        assert any("Another visitor was waiting for the device" in r.get("note", "") for r in ended), ended
+
+
 def test_ten_visitors_at_once_are_queued_see_their_place_and_all_finish(server):
     import time
 
     client, model = server
     client.predict(*run_args(model, max_new_tokens=2), api_name="/run")  # loaded and warm
-    visitors = [Client(client.src, verbose=False) for _ in range(10)]
+    visitors = [visiting(client.src, f"192.0.2.{i}") for i in range(10)]
     jobs = [v.submit(*run_args(model, max_new_tokens=12), api_name="/run") for v in visitors]
     deadline = time.monotonic() + 180
     while not all(job.done() for job in jobs) and time.monotonic() < deadline:
@@ -617,6 +724,41 @@ def test_a_killed_worker_is_a_message_within_seconds_and_the_next_run_starts_fre
     outputs = client.predict(*run_args(model, max_new_tokens=3, workers=True), api_name="/run")
     assert "error" not in outputs[-1] and len(outputs[-1]["ppsd"]["token_ids"]) == 3
     assert current_pool().pids != idle and not any(_running(pid) for pid in idle)
+
+
+@pytest.mark.skipif(len(__import__("os").sched_getaffinity(0)) < 2, reason="K = 2 workers need 2 cores")
+def test_stop_ends_a_run_whose_worker_is_frozen_within_seconds_and_says_so(server):
+    """A worker frozen mid-run (SIGSTOP) cannot answer: Stop tears the pipeline down instead of
+    waiting for it, the page says so, and the next run starts fresh workers."""
+    import os
+    import signal
+    import time
+
+    from ppsd.executors.pool import current_pool
+
+    client, model = server
+    client.predict(*run_args(model, max_new_tokens=2, workers=True), api_name="/run")
+    pids = current_pool().pids
+    try:
+        job = client.submit(*run_args(model, max_new_tokens=240, workers=True, repeats=9), api_name="/run")
+        deadline = time.monotonic() + 60
+        while not job.outputs() or "Running" not in str(job.outputs()[-1][0]):
+            assert time.monotonic() < deadline, [str(o[0])[:200] for o in job.outputs()[-3:]]
+            time.sleep(0.02)
+        os.kill(pids[0], signal.SIGSTOP)
+        time.sleep(0.5)  # the run is now waiting on the frozen worker
+        stopped = time.monotonic()
+        client.predict(api_name="/stop")
+        summary = job.result(timeout=30)[-1]
+        assert time.monotonic() - stopped < 3.0, time.monotonic() - stopped
+        assert summary["stopped"].startswith("Stopped") and "shut down" in summary["note"], summary
+        assert not _running(pids[0])
+        outputs = client.predict(*run_args(model, max_new_tokens=3, workers=True), api_name="/run")
+        assert len(outputs[-1]["ppsd"]["token_ids"]) == 3 and current_pool().pids != pids  # fresh workers
+    finally:
+        for pid in pids:
+            if _running(pid):
+                os.kill(pid, signal.SIGCONT)
 
 
 def _children(pid: int) -> list[int]:

@@ -147,6 +147,29 @@ def test_a_run_pins_this_process_to_stage_1s_cores_and_gives_them_back(model, po
                                              DecodeConfig(method="ar", max_new_tokens=NEW_TOKENS)).token_ids
 
 
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="a pinned thread and the process differ on 2+ cores")
+def test_while_a_run_pins_the_threads_every_thread_still_counts_the_processs_cores(model, pool):
+    """A server's other threads (another visitor's Run) ask how many cores there are while a run
+    holds the pipeline: the process's, not the 1 core its pinned threads keep to."""
+    import threading
+
+    from ppsd.executors.placement import process_cores, usable_cores
+
+    cores, before = os.sched_getaffinity(0), usable_cores()
+    steps = ppsd.stream(model, PROMPTS["short"], DecodeConfig(method="ppsd", max_new_tokens=40), executor=pool)
+    next(steps)
+    seen = {}
+    other = threading.Thread(target=lambda: seen.update(
+        pinned=os.sched_getaffinity(0), cores=process_cores(), usable=usable_cores(),
+        refused=workers_unavailable(2, "cpu")))
+    other.start()
+    other.join()
+    steps.close()
+    assert len(seen["pinned"]) == pool.spec.threads_per_worker  # the run did pin this other thread
+    assert seen["cores"] == cores and seen["usable"] == before and seen["refused"] is None
+    assert process_cores() == cores
+
+
 def test_a_second_run_while_one_holds_the_pipeline_is_refused_and_the_pool_kept(model, pool, monkeypatch):
     """The executor owns its run lock, from `begin` to `end`: callers hold none."""
     monkeypatch.setattr(pool, "spec", replace(pool.spec, timeout=0.2))  # how long a second run waits

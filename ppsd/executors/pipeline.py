@@ -88,6 +88,7 @@ class DistributedExecutor:
         self._discarded: list[tuple[object, torch.Tensor]] = []  # reports of run-ahead work a rollback dropped
         self._clock = Stopwatch()
         self._pinning = StageOnePinning(spec)
+        self.aborted = False  # `abort` killed the workers (a Stop that could not wait), not a fault
         self._state = "new"  # new, open, closed; broken: a failed group (kill the workers, send nothing)
 
     # Lifecycle -----------------------------------------------------------------------------
@@ -135,6 +136,13 @@ class DistributedExecutor:
             dist.destroy_process_group()
         GROUPS.clear()
         self._pinning.release()  # the run it broke ends later, and frees the run lock then
+
+    def abort(self) -> None:
+        """End the run in progress now, from another thread, however its workers are (frozen,
+        or busy past the call timeout): kill them, so the call waiting on them fails at once, and
+        the run's own thread closes the pool (`PipelineError`). The next run starts fresh ones."""
+        self.aborted = True
+        self._workers.kill()
 
     @property
     def alive(self) -> bool:

@@ -59,6 +59,16 @@ class WorkerProcesses:
                 process.kill()
                 process.join(timeout=5.0)
 
+    def kill(self) -> None:
+        """SIGKILL every worker now, from any thread, without waiting: a frozen one (SIGSTOP) ends
+        too, its sockets close, and whoever waits on it fails at once (and reaps it)."""
+        for process in self.processes:
+            if _exists(process.pid):
+                try:
+                    os.kill(process.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+
     def culprit(self) -> str | None:
         """Which worker died, and how, if one did."""
         time.sleep(0.2)  # let a dying worker finish dying, so it is named rather than its neighbour
