@@ -16,6 +16,7 @@ from ppsd.executors.pool import on_zerogpu
 
 from .line import DeviceLine, StopRegistry
 from .models import ModelCache
+from .zerogpu import on_import_thread
 from .request import MAX_RUN_SECONDS
 
 QUEUE_SIZE = 16  # runs that may wait for the device; one more is told the demo is busy
@@ -55,6 +56,10 @@ class AppState:
     @classmethod
     def from_environment(cls) -> AppState:
         """The state a deployed server runs with: the models and heads PPSD_MODELS, PPSD_HEADS and
-        SPACE_ID allow; on ZeroGPU (SPACES_ZERO_GPU), models warm up in the GPU call that decodes,
-        not in the main process that loads them."""
-        return cls(cache=ModelCache(allowed=allowed_models(), allowed_heads=allowed_heads(), warm=not on_zerogpu()))
+        SPACE_ID allow; on ZeroGPU (SPACES_ZERO_GPU), models load on the thread that imported
+        `spaces` and warm up in the GPU call that decodes, not in the main process."""
+        zerogpu = on_zerogpu()
+        # On ZeroGPU a model loads on the thread that imported `spaces`, where `.to("cuda")` is emulated.
+        loader = on_import_thread(ppsd.load_model) if zerogpu else ppsd.load_model
+        return cls(cache=ModelCache(allowed=allowed_models(), allowed_heads=allowed_heads(), warm=not zerogpu,
+                                    loader=loader))
