@@ -16,7 +16,7 @@ import math
 from typing import Any, Callable
 
 from ppsd.config import whole_number
-from ppsd.static_cache import bucket_for
+from ppsd.static_cache import buckets_to, run_reach
 
 from .request import MAX_RUN_SECONDS, RunRequest
 
@@ -38,16 +38,10 @@ ANONYMOUS_DAILY_SECONDS = 120  # a visitor not signed in, a day (Hugging Face's 
 PROMPT_CHARS_PER_TOKEN = 1  # a prompt's tokens when its model's tokenizer is not at hand: at most one a character
 
 
-def buckets(reach: int) -> int:
-    """How many length buckets (`ppsd.static_cache.bucket_for`) a run reaching `reach` positions captures."""
-    return int(math.log2(bucket_for(reach) // bucket_for(1))) + 1
-
-
 def reach(prompt_tokens: int, request: RunRequest) -> int:
-    """The furthest position a run of `request` may write: the prompt, every new token, and the
-    drafts in flight past the last one (each stage's, g at most)."""
-    return (prompt_tokens + whole_number("max_new_tokens", request.max_new_tokens)
-            + whole_number("stages", request.num_stages) * (whole_number("draft_len", request.draft_len) + 1))
+    """The furthest position a run of `request` may write (`ppsd.static_cache.run_reach`)."""
+    return run_reach(prompt_tokens, whole_number("max_new_tokens", request.max_new_tokens),
+                     whole_number("stages", request.num_stages), whole_number("draft_len", request.draft_len))
 
 
 def gpu_seconds(form: tuple, run_seconds: float = MAX_RUN_SECONDS,
@@ -66,7 +60,7 @@ def gpu_seconds(form: tuple, run_seconds: float = MAX_RUN_SECONDS,
         captured = request.workers and request.pipeline in ("auto", "graphed")
         decode = runs * tokens * (CAPTURED_TOKEN_SECONDS if captured else EAGER_TOKEN_SECONDS)
         prompt = count_tokens(request) if count_tokens else len(request.prompt) // PROMPT_CHARS_PER_TOKEN
-        capture = buckets(reach(prompt, request)) * CAPTURE_SECONDS_PER_BUCKET if captured else 0.0
+        capture = len(buckets_to(reach(prompt, request))) * CAPTURE_SECONDS_PER_BUCKET if captured else 0.0
     except (TypeError, ValueError, OverflowError):
         decode = capture = 0.0
     return math.ceil(SETUP_SECONDS + capture + min(decode, run_seconds))

@@ -29,6 +29,7 @@ What the real `spaces` package (0.51) does, and what the page does about it:
 from __future__ import annotations
 
 import functools
+import multiprocessing
 import os
 import queue
 import threading
@@ -146,7 +147,7 @@ def on_fresh_thread(fn: Callable[..., Iterator[Any]], every: float = HEARTBEAT_S
             while (item := (yield from _beating(thread.submit(next, items, _END), every))) is not _END:
                 yield item
         finally:  # after the step in flight, never waiting for it here
-            if items is not None:
+            if hasattr(items, "close"):
                 thread.submit(items.close)
             thread.shutdown(wait=False)
 
@@ -160,6 +161,56 @@ def _beating(future: Future, every: float) -> Iterator[Heartbeat]:
             return future.result(timeout=every)
         except FutureTimeout:
             yield HEARTBEAT
+
+
+# --------------------------------------------------------------------------- what a reused worker keeps
+
+
+@dataclass
+class _Kept:
+    """The executor a GPU call built, kept in its worker for the next call: what it serves."""
+
+    key: tuple
+    executor: Any
+
+
+_kept: _Kept | None = None
+
+
+def _in_a_call() -> bool:
+    return active() and multiprocessing.current_process().daemon
+
+
+def ready_pipeline(kind: Any, setup: Any, progress: Callable[[str], None]) -> Any:
+    """`kind.ready(setup)`; in a ZeroGPU call, kept in the worker for the next call with the same
+    weights, exit head and stages, which then starts at once with its threads, warm-up and
+    captured steps (made ready for the new run's length: `prepare`). One is kept at a time; a
+    kind shared anyway (worker processes) is left to itself."""
+    global _kept
+    if not _in_a_call() or kind.shared:
+        return kind.ready(setup, progress=progress)
+    key = (kind.name, id(setup.model.hf_model), id(setup.model.exit_head), setup.partition)
+    if _kept is not None and _kept.key == key:  # the weights it holds keep their ids its own
+        prepare = getattr(_kept.executor, "prepare", None)
+        if prepare is not None:
+            from ppsd.executors.kinds import reach  # noqa: PLC0415
+
+            progress("Capturing the steps for this run's length")
+            prepare(reach(setup))
+        return _kept.executor
+    if _kept is not None:
+        _kept, old = None, _kept
+        old.executor.close()
+    executor = kind.ready(setup, progress=progress)
+    if executor is not None:
+        _kept = _Kept(key, executor)
+    return executor
+
+
+def release_pipeline(kind: Any, executor: Any) -> None:
+    """After a run: `kind.release(executor)`, unless this worker keeps it for the next call."""
+    if _kept is None or executor is not _kept.executor:
+        kind.release(executor)
 
 
 # --------------------------------------------------------------------------- the importing thread
@@ -195,14 +246,14 @@ def on_import_thread(fn: Callable[..., T]) -> Callable[..., T]:
     return run
 
 
-def serve_import_thread(poll: float = 0.1) -> None:
+def serve_import_thread(stop: threading.Event | None = None, poll: float = 0.1) -> None:
     """Serve `on_import_thread`'s work on this thread (the one that imported `spaces`) until
-    interrupted (Ctrl-C, SIGTERM as SystemExit): the entry point's last call, after launch."""
+    `stop` is set or interrupted (Ctrl-C, SIGTERM as SystemExit): the entry point's last call."""
     global _serving
     jobs: queue.SimpleQueue = queue.SimpleQueue()
     _serving = _ImportThread(os.getpid(), threading.get_ident(), jobs)
     try:
-        while True:
+        while stop is None or not stop.is_set():
             try:
                 done, job = jobs.get(timeout=poll)
             except queue.Empty:
