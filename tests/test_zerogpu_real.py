@@ -11,7 +11,6 @@ would ask for.
 
 from __future__ import annotations
 
-import re
 import threading
 import time
 import urllib.request
@@ -23,7 +22,7 @@ from gradio_client import Client
 import ppsd
 from app import view
 from app.request import FORM
-from conftest import CHROMIUM, free_port, open_page
+from conftest import free_port
 from ppsd.model import TINY_MODEL
 from ppsd.model_source import default_available
 
@@ -140,17 +139,17 @@ def space_page(api, tmp_path_factory):
 
 def test_on_a_space_load_works_from_any_thread_and_the_default_run_asks_for_at_most_30_s(api, space_page):
     """CUDA emulation is the importing thread's alone: Load, run on one of Gradio's threads, still
-    gives a model on (emulated) CUDA, as the start-up load does. The default Run asks for at most
-    30 s, which the package multiplies by 1.5: two Runs fit an anonymous visitor's 120 s a day.
-    (The Run itself cannot decode on this CPU: its worker finds no CUDA.)"""
-    from gradio_client import Client
-
+    gives a model on (emulated) CUDA, as the start-up load does. The page's default Run, with a
+    Space's defaults (the stages at once, on the captured steps), asks for at most 30 s, which the
+    package multiplies by 1.5: two Runs fit an anonymous visitor's 120 s a day. (The Run itself
+    cannot decode on this CPU: its worker finds no CUDA.)"""
     url, tmp = space_page
-    with open_page((url, ppsd.DEFAULT_MODEL, True)) as page:
-        shown = _lease_shown(page)
-        asked = len(api.durations)
-        page.locator("#run").click()
-        page.locator("#run-message .run-message-error, .toast-body").first.wait_for(timeout=120_000)
-    assert api.durations[asked:] == [shown] and shown <= 30, (api.durations, shown)
-    status = Client(url, verbose=False).predict(TINY_MODEL, api_name="/load")[0]
-    assert "model-ok" in status and "cuda:0" in status, status
+    client = Client(url, verbose=False)
+    asked = len(api.durations)
+    try:
+        client.submit(api_name="/run").result(timeout=120)
+    except Exception:  # noqa: BLE001 - the worker's "AssertionError" (no CUDA here): only the lease counts
+        pass
+    assert len(api.durations) == asked + 1 and api.durations[-1] <= 30, api.durations
+    status = client.predict(TINY_MODEL, api_name="/load")[0]
+    assert "model-ok" in status and "cuda:0" in status, (status, zerogpu_real.log_tail(tmp))
