@@ -245,3 +245,38 @@ def test_a_load_handed_to_the_importing_thread_runs_there_and_anywhere_else_runs
         stop.set()
         served.join(10)
     assert zerogpu._serving is None and where() == threading.current_thread().name
+
+
+def _python_312() -> str | None:
+    """A Python 3.12 (what the Space's front matter names), on PATH or under pyenv."""
+    import glob
+    import shutil
+
+    import subprocess
+
+    candidates = [*sorted(glob.glob(str(Path.home() / ".pyenv/versions/3.12*/bin/python3.12"))),
+                  *filter(None, [shutil.which("python3.12")])]  # pyenv's shim may name one it cannot run
+    for python in candidates:
+        answer = subprocess.run([python, "--version"], capture_output=True, text=True)
+        if answer.returncode == 0 and answer.stdout.startswith("Python 3.12"):
+            return python
+    return None
+
+
+def test_the_code_compiles_under_the_python_a_zerogpu_space_runs(tmp_path):
+    """ZeroGPU runs Python 3.10.13 or 3.12.12; the front matter asks for 3.12. Every source file
+    compiles under a 3.12 (its byte code kept out of the checkout). Only compiling: a torch for
+    3.12 is gigabytes, so the suite itself runs under this project's Python."""
+    import re
+    import subprocess
+
+    python = _python_312()
+    if python is None:
+        pytest.skip("no python3.12 on PATH or under ~/.pyenv")
+    root = Path(__file__).resolve().parent.parent
+    front_matter = (root / "README.md").read_text().split("---")[1]
+    assert re.search(r'^python_version: "3\.12"$', front_matter, re.M), front_matter
+    done = subprocess.run([python, "-m", "compileall", "-q", "app.py", "app", "ppsd", "tools", "tests"], cwd=root,
+                          env={"PYTHONPYCACHEPREFIX": str(tmp_path), "PATH": "/usr/bin:/bin"},
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
