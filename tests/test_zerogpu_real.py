@@ -87,6 +87,7 @@ def test_runs_reuse_the_worker_stop_a_refusal_in_words_and_another_model(api, cp
     """One visitor, in order (each step needs the one before): the default Run ends with a
     headline and no error; a second Run, on the reused worker, shows its first token within 5 s;
     Stop 4 s into it ends it within 3 s while the server answers another request within 2 s; a
+    client that leaves mid-run never stalls the server for 2 s; a
     refusal for quota, in the package's words and what to do; Load of another model, then a Run
     on it, which the reused worker (forked before that Load) loads in the call. One worker is
     forked for all of it."""
@@ -110,6 +111,16 @@ def test_runs_reuse_the_worker_stop_a_refusal_in_words_and_another_model(api, cp
     assert answered and answered[0] < 2.0, f"the server answered in {answered} s"
     job.result(timeout=30)
 
+    # A client that leaves mid-run (Gradio closes the call's generator, on its event loop, which
+    # waits for the worker's next item): the server keeps answering, and the worker serves on.
+    job = client.submit(api_name="/run")
+    _until(job, lambda out: 'class="tok tok-' in str(out[STREAM_AR]), 60)
+    time.sleep(3.0)
+    job.cancel()
+    slowest = max(_answer_seconds(url) for _ in range(20))
+    print(f"while a left run's call closed, the slowest of 20 answers took {slowest:.2f} s")
+    assert slowest < 2.0, f"the server took {slowest:.1f} s to answer while a call closed"
+
     api.quota_left = 3
     try:
         last = client.submit(api_name="/run").result(timeout=60)
@@ -126,7 +137,7 @@ def test_runs_reuse_the_worker_stop_a_refusal_in_words_and_another_model(api, cp
     headline = _finished(client.submit(*form, api_name="/run"), tmp)
     assert "than AR" in headline
     assert _workers_forked(tmp) == 1, "each call was to reuse the first worker (the API said idle)"
-    assert len(api.durations) == 4 and api.durations[0] == api.durations[1]  # the default form, twice
+    assert len(api.durations) == 5 and api.durations[0] == api.durations[1]  # the default form, thrice
 
 
 @pytest.fixture(scope="module")
