@@ -50,8 +50,8 @@ def gpu_seconds(form: tuple, run_seconds: float = MAX_RUN_SECONDS,
     the set-up, the capture of every bucket it reaches, then every token of every timed run of
     every method (plain AR too, with the stages at once), on the captured steps when the stages run
     at once, else eager; never more than the run's own time limit allows. `count_tokens` gives the
-    prompt's tokens (default: its characters). The default run (64 tokens, 3 timed runs, AR, PPSD
-    and plain AR) asks for 15 s. A form that does not check out (it will be refused in words)
+    prompt's tokens (default: its characters). The default run on a GPU (64 tokens, 3 timed runs
+    of AR, PPSD and plain AR on the captured steps, 2-3 buckets) asks for 16-17 s. A form that does not check out (it will be refused in words)
     asks for the least."""
     try:
         request = RunRequest.from_form(*form)
