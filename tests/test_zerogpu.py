@@ -280,3 +280,25 @@ def test_the_code_compiles_under_the_python_a_zerogpu_space_runs(tmp_path):
                           env={"PYTHONPYCACHEPREFIX": str(tmp_path), "PATH": "/usr/bin:/bin"},
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_on_zerogpu_the_page_says_before_run_what_the_run_will_ask_for(monkeypatch):
+    """On ZeroGPU the page shows, from its first load and as the form changes, the GPU seconds the
+    Run will ask for: the very number its call hands ZeroGPU for the same form."""
+    import types
+
+    from app import AppState, create_demo
+
+    leases = []
+    fake = types.ModuleType("spaces")
+    fake.GPU = lambda duration: (leases.append(duration), lambda fn: fn)[1]
+    monkeypatch.setitem(sys.modules, "spaces", fake)
+    monkeypatch.setenv("SPACES_ZERO_GPU", "true")
+    demo = create_demo(AppState())
+    (duration,) = leases
+    (shown,) = [block for block in demo.blocks.values() if getattr(block, "elem_id", None) == "gpu-lease"]
+    sayers = [fn for fn in demo.fns.values() if shown in fn.outputs]
+    assert {"load", "change"} <= {event for fn in sayers for _, event in fn.targets}
+    form = [component.value for component in sayers[0].inputs]  # the page's defaults
+    said = sayers[0].fn(*form)
+    assert said["visible"] and f"asks ZeroGPU for {duration(0, *form)} s of GPU" in said["value"]
