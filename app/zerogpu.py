@@ -41,6 +41,8 @@ from typing import Any, Callable, Iterator, TypeVar
 from ppsd.executors.placement import usable_cores
 from ppsd.executors.pool import on_zerogpu as active  # the library's workers ask the same
 
+from .lease import advice
+
 HEARTBEAT_SECONDS = 0.5  # a call never goes longer without an item: closing it waits for the next one
 _END = object()
 T = TypeVar("T")
@@ -117,8 +119,6 @@ def refusal(error: BaseException, seconds: int) -> str | None:
     if getattr(error, "title", None) not in REFUSALS:
         return None
     said = str(getattr(error, "message", "") or error).strip()
-    from .lease import advice  # noqa: PLC0415 - the lease's words live with its sizing
-
     return f"{error.title}: {said} {advice(seconds)}"
 
 
