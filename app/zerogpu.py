@@ -82,10 +82,10 @@ def prepare_main_process() -> None:
 
 def gpu_call(fn: Callable[..., Iterator[Any]], duration: Callable[..., int]) -> Callable[..., Iterator[Any]]:
     """The generator function `fn` as a GPU call: `spaces.GPU`, its lease sized per call by
-    `duration(*args)`, where the package is installed (else `fn` as is, in this process). The
+    `duration(*args)`, on ZeroGPU (elsewhere `fn` as is, in this process, `spaces` installed or not). The
     body runs on a thread of its own (`on_fresh_thread`), whoever forked the process it runs in;
     its heartbeats are dropped here, and a refusal by the package becomes a ValueError in words."""
-    spaces = import_spaces()
+    spaces = import_spaces() if active() else None
     if spaces is None:
         return fn
     call = spaces.GPU(duration=duration)(on_fresh_thread(fn))

@@ -121,7 +121,7 @@ def test_a_call_forked_while_another_model_loads_still_decodes(zerogpu_state, mo
     assert outputs and "than AR" in outputs[-1][0]
 
 
-def test_worker_processes_are_refused_on_zerogpu_not_wherever_spaces_is_installed(monkeypatch):
+def test_worker_processes_and_gpu_calls_are_for_zerogpu_not_wherever_spaces_is_installed(monkeypatch):
     """`spaces` is installed on every Space; only ZeroGPU (SPACES_ZERO_GPU) lends the GPU to one
     process for one call, so only there are worker processes refused on a GPU."""
     import sys
@@ -129,9 +129,13 @@ def test_worker_processes_are_refused_on_zerogpu_not_wherever_spaces_is_installe
 
     from ppsd.executors.pool import workers_unavailable
 
+    from app import zerogpu
+
     monkeypatch.setitem(sys.modules, "spaces", types.ModuleType("spaces"))
     monkeypatch.delenv("SPACES_ZERO_GPU", raising=False)
     assert workers_unavailable(2, "cuda") is None
+    decode = lambda slot: iter(())  # noqa: E731
+    assert zerogpu.gpu_call(decode, duration=lambda slot: 10) is decode  # a run on a CPU Space: in this process
     monkeypatch.setenv("SPACES_ZERO_GPU", "true")
     assert "ZeroGPU" in workers_unavailable(2, "cuda")
 
@@ -151,6 +155,7 @@ def test_the_lease_follows_the_run_and_the_default_run_on_a_gpu_asks_for_at_most
     fake = types.ModuleType("spaces")
     fake.GPU = lambda duration: (leases.append(duration), lambda fn: fn)[1]
     monkeypatch.setitem(sys.modules, "spaces", fake)
+    monkeypatch.setenv("SPACES_ZERO_GPU", "true")
     create_demo(AppState(run_seconds=120))
     (duration,) = leases
     form = lambda **kw: tuple(getattr(RunRequest(prompt="hi", **kw), name) for name in FORM)  # noqa: E731
@@ -188,6 +193,7 @@ def test_a_refusal_by_the_package_reaches_the_page_in_its_words_and_what_to_do(m
     fake = types.ModuleType("spaces")
     fake.GPU = refusing
     monkeypatch.setitem(sys.modules, "spaces", fake)
+    monkeypatch.setenv("SPACES_ZERO_GPU", "true")
     decode = zerogpu.gpu_call(lambda slot: iter(()), duration=lambda slot: 30)
     with pytest.raises(ValueError) as refused:
         list(decode(0))
