@@ -27,7 +27,7 @@ from ppsd.model import resolve_device
 from . import lease, render, view, zerogpu
 from .handlers import (DEFAULT_LAYERS, model_status, on_eesd, after_run, idle_outputs,
                        max_tokens_update, on_diagram, on_exit, on_load, on_page_load, on_decode, on_replay, on_run,
-                       on_settings, on_stages, on_stages_warning, on_step, on_steps_ready, on_stop)
+                       on_settings, on_stages, on_stages_warning, on_step, on_steps_ready, on_stop, ordered)
 from .page_text import INTRO, STAGES_LABEL, TIMELINE_CAPTION, TITLE, WORKERS_LABEL, load_examples
 from .request import DEFAULT_REPEATS, FORM, MAX_REPEATS
 from .state import AppState
@@ -323,7 +323,7 @@ def _wire_runs(state: AppState, c: dict[str, Any], r: dict[str, Any], race: gr.H
     # The device's part of a run, a GPU call on ZeroGPU, leased per call from the run's inputs. The
     # state is bound before `spaces.GPU` wraps it: ZeroGPU pickles the call's arguments to its
     # forked process, and the state (locks, loaded models) reaches it by the fork instead.
-    decode = zerogpu.gpu_call(_bind(on_decode, state),
+    decode = zerogpu.gpu_call(_bind(on_decode, state), heartbeat=ordered({}),  # every output as it is
                               duration=lease.duration(state.run_seconds, lease.counter(state.cache.find)))
     run_event = c["run"].click(
         _bind(on_run, state, decode), [c[name] for name in FORM], [r[name] for name in view.OUTPUTS], api_name="run",

@@ -80,11 +80,14 @@ def prepare_main_process() -> None:
 # --------------------------------------------------------------------------- the GPU call
 
 
-def gpu_call(fn: Callable[..., Iterator[Any]], duration: Callable[..., int]) -> Callable[..., Iterator[Any]]:
+def gpu_call(fn: Callable[..., Iterator[Any]], duration: Callable[..., int], *,
+             heartbeat: Any = None) -> Callable[..., Iterator[Any]]:
     """The generator function `fn` as a GPU call: `spaces.GPU`, its lease sized per call by
     `duration(*args)`, on ZeroGPU (elsewhere `fn` as is, in this process, `spaces` installed or not). The
-    body runs on a thread of its own (`on_fresh_thread`), whoever forked the process it runs in;
-    its heartbeats are dropped here, and a refusal by the package becomes a ValueError in words."""
+    body runs on a thread of its own (`on_fresh_thread`), whoever forked the process it runs in.
+    Each of its heartbeats is yielded here as `heartbeat`, an item the page ignores (None: none is
+    yielded): Gradio closes a generator (a client that left) only between items, so it never
+    waits long to. A refusal by the package becomes a ValueError in words."""
     spaces = import_spaces() if active() else None
     if spaces is None:
         return fn
@@ -97,6 +100,8 @@ def gpu_call(fn: Callable[..., Iterator[Any]], duration: Callable[..., int]) -> 
             for item in items:
                 if not isinstance(item, Heartbeat):
                     yield item
+                elif heartbeat is not None:
+                    yield heartbeat
         except Exception as error:  # noqa: BLE001 - only the package's refusals are reworded
             words = refusal(error, duration(*args))
             if words is None:
@@ -131,20 +136,21 @@ def _take_the_cores() -> None:
         torch.set_num_threads(usable_cores())
 
 
-def on_fresh_thread(fn: Callable[..., Iterator[Any]], every: float = HEARTBEAT_SECONDS) -> Callable[..., Iterator[Any]]:
+def on_fresh_thread(fn: Callable[..., Iterator[Any]], every: float | None = None) -> Callable[..., Iterator[Any]]:
     """The generator function `fn`, created and advanced on one thread started for each call (a
     thread whose OpenMP pool is this process's own), yielding a `HEARTBEAT` whenever `fn` has
-    yielded nothing for `every` seconds. Closed while `fn` works, it returns at once: `fn` is
+    yielded nothing for `every` seconds (None: `HEARTBEAT_SECONDS`). Closed while `fn` works, it returns at once: `fn` is
     closed on its thread after its current step (the run's own Stop ends that step soon)."""
 
     @functools.wraps(fn)
     def wrapped(*args: Any, **kwargs: Any) -> Iterator[Any]:
+        beat = every or HEARTBEAT_SECONDS
         thread = ThreadPoolExecutor(1, thread_name_prefix="gpu-call", initializer=_take_the_cores)
         items: Iterator[Any] | None = None
         try:
             started = thread.submit(fn, *args, **kwargs)
-            items = yield from _beating(started, every)
-            while (item := (yield from _beating(thread.submit(next, items, _END), every))) is not _END:
+            items = yield from _beating(started, beat)
+            while (item := (yield from _beating(thread.submit(next, items, _END), beat))) is not _END:
                 yield item
         finally:  # after the step in flight, never waiting for it here
             if hasattr(items, "close"):

@@ -226,6 +226,28 @@ def test_a_call_yields_a_heartbeat_while_its_work_yields_nothing_and_closes_with
     assert list(zerogpu.on_fresh_thread(lambda: iter(["a", "b"]))()) == ["a", "b"]
 
 
+def test_the_server_side_of_a_call_passes_each_heartbeat_on_as_an_item_the_page_ignores(monkeypatch):
+    """Gradio closes a generator only between items: the server side yields the page's no-change
+    item for each heartbeat of the call, so a client that leaves is let go within a heartbeat."""
+    import types
+
+    from app import zerogpu
+
+    fake = types.ModuleType("spaces")
+    fake.GPU = lambda duration: (lambda fn: fn)  # the call in this process, heartbeats and all
+    monkeypatch.setitem(sys.modules, "spaces", fake)
+    monkeypatch.setenv("SPACES_ZERO_GPU", "true")
+    monkeypatch.setattr(zerogpu, "HEARTBEAT_SECONDS", 0.05)
+
+    def silent_then_done(slot):
+        time.sleep(0.3)
+        yield "done"
+
+    items = list(zerogpu.gpu_call(silent_then_done, duration=lambda slot: 10, heartbeat="no change")(0))
+    assert items[-1] == "done" and items[:-1] and set(items[:-1]) == {"no change"}
+    assert list(zerogpu.gpu_call(silent_then_done, duration=lambda slot: 10)(0)) == ["done"]
+
+
 def test_a_load_handed_to_the_importing_thread_runs_there_and_anywhere_else_runs_in_place():
     """CUDA emulation is the importing thread's alone, so the server's loads run on it while it
     serves; before it serves, on it, or in another process, a load runs where it is called."""
