@@ -33,7 +33,10 @@ EAGER_TOKEN_SECONDS = 2 * 0.0214
 # does not know which it gets, so it asks for both.
 SETUP_SECONDS = 8.0
 CAPTURE_SECONDS_PER_BUCKET = 1.0
-DURATION_FACTOR = 1.5  # what the package multiplies the lease by on the current fleet (`duration_factor`)
+# What the package multiplies the lease by, read from the card's driver (`spaces/zero/configs.json`,
+# `duration_factor`): 1.0 on an H200, 1.5 on an RTX PRO 6000 Blackwell (the current fleet). The
+# product is both the time granted and the quota charged; the page assumes the larger.
+DURATION_FACTOR = 1.5
 ANONYMOUS_DAILY_SECONDS = 120  # a visitor not signed in, a day (Hugging Face's ZeroGPU page)
 PROMPT_CHARS_PER_TOKEN = 1  # a prompt's tokens when its model's tokenizer is not at hand: at most one a character
 
