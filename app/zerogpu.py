@@ -201,7 +201,7 @@ def ready_pipeline(kind: Any, setup: Any, progress: Callable[[str], None]) -> An
         if prepare is not None:
             from ppsd.executors.kinds import reach  # noqa: PLC0415
 
-            progress("Capturing the steps for this run's length")
+            progress("Making the kept steps ready for this run's length")
             prepare(reach(setup))
         return _kept.executor
     if _kept is not None:

@@ -330,3 +330,43 @@ def test_on_zerogpu_the_page_says_before_run_what_the_run_will_ask_for(monkeypat
     form = [component.value for component in sayers[0].inputs]  # the page's defaults
     said = sayers[0].fn(*form)
     assert said["visible"] and f"asks ZeroGPU for {duration(0, *form)} s of GPU" in said["value"]
+
+
+def test_a_reused_worker_keeps_the_executor_for_the_next_call_with_the_same_model_and_stages(monkeypatch):
+    """In a ZeroGPU call the executor a run built stays in the worker: the next call with the same
+    weights, exit head and stages gets it back at once, made ready for its own length; another
+    model or split closes it and builds anew; outside a call every run builds and lets go its own."""
+    import types
+
+    from app import zerogpu
+
+    class Executor:
+        def __init__(self):
+            self.closed, self.prepared = False, []
+
+        def prepare(self, length):
+            self.prepared.append(length)
+
+        def close(self):
+            self.closed = True
+
+    built: list[Executor] = []
+    kind = types.SimpleNamespace(name="graphed", shared=False,
+                                 ready=lambda setup, progress: built.append(Executor()) or built[-1],
+                                 release=lambda executor: executor.close())
+    model = types.SimpleNamespace(hf_model=object(), exit_head=object(), info=types.SimpleNamespace(max_context=2048))
+    setup = lambda partition, tokens=64: types.SimpleNamespace(  # noqa: E731
+        model=model, partition=partition, prompt_ids=(1,) * 10,
+        config=types.SimpleNamespace(max_new_tokens=tokens, num_stages=2, draft_len=4))
+    monkeypatch.setattr(zerogpu, "_kept", None)
+    monkeypatch.setattr(zerogpu, "_in_a_call", lambda: True)
+    first = zerogpu.ready_pipeline(kind, setup((range(0, 18), range(18, 30))), print)
+    zerogpu.release_pipeline(kind, first)
+    again = zerogpu.ready_pipeline(kind, setup((range(0, 18), range(18, 30)), tokens=500), print)
+    assert again is first and not first.closed and len(built) == 1 and first.prepared == [10 + 500 + 10]
+    other = zerogpu.ready_pipeline(kind, setup((range(0, 15), range(15, 30))), print)
+    assert other is not first and first.closed and len(built) == 2
+    monkeypatch.setattr(zerogpu, "_in_a_call", lambda: False)
+    outside = zerogpu.ready_pipeline(kind, setup((range(0, 15), range(15, 30))), print)
+    zerogpu.release_pipeline(kind, outside)
+    assert outside.closed and len(built) == 3 and not other.closed
