@@ -32,7 +32,9 @@ import functools
 import multiprocessing
 import os
 import queue
+import sys
 import threading
+import time
 from concurrent.futures import Future, ThreadPoolExecutor, TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from types import ModuleType
@@ -95,7 +97,7 @@ def gpu_call(fn: Callable[..., Iterator[Any]], duration: Callable[..., int], *,
 
     @functools.wraps(fn)
     def decode(*args: Any) -> Iterator[Any]:
-        items = call(*args)
+        items, started = call(*args), time.perf_counter()
         try:
             for item in items:
                 if not isinstance(item, Heartbeat):
@@ -109,6 +111,10 @@ def gpu_call(fn: Callable[..., Iterator[Any]], duration: Callable[..., int], *,
             raise ValueError(words) from None
         finally:
             items.close()  # Stop or a closed page: the worker ends at its next item (a heartbeat at most)
+            # For the Space's owner: what a call asked for against what it took (scheduling included),
+            # the measurement that can replace the lease's projected set-up (`app.lease`).
+            print(f"GPU call: asked {duration(*args)} s, took {time.perf_counter() - started:.1f} s",
+                  file=sys.stderr, flush=True)
 
     return decode
 

@@ -138,6 +138,8 @@ def test_runs_reuse_the_worker_stop_a_refusal_in_words_and_another_model(api, cp
     assert "than AR" in headline
     assert _workers_forked(tmp) == 1, "each call was to reuse the first worker (the API said idle)"
     assert len(api.durations) == 5 and api.durations[0] == api.durations[1]  # the default form, thrice
+    took = zerogpu_real.log_tail(tmp, 10**9).count("GPU call: asked ")
+    assert took == 5, f"the log says {took} times what a call asked for and took"
 
 
 @pytest.fixture(scope="module")
