@@ -1,6 +1,7 @@
-"""Launch the PPSD demo: `python app.py [--host H] [--port P]` (also GRADIO_SERVER_NAME /
-GRADIO_SERVER_PORT). The composition root: reads arguments and the environment (also PPSD_MODELS,
-PPSD_HEADS, SPACE_ID, SPACES_ZERO_GPU, through `AppState.from_environment`), builds the server's state and hands it to the page."""
+"""Launch the PPSD demo: `python app.py [--host H] [--port P] [--device auto|cpu|cuda]` (also
+GRADIO_SERVER_NAME / GRADIO_SERVER_PORT / PPSD_DEVICE). The composition root: reads arguments and
+the environment (also PPSD_MODELS, PPSD_HEADS, SPACE_ID, SPACES_ZERO_GPU, through
+`AppState.from_environment`), builds the server's state and hands it to the page."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import threading
 import ppsd
 from app import AppState, create_demo, launch_kwargs, zerogpu
 from ppsd.cli import thread_count
+from ppsd.model import DEVICE_VARIABLE
 
 
 def _preload(state: AppState) -> None:
@@ -33,7 +35,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--port", type=int, default=int(os.environ.get("GRADIO_SERVER_PORT", "7860")))
     parser.add_argument("--threads", type=thread_count, default=None,
                         help="CPU threads for torch (default: torch's choice; 1 helps on busy shared CPUs)")
+    parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default=os.environ.get(DEVICE_VARIABLE) or "auto",
+                        help="where models load (default auto: a GPU when there is one; a Space leaves it so). "
+                             "cpu keeps them on the CPU, also under ZeroGPU's emulated CUDA (its tests)")
     args = parser.parse_args(argv)
+    os.environ[DEVICE_VARIABLE] = args.device  # what "auto" means for every model this process loads
     zerogpu.prepare_main_process()
     if args.threads:
         import torch
@@ -52,7 +58,16 @@ def main(argv: list[str] | None = None) -> None:
         # done once, now, while the page comes up; a Run meanwhile waits for it, with its progress shown.
         threading.Thread(target=_preload, args=(state,), name="preload", daemon=True).start()
     demo = create_demo(state)
-    demo.launch(server_name=args.host, server_port=args.port, **launch_kwargs())
+    if not zerogpu.active():
+        demo.launch(server_name=args.host, server_port=args.port, **launch_kwargs())
+        return
+    # This thread imported `spaces`, and only here is `.to("cuda")` emulated: it serves the
+    # page's model loads (Load, a Run naming an unloaded model) for as long as the page is up.
+    demo.launch(server_name=args.host, server_port=args.port, prevent_thread_lock=True, **launch_kwargs())
+    try:
+        zerogpu.serve_import_thread()
+    finally:
+        demo.close()
 
 
 if __name__ == "__main__":

@@ -2,8 +2,9 @@
 
 - `render`, `numbers`, `tables`, `teach`: pure functions, records in, HTML and Plotly figures out;
 - `models`: the loaded models a server shares; `line`: the device line, background waits, Stops;
-- `zerogpu`: the device's part of a run as a ZeroGPU call, and what crosses its fork;
-- `request`: what a visitor asks for (the form, checked) and its GPU lease;
+- `request`: what a visitor asks for (the form, checked); `lease`: the GPU lease it needs on ZeroGPU;
+- `zerogpu`: the device's part of a run as a ZeroGPU call, what crosses its fork, what a reused
+  worker keeps, and the thread that imported `spaces`;
 - `state`: what one server shares (models, device line, Stops), built by the entry point;
 - `runner`: one comparison (AR, PPSD, EESD, timed again), as snapshots;
 - `view`: snapshot -> every output of the page, by name; `page_text`: the page's words;

@@ -47,12 +47,14 @@ def _tell(tell: Callable[[str], None]) -> Callable[[str], None]:
     return both
 
 
-def _loading(cache: ModelCache, name: str, stop: threading.Event | None = None) -> Iterator[str]:
-    """Load `name` into `cache` on a thread, yielding what it is doing (first use: download,
-    conversion, weights, warm-up) twice a second; re-raises the loader's ValueError. Stop ends
-    the wait, not the load: the model is there for the next run."""
+def _loading(cache: ModelCache, name: str, stop: threading.Event | None = None, *,
+             warm: bool | None = None) -> Iterator[str]:
+    """Load `name` into `cache` on a thread (and warm it up, per `warm`: `ModelCache.get`),
+    yielding what it is doing (first use: download, conversion, weights, warm-up) twice a second;
+    re-raises the loader's ValueError. Stop ends the wait, not the load: the model is there for
+    the next run."""
     stop = stop or threading.Event()
-    loading = Background(lambda tell: cache.get(name, progress=_tell(tell)), "model-load")
+    loading = Background(lambda tell: cache.get(name, progress=_tell(tell), warm=warm), "model-load")
     for doing in loading.progress(stop, f"Loading {name}"):
         yield f"{doing} (first use only)"
     if not stop.is_set():
@@ -192,11 +194,20 @@ def on_decode(state: AppState, stop_slot: int, *form: Any) -> Iterator[tuple]:
     """The device's part of a Run: the comparison `form` asks for, its outputs as they come. On
     ZeroGPU this is the GPU call, in a forked child: it finds the model in its copy of the
     server's memory, its Stop by `stop_slot` (`app.line.StopRegistry.flag`), and chooses the
-    pipeline there (`app.runner`); what it refuses reaches the page in words."""
+    pipeline there (`app.runner`); what it refuses reaches the page in words. A model it lacks (a
+    reused ZeroGPU worker forked before the server loaded it) it loads and warms up here first,
+    saying so twice a second."""
+    stop = state.stops.flag(stop_slot)
     try:
-        yield from _updates(run_comparison(RunRequest.from_form(*form), state.cache,
-                                           stop=state.stops.flag(stop_slot), time_limit=state.run_seconds,
-                                           shared_limit=state.shared_seconds))
+        run = RunRequest.from_form(*form)
+        if not state.cache.ready(run.model):
+            for doing in _loading(state.cache, run.model, stop, warm=True):
+                yield ordered(view.status(doing, run, "model"))
+            if stop.is_set():
+                yield ordered(view.stopped_before())
+                return
+        yield from _updates(run_comparison(run, state.cache, stop=stop, time_limit=state.run_seconds,
+                                         shared_limit=state.shared_seconds))
     except ValueError as error:
         yield ordered(view.failed(str(error)))
 

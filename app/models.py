@@ -135,6 +135,11 @@ class ModelCache:
         key = self._aliases.get(str(name).strip())
         return self._models.get(key) if key is not None else None
 
+    def ready(self, name: str) -> bool:
+        """Is `name` loaded and warmed up in this process (a forked one warms its own copy)?"""
+        found = self.find(name)
+        return found is not None and (os.getpid(), found.key) in self._warmed
+
     def clear(self) -> None:
         with self._lock:
             self._models.clear()

@@ -1,11 +1,10 @@
 """What a visitor asks for: one comparison's settings as the page's form sends them
-(`RunRequest`, its fields in `FORM`'s order), checked where they are used, and the GPU lease
-such a run needs on ZeroGPU (`gpu_seconds`). Plain data: nothing here loads or decodes.
+(`RunRequest`, its fields in `FORM`'s order), checked where they are used (the GPU lease such a
+run needs on ZeroGPU is `app.lease`'s). Plain data: nothing here loads or decodes.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -116,25 +115,3 @@ def unicode_text(name: str, text: Any) -> str:
 TEXTS = ("prompt", "model", "exit_head", "pipeline")  # the run's text fields, each checked by `unicode_text`
 FORM = tuple(f.name for f in fields(RunRequest))  # the page's run inputs, in the order it sends them
 PLAIN = "plain"  # the walls' key of plain AR: this one process on every core it may use, no pipeline
-# What a ZeroGPU lease is sized from (`gpu_seconds`). A token: eager AR in one process, the slowest
-# way this page decodes on a GPU, measured at 21.4 ms a token on a whole NVIDIA H200
-# (docs/benchmarks.md, "The captured-step engine"), doubled because ZeroGPU lends about half a
-# card; the captured steps, the default there, measured 3.7-4.9 ms. A call's setup (the model onto
-# the card, its warm-up, the steps' capture) is an estimate, not yet measured on ZeroGPU.
-GPU_TOKEN_SECONDS = 2 * 0.0214
-GPU_SETUP_SECONDS = 15.0
-
-
-def gpu_seconds(form: tuple, run_seconds: float = MAX_RUN_SECONDS) -> int:
-    """Seconds of GPU to ask ZeroGPU for the run `form` (the page's run inputs, in `FORM`'s order):
-    the call's setup, then every token of every timed run of every method (plain AR too, with
-    the stages at once) at `GPU_TOKEN_SECONDS`, never more than the run's own time limit allows.
-    The default run (64 tokens, 3 timed runs, AR, PPSD and plain AR) asks for 40 s. A form that
-    does not check out (it will be refused in words) asks for the least."""
-    try:
-        request = RunRequest.from_form(*form)
-        runs = request.rounds() * (len(request.methods) + request.workers)
-        decode = runs * whole_number("max_new_tokens", request.max_new_tokens) * GPU_TOKEN_SECONDS
-    except (TypeError, ValueError):
-        decode = 0.0
-    return math.ceil(GPU_SETUP_SECONDS + min(decode, run_seconds))

@@ -33,6 +33,7 @@ from ppsd.metrics import speedup
 from ppsd.setup import RunSetup, device_sync
 from ppsd.trace import Stopwatch
 
+from . import zerogpu
 from .line import Background, StopGuard
 from .models import Loaded, ModelCache
 from .request import MAX_RUN_SECONDS, PLAIN, RunRequest
@@ -205,7 +206,8 @@ def _compare(request: RunRequest, cache: ModelCache, throttle: float, stop: thre
             snapshot.walls[method] = [run.wall()]
         yield from _time_again(snapshot, request.rounds(), pipeline, stop)
     finally:
-        KINDS[snapshot.pipeline].release(pipeline)  # threads live for one run; the worker processes stay
+        # threads live for one run (in a ZeroGPU call, until the next); the worker processes stay
+        zerogpu.release_pipeline(KINDS[snapshot.pipeline], pipeline)
     snapshot.active, snapshot.done, snapshot.status = None, True, ""
     yield snapshot
 
@@ -233,12 +235,12 @@ def _start_pipeline(kind: ExecutorKind, setup: RunSetup, snapshot: Snapshot, sto
     """`kind`'s executor, ready, saying what it does as it starts (worker processes take
     seconds); None once `stop` is set (what was built for this run alone is let go)."""
     snapshot.active, snapshot.pipeline = "workers", kind.name
-    starting = Background(lambda tell: kind.ready(setup, progress=tell), "pipeline-start")
+    starting = Background(lambda tell: zerogpu.ready_pipeline(kind, setup, tell), "pipeline-start")
     for snapshot.status in starting.progress(stop, f"Starting the {kind.choice}"):
         yield snapshot
     if stop.is_set():
         if not kind.shared:  # built for this run alone: wait the moment it takes, and let it go
-            kind.release(starting.value())
+            zerogpu.release_pipeline(kind, starting.value())
         return None
     snapshot.status = ""
     return starting.value()

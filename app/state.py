@@ -19,6 +19,7 @@ from .models import ModelCache
 from .request import MAX_RUN_SECONDS, SHARED_RUN_SECONDS
 from .sessions import SESSION_IDLE_SECONDS
 from .visitors import proxy_hops_from_environment
+from .zerogpu import on_import_thread
 
 QUEUE_SIZE = 16  # runs that may wait for the device; one more is told the demo is busy
 
@@ -60,7 +61,11 @@ class AppState:
     @classmethod
     def from_environment(cls) -> AppState:
         """The state a deployed server runs with: the models and heads PPSD_MODELS, PPSD_HEADS and
-        SPACE_ID allow; on ZeroGPU (SPACES_ZERO_GPU), models warm up in the GPU call that decodes,
-        not in the main process that loads them."""
-        return cls(cache=ModelCache(allowed=allowed_models(), allowed_heads=allowed_heads(), warm=not on_zerogpu()),
+        SPACE_ID allow; on ZeroGPU (SPACES_ZERO_GPU), models load on the thread that imported
+        `spaces` and warm up in the GPU call that decodes, not in the main process."""
+        zerogpu = on_zerogpu()
+        # On ZeroGPU a model loads on the thread that imported `spaces`, where `.to("cuda")` is emulated.
+        loader = on_import_thread(ppsd.load_model) if zerogpu else ppsd.load_model
+        return cls(cache=ModelCache(allowed=allowed_models(), allowed_heads=allowed_heads(), warm=not zerogpu,
+                                    loader=loader),
                    proxy_hops=proxy_hops_from_environment())

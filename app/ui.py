@@ -24,12 +24,12 @@ from ppsd.executors.kinds import choose, concurrent_by_default, concurrent_kinds
 from ppsd.heads import default_exit_layer
 from ppsd.model import resolve_device
 
-from . import render, view, zerogpu
+from . import lease, render, view, zerogpu
 from .handlers import (DEFAULT_LAYERS, model_status, on_eesd, after_run, idle_outputs,
                        max_tokens_update, on_diagram, on_exit, on_load, on_page_load, on_decode, on_replay, on_run,
-                       on_settings, on_stages, on_stages_warning, on_step, on_steps_ready, on_stop)
+                       on_settings, on_stages, on_stages_warning, on_step, on_steps_ready, on_stop, ordered)
 from .page_text import INTRO, STAGES_LABEL, TIMELINE_CAPTION, TITLE, WORKERS_LABEL, load_examples
-from .request import DEFAULT_REPEATS, FORM, MAX_REPEATS, gpu_seconds
+from .request import DEFAULT_REPEATS, FORM, MAX_REPEATS
 from .sessions import sweep_sessions
 from .state import AppState
 from .visitors import distrust_forwarded_headers
@@ -116,6 +116,7 @@ def create_settings(run_seconds: float) -> dict[str, Any]:
                                f"A run may hold the device {run_seconds:g} s; past that it ends with "
                                "what it has.")
     c.update(_pipeline_controls())
+    c["lease"] = gr.HTML(view.message(), visible=False, elem_id="gpu-lease")  # ZeroGPU's lease (`_wire_runs`)
     with gr.Accordion("Sampling and EESD settings", open=False):
         c.update(_sampling_controls())
     return c
@@ -302,6 +303,8 @@ def create_demo(state: AppState | None = None) -> gr.Blocks:
         for method in ("ar", "ppsd", "eesd"):
             r[f"stats_{method}"], r[f"stream_{method}"] = r.pop(method)
         run_handlers = _wire_runs(state, c, r, race, replay, steps)
+        if zerogpu.active():
+            _wire_lease(state, demo, c)
         _wire_settings(state, c, r, eesd_column)
         r["drafts"].change(None, r["drafts"], None, js=SHOW_DRAFTS_JS)  # in the browser: no server call
         c["present"].change(None, c["present"], None, js=PRESENT_JS)
@@ -324,8 +327,8 @@ def _wire_runs(state: AppState, c: dict[str, Any], r: dict[str, Any], race: gr.H
     # The device's part of a run, a GPU call on ZeroGPU, leased per call from the run's inputs. The
     # state is bound before `spaces.GPU` wraps it: ZeroGPU pickles the call's arguments to its
     # forked process, and the state (locks, loaded models) reaches it by the fork instead.
-    decode = zerogpu.gpu_call(_bind(on_decode, state),
-                              duration=lambda slot, *form: gpu_seconds(form, state.run_seconds))
+    decode = zerogpu.gpu_call(_bind(on_decode, state), heartbeat=ordered({}),  # every output as it is
+                              duration=lease.duration(state.run_seconds, lease.counter(state.cache.find)))
     run_event = c["run"].click(
         _bind(on_run, state, decode), [c[name] for name in FORM], [r[name] for name in view.OUTPUTS], api_name="run",
         concurrency_limit=run_handlers, concurrency_id="run", show_progress="hidden", trigger_mode="once",
@@ -347,6 +350,17 @@ def _wire_runs(state: AppState, c: dict[str, Any], r: dict[str, Any], race: gr.H
                     [c["model_status"], c["exit_layer"], c["num_stages"], c["layers"], c["load"]],
                     api_name="load", concurrency_limit=2, concurrency_id="load", show_progress="hidden")
     return run_handlers
+
+
+def _wire_lease(state: AppState, demo: gr.Blocks, c: dict[str, Any]) -> None:
+    """On ZeroGPU: the GPU seconds the Run will ask for, said before Run, as the form changes."""
+    duration = lease.duration(state.run_seconds, lease.counter(state.cache.find))
+    say = lambda *form: gr.update(value=view.message(lease.note(duration(0, *form)), "status"), visible=True)  # noqa: E731
+    form = [c[name] for name in FORM]
+    demo.load(say, form, c["lease"], **QUIET)
+    for name in ("prompt", "model", "num_stages", "draft_len", "max_new_tokens", "repeats", "eesd", "workers",
+                 "pipeline"):
+        c[name].change(say, form, c["lease"], trigger_mode="always_last", **QUIET)
 
 
 def _wire_settings(state: AppState, c: dict[str, Any], r: dict[str, Any], eesd_column: gr.Column) -> None:

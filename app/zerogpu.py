@@ -1,34 +1,62 @@
-"""Hugging Face ZeroGPU: how the page's device work becomes a GPU call, and what crosses the fork.
+"""Hugging Face ZeroGPU: how the page's device work becomes a GPU call, and what crosses its fork.
 
-On a ZeroGPU Space each call of a function wrapped by `spaces.GPU` runs in a child process forked
-from the server's main process. The child is daemonic (it cannot start worker processes), its
-memory is a copy (a model it loads, or a Stop set in the parent, is not seen across the fork)
-and what it returns or yields is pickled back. So, on ZeroGPU:
+What the real `spaces` package (0.51) does, and what the page does about it:
 
-- the main process loads models (at start-up, and on Load) and never decodes: it keeps torch to
-  one CPU thread (`prepare_main_process`), and the call finds the model in its copy;
-- the call decodes on a thread started for it (`on_fresh_thread`), with torch on every core the
-  call has: a child forked after its
-  parent used torch's CPU threads hangs in its first parallel op on the thread that forked
-  (libgomp's pool of the parent's thread, copied without its threads; measured: 0 % CPU, for
-  ever) and runs at full speed on any other thread;
-- a run's Stop crosses as a slot number (`app.line.StopFlag`), and the pipeline kind is chosen
-  inside the call, where it runs (`app.runner`).
+- **Each call runs in a worker forked from the server**: daemonic (it cannot start worker
+  processes), its memory a copy (a model it loads, or a Stop set in the parent, is not seen across
+  the fork), what it yields pickled back. A Stop crosses as a slot number (`app.line.StopFlag`);
+  the pipeline kind is chosen inside the call (`app.runner`).
+- **Workers are reused** while the scheduler says the GPU is idle: the next call runs in the same
+  worker, whose copy is from its first fork. It keeps what it loaded, warmed and captured; a model
+  the server loaded later is not in it, so the call loads what it lacks (`app.handlers.on_decode`).
+- **CUDA emulation is thread-local**: `import spaces` (here, and first of all in `app.py`) makes
+  `.to("cuda")` give deferred tensors on the importing thread only, so the server's loads run
+  there (`on_import_thread`, served by `serve_import_thread` once the page is up).
+- **Closing a call's generator waits, on Gradio's event loop, for the worker's next item**: the
+  call yields a `Heartbeat` at least every `HEARTBEAT_SECONDS` (`on_fresh_thread`), through
+  loads, warm-ups and captures too, and the server side drops it (`gpu_call`).
+- **A refusal (quota, duration, queue) is a `gr.Error` from the package**: it reaches the page as
+  its words and what to do (`refusal`).
+- **OpenMP across the fork**: a child forked after its parent used torch's CPU threads hangs in
+  its first parallel op on the thread that forked (libgomp's pool, copied without its threads;
+  measured: 0 % CPU, for ever) and runs at full speed on any other. So the main process keeps
+  torch to one CPU thread (`prepare_main_process`) and the call decodes on a thread started for
+  it, with torch on every core the call has (`on_fresh_thread`).
 
-`spaces` is imported here only, and by `app.py` first of all, before torch, as its guidance asks.
+`spaces` is imported here only (and by `app.py` first of all, before torch, as its guidance asks).
 """
 
 from __future__ import annotations
 
 import functools
-from concurrent.futures import ThreadPoolExecutor
+import multiprocessing
+import os
+import queue
+import sys
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor, TimeoutError as FutureTimeout
+from dataclasses import dataclass
 from types import ModuleType
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, TypeVar
 
 from ppsd.executors.placement import usable_cores
 from ppsd.executors.pool import on_zerogpu as active  # the library's workers ask the same
 
+from .lease import advice
+
+HEARTBEAT_SECONDS = 0.5  # a call never goes longer without an item: closing it waits for the next one
 _END = object()
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Heartbeat:
+    """An item a GPU call yields when its work has yielded nothing for `HEARTBEAT_SECONDS`; the
+    server side drops it, so the page never sees one."""
+
+
+HEARTBEAT = Heartbeat()
 
 
 def import_spaces() -> ModuleType | None:
@@ -51,14 +79,58 @@ def prepare_main_process() -> None:
     torch.set_num_threads(1)
 
 
-def gpu_call(fn: Callable[..., Iterator[Any]], duration: Callable[..., int]) -> Callable[..., Iterator[Any]]:
+# --------------------------------------------------------------------------- the GPU call
+
+
+def gpu_call(fn: Callable[..., Iterator[Any]], duration: Callable[..., int], *,
+             heartbeat: Any = None) -> Callable[..., Iterator[Any]]:
     """The generator function `fn` as a GPU call: `spaces.GPU`, its lease sized per call by
-    `duration(*args)`, where the package is installed (else `fn` as is, in this process). The
-    body runs on a thread of its own (`on_fresh_thread`), whoever forked the process it runs in."""
-    spaces = import_spaces()
+    `duration(*args)`, on ZeroGPU (elsewhere `fn` as is, in this process, `spaces` installed or not). The
+    body runs on a thread of its own (`on_fresh_thread`), whoever forked the process it runs in.
+    Each of its heartbeats is yielded here as `heartbeat`, an item the page ignores (None: none is
+    yielded): Gradio closes a generator (a client that left) only between items, so it never
+    waits long to. A refusal by the package becomes a ValueError in words."""
+    spaces = import_spaces() if active() else None
     if spaces is None:
         return fn
-    return spaces.GPU(duration=duration)(on_fresh_thread(fn))
+    call = spaces.GPU(duration=duration)(on_fresh_thread(fn))
+
+    @functools.wraps(fn)
+    def decode(*args: Any) -> Iterator[Any]:
+        items, started = call(*args), time.perf_counter()
+        try:
+            for item in items:
+                if not isinstance(item, Heartbeat):
+                    yield item
+                elif heartbeat is not None:
+                    yield heartbeat
+        except Exception as error:  # noqa: BLE001 - only the package's refusals are reworded
+            words = refusal(error, duration(*args))
+            if words is None:
+                raise
+            raise ValueError(words) from None
+        finally:
+            items.close()  # Stop or a closed page: the worker ends at its next item (a heartbeat at most)
+            # For the Space's owner: what a call asked for against what it took (scheduling included),
+            # the measurement that can replace the lease's projected set-up (`app.lease`).
+            print(f"GPU call: asked {duration(*args)} s, took {time.perf_counter() - started:.1f} s",
+                  file=sys.stderr, flush=True)
+
+    return decode
+
+
+# How the package titles a request it refuses before the call runs (`spaces.zero.client.schedule`).
+REFUSALS = ("ZeroGPU quota exceeded", "ZeroGPU illegal duration", "ZeroGPU pending credits exceeded",
+            "ZeroGPU queue timeout")
+
+
+def refusal(error: BaseException, seconds: int) -> str | None:
+    """The page's words for a `gr.Error` the package raised instead of running the call: its own
+    message, then what this Run asked for and what to do; None for any other error."""
+    if getattr(error, "title", None) not in REFUSALS:
+        return None
+    said = str(getattr(error, "message", "") or error).strip()
+    return f"{error.title}: {said} {advice(seconds)}"
 
 
 def _take_the_cores() -> None:
@@ -70,18 +142,138 @@ def _take_the_cores() -> None:
         torch.set_num_threads(usable_cores())
 
 
-def on_fresh_thread(fn: Callable[..., Iterator[Any]]) -> Callable[..., Iterator[Any]]:
-    """The generator function `fn`, created, advanced and closed on one thread started for each
-    call, and so on a thread whose OpenMP pool is this process's own."""
+def on_fresh_thread(fn: Callable[..., Iterator[Any]], every: float | None = None) -> Callable[..., Iterator[Any]]:
+    """The generator function `fn`, created and advanced on one thread started for each call (a
+    thread whose OpenMP pool is this process's own), yielding a `HEARTBEAT` whenever `fn` has
+    yielded nothing for `every` seconds (None: `HEARTBEAT_SECONDS`). Closed while `fn` works, it returns at once: `fn` is
+    closed on its thread after its current step (the run's own Stop ends that step soon)."""
 
     @functools.wraps(fn)
     def wrapped(*args: Any, **kwargs: Any) -> Iterator[Any]:
-        with ThreadPoolExecutor(1, thread_name_prefix="gpu-call", initializer=_take_the_cores) as thread:
-            items = thread.submit(fn, *args, **kwargs).result()
-            try:
-                while (item := thread.submit(next, items, _END).result()) is not _END:
-                    yield item
-            finally:  # the consumer left (Stop, a closed page): the generator ends on its thread
-                thread.submit(items.close).result()
+        beat = every or HEARTBEAT_SECONDS
+        thread = ThreadPoolExecutor(1, thread_name_prefix="gpu-call", initializer=_take_the_cores)
+        items: Iterator[Any] | None = None
+        try:
+            started = thread.submit(fn, *args, **kwargs)
+            items = yield from _beating(started, beat)
+            while (item := (yield from _beating(thread.submit(next, items, _END), beat))) is not _END:
+                yield item
+        finally:  # after the step in flight, never waiting for it here
+            if hasattr(items, "close"):
+                thread.submit(items.close)
+            thread.shutdown(wait=False)
 
     return wrapped
+
+
+def _beating(future: Future, every: float) -> Iterator[Heartbeat]:
+    """Heartbeats until `future` is done; then its result, as the generator's return value."""
+    while True:
+        try:
+            return future.result(timeout=every)
+        except FutureTimeout:
+            yield HEARTBEAT
+
+
+# --------------------------------------------------------------------------- what a reused worker keeps
+
+
+@dataclass
+class _Kept:
+    """The executor a GPU call built, kept in its worker for the next call: what it serves."""
+
+    key: tuple
+    executor: Any
+
+
+_kept: _Kept | None = None
+
+
+def _in_a_call() -> bool:
+    return active() and multiprocessing.current_process().daemon
+
+
+def ready_pipeline(kind: Any, setup: Any, progress: Callable[[str], None]) -> Any:
+    """`kind.ready(setup)`; in a ZeroGPU call, kept in the worker for the next call with the same
+    weights, exit head and stages, which then starts at once with its threads, warm-up and
+    captured steps (made ready for the new run's length: `prepare`). One is kept at a time; a
+    kind shared anyway (worker processes) is left to itself."""
+    global _kept
+    if not _in_a_call() or kind.shared:
+        return kind.ready(setup, progress=progress)
+    key = (kind.name, id(setup.model.hf_model), id(setup.model.exit_head), setup.partition)
+    if _kept is not None and _kept.key == key:  # the weights it holds keep their ids its own
+        prepare = getattr(_kept.executor, "prepare", None)
+        if prepare is not None:
+            from ppsd.executors.kinds import reach  # noqa: PLC0415
+
+            progress("Making the kept steps ready for this run's length")
+            prepare(reach(setup))
+        return _kept.executor
+    if _kept is not None:
+        _kept, old = None, _kept
+        old.executor.close()
+    executor = kind.ready(setup, progress=progress)
+    if executor is not None:
+        _kept = _Kept(key, executor)
+    return executor
+
+
+def release_pipeline(kind: Any, executor: Any) -> None:
+    """After a run: `kind.release(executor)`, unless this worker keeps it for the next call."""
+    if _kept is None or executor is not _kept.executor:
+        kind.release(executor)
+
+
+# --------------------------------------------------------------------------- the importing thread
+
+
+@dataclass
+class _ImportThread:
+    """The thread that imported `spaces`, serving work handed to it (in the process `pid`)."""
+
+    pid: int
+    ident: int
+    jobs: queue.SimpleQueue
+
+
+_serving: _ImportThread | None = None
+
+
+def on_import_thread(fn: Callable[..., T]) -> Callable[..., T]:
+    """`fn`, run on the thread that imported `spaces` while it serves (`serve_import_thread`),
+    the caller waiting for its result: there `.to("cuda")` is emulated, so a model loaded on
+    ZeroGPU moves to the card when a call starts. Anywhere else (that thread itself, before it
+    serves, a forked GPU call, with real CUDA) `fn` runs on the caller's thread."""
+
+    @functools.wraps(fn)
+    def run(*args: Any, **kwargs: Any) -> T:
+        serving = _serving
+        if serving is None or serving.pid != os.getpid() or serving.ident == threading.get_ident():
+            return fn(*args, **kwargs)
+        done: Future = Future()
+        serving.jobs.put((done, functools.partial(fn, *args, **kwargs)))
+        return done.result()
+
+    return run
+
+
+def serve_import_thread(stop: threading.Event | None = None, poll: float = 0.1) -> None:
+    """Serve `on_import_thread`'s work on this thread (the one that imported `spaces`) until
+    `stop` is set or interrupted (Ctrl-C, SIGTERM as SystemExit): the entry point's last call."""
+    global _serving
+    jobs: queue.SimpleQueue = queue.SimpleQueue()
+    _serving = _ImportThread(os.getpid(), threading.get_ident(), jobs)
+    try:
+        while stop is None or not stop.is_set():
+            try:
+                done, job = jobs.get(timeout=poll)
+            except queue.Empty:
+                continue
+            if done.set_running_or_notify_cancel():
+                try:
+                    done.set_result(job())
+                except BaseException as error:  # noqa: BLE001 - the caller's to handle, on its thread
+                    done.set_exception(error)
+    finally:
+        _serving = None

@@ -10,6 +10,7 @@ stages or speculation: decoders decide which layers run when. Rollback lives in 
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -24,6 +25,7 @@ from .model_source import DEFAULT_MODEL, UNREACHABLE, Progress, hub_reachable, r
 # Architectures whose decoder stacks expose model.model.{embed_tokens, layers, norm, rotary_emb}
 # and whose layers only need (hidden, mask, position_embeddings, cache): verified exact in tests.
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+DEVICE_VARIABLE = "PPSD_DEVICE"  # what "auto" means when set: cpu or cuda (the page's --device)
 
 
 class KVCache:
@@ -244,8 +246,11 @@ TINY_MODEL = str(ASSETS / "models" / "ppsd-tiny")
 
 
 def resolve_device(device: str | None) -> str:
-    """`auto`/None -> cuda when present, else cpu; an explicit device is checked, not assumed."""
+    """`auto`/None -> PPSD_DEVICE when set (the page's `--device`), else cuda when present, else
+    cpu; an explicit device is checked, not assumed."""
     if device in (None, "auto"):
+        device = os.environ.get(DEVICE_VARIABLE, "").strip().lower() or "auto"
+    if device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cuda" and not torch.cuda.is_available():
         raise ValueError("device 'cuda' requested but no CUDA GPU is available; use --device cpu")

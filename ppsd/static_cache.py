@@ -22,6 +22,21 @@ def bucket_for(length: int) -> int:
     return max(64, 1 << (max(length, 1) - 1).bit_length())
 
 
+def buckets_to(length: int) -> tuple[int, ...]:
+    """Every bucket a run writing positions [0, length) reads, smallest first."""
+    top, bucket, found = bucket_for(length), bucket_for(1), []
+    while bucket <= top:
+        found.append(bucket)
+        bucket *= 2
+    return tuple(found)
+
+
+def run_reach(prompt_tokens: int, max_new_tokens: int, num_stages: int, draft_len: int) -> int:
+    """The furthest a run may write: the prompt, every new token, and past the last one the
+    tokens still in flight (one a stage, or EESD's g drafts and their check), bounded above."""
+    return prompt_tokens + max_new_tokens + num_stages * (draft_len + 1)
+
+
 class StaticKVCache:
     """Keys and values of `num_layers` layers in preallocated buffers; grown (and reallocated)
     only by `reserve`, which is why a captured step must be captured again after it grows."""

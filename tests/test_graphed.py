@@ -212,6 +212,50 @@ def test_a_run_that_crosses_a_length_bucket_grows_the_cache_and_stays_exact(mode
     assert result.token_ids == expected.token_ids
 
 
+def test_prepared_for_a_run_the_cache_never_grows_inside_it_and_stays_exact(model, monkeypatch):
+    """`prepare` makes room for every position a run reaches (`ppsd.executors.kinds.reach`:
+    prompt, new tokens, drafts in flight) before the run: the run crossing the 64 bucket then
+    neither reallocates the cache nor, on CUDA, captures a step (`test_on_cuda_...prepared...`)."""
+    from ppsd.executors.kinds import reach
+    from ppsd.setup import set_up
+    from ppsd.static_cache import StaticKVCache, buckets_to, run_reach
+
+    assert buckets_to(1) == (64,) and buckets_to(65) == (64, 128) and buckets_to(300) == (64, 128, 256, 512)
+    assert run_reach(60, 20, 2, 4) == 90
+    prompt = list(range(2, 62))
+    config = DecodeConfig(method="ppsd", exit_layer=4, max_new_tokens=NEW_TOKENS)
+    setup = set_up(model, config, prompt_ids=prompt)
+    expected = ppsd.generate(setup.model, prompt, DecodeConfig(method="ar", exit_layer=4, max_new_tokens=NEW_TOKENS))
+    with GraphedExecutor(setup.model, setup.partition) as graphed:
+        graphed.prepare(reach(setup))
+        assert graphed.cache.capacity == 128
+        reallocated: list[bool] = []
+        reserve = StaticKVCache.reserve
+        monkeypatch.setattr(StaticKVCache, "reserve", lambda self, n: reallocated.append(reserve(self, n)) or
+                            reallocated[-1])
+        result = ppsd.generate(setup.model, prompt, config, executor=graphed)
+        assert reallocated and not any(reallocated) and graphed.cache.capacity == 128
+    assert result.token_ids == expected.token_ids
+
+
+@pytest.mark.gpu
+@requires_cuda
+def test_on_cuda_a_prepared_run_captures_nothing_inside_it(cuda_model):
+    """Every bucket the run reaches is captured by `prepare`, for every stage, drafting or not."""
+    from ppsd.executors.kinds import reach
+    from ppsd.setup import set_up
+
+    prompt = list(range(2, 62))
+    config = DecodeConfig(method="ppsd", exit_layer=4, max_new_tokens=NEW_TOKENS)
+    setup = set_up(cuda_model, config, prompt_ids=prompt)
+    with GraphedExecutor(setup.model, setup.partition) as graphed:
+        graphed.prepare(reach(setup))
+        captured = dict(graphed._graphs)
+        assert {bucket for _, bucket, _ in captured} == {64, 128}
+        ppsd.generate(setup.model, prompt, config, executor=graphed)
+        assert graphed._graphs == captured
+
+
 def test_in_bf16_ar_eesd_and_ppsd_are_token_identical_on_the_graphed_steps():
     model = ppsd.StagedModel(tiny_llama().to(torch.bfloat16), name="tiny-llama-bf16")
     partition = stage_layers(model.num_layers, 4, 2)

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import torch
 
 from ..model import StagedModel
-from ..static_cache import StaticKVCache, bucket_for
+from ..static_cache import StaticKVCache, bucket_for, buckets_to
 from ..trace import Stopwatch
 from . import schedule
 from .base import Feed, Output, final_position, logit_width
@@ -329,6 +329,20 @@ class GraphedExecutor:
         if key not in self._graphs:
             self._graphs[key] = self._capture(*key)
         return self._graphs[key]
+
+    def prepare(self, length: int) -> None:
+        """Room for positions [0, length) and, on CUDA, every stage's one-token step captured at
+        every bucket a run writing them reads, drafting or not: no reallocation and no capture
+        then lands in a timed run (a run past `length` still grows and captures as it goes)."""
+        if self.cache.reserve(length):
+            self._graphs.clear()  # captured against the old buffers
+        if not self.cuda:
+            return  # a CPU compiles its steps on first use (minutes each): only what runs is compiled
+        for bucket in buckets_to(length):
+            for k in range(len(self.partition)):
+                for draft in (True, False):
+                    if (k, bucket, draft) not in self._graphs:
+                        self._graphs[(k, bucket, draft)] = self._capture(k, bucket, draft)
 
     def _capture(self, k: int, bucket: int, draft: bool):
         """Stage k's one-token step at `bucket`, captured in the stage's own memory pool."""

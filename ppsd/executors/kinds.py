@@ -124,9 +124,20 @@ def _graphed(setup: RunSetup, tell: Progress, options: WorkerOptions) -> Executo
     from .graphed import GraphedExecutor
 
     cuda = setup.model.info.device.startswith("cuda")
-    tell("Capturing each stage's step as a CUDA graph" if cuda else
+    tell("Capturing each stage's step as a CUDA graph, at every length the run reaches" if cuda else
          "Compiling each stage's step (first use: about a minute on a small CPU)")
-    return _warmed(setup, GraphedExecutor(setup.model, setup.partition, compiled=not cuda))
+    executor = GraphedExecutor(setup.model, setup.partition, compiled=not cuda)
+    executor.prepare(reach(setup))  # before the warm-up: its bucket is then captured on the final buffers
+    return _warmed(setup, executor)
+
+
+def reach(setup: RunSetup) -> int:
+    """The furthest position a run of `setup` may write (`ppsd.static_cache.run_reach`)."""
+    from ..static_cache import run_reach
+
+    config = setup.config
+    return min(run_reach(len(setup.prompt_ids), config.max_new_tokens, config.num_stages, config.draft_len),
+               setup.model.info.max_context)
 
 
 def _processes(setup: RunSetup, tell: Progress, options: WorkerOptions) -> Executor:

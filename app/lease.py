@@ -1,0 +1,105 @@
+"""The GPU lease a Run asks ZeroGPU for: its size (`gpu_seconds`), the words the page shows
+before Run (`note`), and what to do when ZeroGPU refuses it (`advice`). Plain arithmetic on the
+page's form; nothing here loads, decodes or imports `spaces`.
+
+What ZeroGPU does with the number (the real `spaces` package, 0.51): it multiplies the duration
+by the GPU's factor (`DURATION_FACTOR`, 1.5 on the current fleet), checks the product against
+what the visitor has left of a daily quota (`ANONYMOUS_DAILY_SECONDS` for a visitor not signed
+in), and refuses the call (HTTP 429) when it does not fit. Shorter leases also wait less in its
+queue. So the lease is sized from what a Run really costs on the GPU, not from the slowest way
+it could run.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable
+
+from ppsd.config import whole_number
+from ppsd.static_cache import buckets_to, run_reach
+
+from .request import MAX_RUN_SECONDS, RunRequest
+
+# A token on the captured steps (the GPU's default pipeline): graphed PPSD at acceptance 0, the
+# slower of the two captured methods, 4.93 ms a token measured on a whole NVIDIA H200 (graphed AR
+# 3.74 ms; docs/benchmarks.md, "The captured-step engine"), doubled because ZeroGPU lends about
+# half a card. A token with the stages in turn in one process (eager, no capture): 21.4 ms, doubled.
+CAPTURED_TOKEN_SECONDS = 2 * 0.00493
+EAGER_TOKEN_SECONDS = 2 * 0.0214
+# The call's set-up. Projected, not measured on ZeroGPU (no ZeroGPU was reachable from the build
+# machine): a fresh worker's CUDA start and the weights onto the card (270 MB) plus the warm-up's
+# few tokens of every method; and per length bucket the run reaches, its steps' capture (two
+# warm-up steps and a capture per stage and drafting). A reused worker pays neither; the lease
+# does not know which it gets, so it asks for both.
+SETUP_SECONDS = 8.0
+CAPTURE_SECONDS_PER_BUCKET = 1.0
+# What the package multiplies the lease by, read from the card's driver (`spaces/zero/configs.json`,
+# `duration_factor`): 1.0 on an H200, 1.5 on an RTX PRO 6000 Blackwell (the current fleet). The
+# product is both the time granted and the quota charged; the page assumes the larger.
+DURATION_FACTOR = 1.5
+ANONYMOUS_DAILY_SECONDS = 120  # a visitor not signed in, a day (Hugging Face's ZeroGPU page)
+PROMPT_CHARS_PER_TOKEN = 1  # a prompt's tokens when its model's tokenizer is not at hand: at most one a character
+
+
+def reach(prompt_tokens: int, request: RunRequest) -> int:
+    """The furthest position a run of `request` may write (`ppsd.static_cache.run_reach`)."""
+    return run_reach(prompt_tokens, whole_number("max_new_tokens", request.max_new_tokens),
+                     whole_number("stages", request.num_stages), whole_number("draft_len", request.draft_len))
+
+
+def gpu_seconds(form: tuple, run_seconds: float = MAX_RUN_SECONDS,
+                count_tokens: Callable[[RunRequest], int] | None = None) -> int:
+    """Seconds of GPU to ask ZeroGPU for the run `form` (the page's run inputs, in `FORM`'s order):
+    the set-up, the capture of every bucket it reaches, then every token of every timed run of
+    every method (plain AR too, with the stages at once), on the captured steps when the stages run
+    at once, else eager; never more than the run's own time limit allows. `count_tokens` gives the
+    prompt's tokens (default: its characters). The default run on a GPU (64 tokens, 3 timed runs
+    of AR, PPSD and plain AR on the captured steps, 2-3 buckets) asks for 16-17 s. A form that does not check out (it will be refused in words)
+    asks for the least."""
+    try:
+        request = RunRequest.from_form(*form)
+        runs = request.rounds() * (len(request.methods) + request.workers)
+        tokens = whole_number("max_new_tokens", request.max_new_tokens)
+        captured = request.workers and request.pipeline in ("auto", "graphed")
+        decode = runs * tokens * (CAPTURED_TOKEN_SECONDS if captured else EAGER_TOKEN_SECONDS)
+        prompt = count_tokens(request) if count_tokens else len(request.prompt) // PROMPT_CHARS_PER_TOKEN
+        capture = len(buckets_to(reach(prompt, request))) * CAPTURE_SECONDS_PER_BUCKET if captured else 0.0
+    except (TypeError, ValueError, OverflowError):
+        decode = capture = 0.0
+    return math.ceil(SETUP_SECONDS + capture + min(decode, run_seconds))
+
+
+def duration(run_seconds: float, count_tokens: Callable[[RunRequest], int] | None = None) -> Callable[..., int]:
+    """`spaces.GPU`'s `duration` for the page's decode call: (stop slot, *form) -> seconds."""
+    return lambda slot, *form: gpu_seconds(form, run_seconds, count_tokens)
+
+
+def charged(seconds: int) -> int:
+    """What ZeroGPU counts against a visitor's quota for a lease of `seconds`."""
+    return round(seconds * DURATION_FACTOR)
+
+
+def note(seconds: int) -> str:
+    """What the page says before Run, on ZeroGPU: the lease, what it costs, how often it fits."""
+    runs = ANONYMOUS_DAILY_SECONDS // max(charged(seconds), 1)
+    return (f"This Run asks ZeroGPU for {seconds} s of GPU, counted as {charged(seconds)} s of your daily "
+            f"quota ({ANONYMOUS_DAILY_SECONDS} s a day without signing in: {runs} such Run{'s' * (runs != 1)}). "
+            "Fewer tokens or timed runs ask for less.")
+
+
+def advice(seconds: int) -> str:
+    """What to do when ZeroGPU refused a lease of `seconds`."""
+    return (f"This Run asked for {seconds} s of GPU ({charged(seconds)} s of quota): lower Max new tokens or "
+            "Timed runs to ask for less, or sign in to Hugging Face for a larger daily quota, or try again later.")
+
+
+def counter(find: Callable[[str], Any]) -> Callable[[RunRequest], int]:
+    """Prompt tokens by the loaded model's tokenizer when `find(model)` has it, else by characters."""
+
+    def count(request: RunRequest) -> int:
+        loaded = find(request.model)
+        if loaded is None:
+            return len(request.prompt) // PROMPT_CHARS_PER_TOKEN
+        return len(loaded.encode(request.prompt, chat=bool(request.chat) and loaded.chat))
+
+    return count
