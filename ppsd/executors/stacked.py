@@ -206,6 +206,7 @@ class StackedExecutor:
         bucket = bucket_for(max(a.item.position for a in actions) + 1)
         if self.cache.reserve(bucket):
             self._graphs.clear()  # captured against the old buffers
+        self.engine.table(live)  # made once, outside the step
         host = self._host_in[parity].numpy()
         host[:] = 0
         for a in actions:
