@@ -46,9 +46,11 @@ def main(argv: list[str] | None = None) -> int:
         args.new_tokens, args.repeats, args.warmup, args.prompt_tokens = 12, 1, 0, 8
     torch.set_num_threads(args.threads)
     args.model, args.perfect_exit = None, False
-    model, source, prompt = _model(args)
+    model, source, prompt = (None, "", []) if args.skip_random else _model(args)
     report = {"device": _device_name(args.device), "torch": torch.__version__, "dry_run": args.dry_run,
-              "forced_acceptance": FORCED_NOTE, "random": _measure(args, fixed_length(model), source, prompt, forced=True)}
+              "threads": args.threads, "forced_acceptance": FORCED_NOTE}
+    if not args.skip_random:
+        report["random"] = _measure(args, fixed_length(model), source, prompt, forced=True)
     if args.real:
         report["real"] = _real(args)
     _print(report)
@@ -71,6 +73,7 @@ def _arguments() -> argparse.ArgumentParser:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--real", action="store_true", help="then the default model and its shipped head, if here")
+    parser.add_argument("--skip-random", action="store_true", help="the real model alone (with --real)")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     parser.add_argument("--dry-run", action="store_true", help="a tiny shape on the CPU, one repeat")
     parser.add_argument("--json", default=None)

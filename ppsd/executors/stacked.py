@@ -247,7 +247,10 @@ class StackedExecutor:
         if lo == 0:
             x = torch.cat((engine.embed(ids[0:1].view(1, 1)), x[1:]))
         positions = ids[1 + lo:2 + hi].view(-1, 1)
-        y = engine.chain(x, slice(lo, hi + 1), positions, bucket, engine.table(live))
+        # As long as the longest live stage: a row alone (AR) skips the pads that make its stage
+        # as long as the longest.
+        steps = max(len(self.partition[k]) for k in range(lo, hi + 1))
+        y = engine.chain(x, slice(lo, hi + 1), positions, bucket, engine.table(live), steps=steps)
         self._rows_out[parity][lo:hi + 1].copy_(y)
         final = hi == len(self.partition) - 1
         if draft and final and engine.shared_head:  # the exit head is the LM head: one product for both rows
