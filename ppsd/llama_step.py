@@ -49,9 +49,9 @@ class PackedKVCache(StaticKVCache):
             if self.capacity:
                 grown[:, :, :, :self.capacity] = self.kv
             self.key_index = torch.arange(capacity, device=self.device)
+            self.keys = [grown[0, i:i + 1] for i in range(self.num_layers)]
+            self.values = [grown[1, i:i + 1] for i in range(self.num_layers)]
         self.kv, self.capacity = grown, capacity
-        self.keys = [grown[0, i:i + 1] for i in range(self.num_layers)]
-        self.values = [grown[1, i:i + 1] for i in range(self.num_layers)]
         return True
 
 

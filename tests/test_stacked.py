@@ -221,3 +221,23 @@ def test_on_cuda_in_bf16_ar_eesd_and_ppsd_are_token_identical():
             method=method, exit_layer=4, max_new_tokens=2 * NEW_TOKENS), executor=stacked).token_ids
             for method in ("ar", "eesd", "ppsd")}
     assert outputs["ar"] == outputs["eesd"] == outputs["ppsd"]
+
+
+@pytest.mark.parametrize("acceptance", [0.0, 0.5, 1.0])
+def test_forced_acceptance_replaces_each_verdict_with_a_seeded_coin(model, acceptance):
+    """For timing only: the work of a run at acceptance a, on any weights (the tokens are not the model's)."""
+    from ppsd.bench.forced import ForcedAcceptance
+
+    config = DecodeConfig(method="ppsd", exit_layer=4, max_new_tokens=2 * NEW_TOKENS)
+    runs = []
+    for _ in range(2):
+        with StackedExecutor(model, stage_layers(model.num_layers, 4, 2)) as stacked:
+            forced = ForcedAcceptance(stacked, acceptance, vocab_size=model.info.vocab_size, seed=3)
+            runs.append(ppsd.generate(model, PROMPTS["long"], config, executor=forced))
+    statuses = [t.status for t in runs[0].tokens if t.status != "verified"]
+    assert forced.forced == len(statuses) > NEW_TOKENS // 2
+    if acceptance in (0.0, 1.0):
+        assert set(statuses) == {"accepted" if acceptance else "corrected"}
+    else:
+        assert set(statuses) == {"accepted", "corrected"}
+    assert runs[0].token_ids == runs[1].token_ids  # seeded

@@ -204,8 +204,7 @@ class StackedExecutor:
         live = tuple(sorted(a.index for a in actions))
         draft = any(a.index == 0 and a.kind == "draft" for a in actions)
         bucket = bucket_for(max(a.item.position for a in actions) + 1)
-        if self.cache.reserve(bucket):
-            self._graphs.clear()  # captured against the old buffers
+        self._reserve(bucket)
         self.engine.table(live)  # made once, outside the step
         host = self._host_in[parity].numpy()
         host[:] = 0
@@ -237,6 +236,14 @@ class StackedExecutor:
             self._done[parity].record()
             times = (begun, ended)
         return _Slot(plan, self._queues, feed, parity, out, times, guess)
+
+    def _reserve(self, length: int) -> None:
+        """Room in the cache for positions [0, length); a grown cache drops the graphs captured
+        against the old one, once the device is done with them (a slot may still be running)."""
+        if self.cache.reserve(length) and self._graphs:
+            if self.cuda:
+                torch.cuda.synchronize(self.device)
+            self._graphs.clear()
 
     def _step(self, parity: int, bucket: int, live: tuple[int, ...], draft: bool):
         """The stacked slot on the static buffers of `parity`: what a graph captures and a CPU runs.
@@ -332,8 +339,7 @@ class StackedExecutor:
         for a in plan.actions:
             k, item = a.index, a.item
             bucket = bucket_for(item.position + item.width)
-            if self.cache.reserve(bucket):
-                self._graphs.clear()
+            self._reserve(bucket)
             self.cache.advance(self.partition[k], item.position, item.width)
             start = self._clock.now()
             positions = self.cache.key_index[item.position:item.position + item.width]
