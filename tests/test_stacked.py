@@ -241,3 +241,13 @@ def test_forced_acceptance_replaces_each_verdict_with_a_seeded_coin(model, accep
     else:
         assert set(statuses) == {"accepted", "corrected"}
     assert runs[0].token_ids == runs[1].token_ids  # seeded
+
+
+def test_a_sampled_run_stops_guessing_tokens_after_its_first_draw_differs(model):
+    config = DecodeConfig(method="ppsd", exit_layer=4, max_new_tokens=NEW_TOKENS, temperature=0.9, top_p=0.95, seed=7)
+    expected = ppsd.generate(model, PROMPTS["short"], config)
+    with StackedExecutor(model, stage_layers(model.num_layers, 4, 2)) as stacked:
+        result = ppsd.generate(model, PROMPTS["short"], config, executor=stacked)
+        corrections = sum(t.status == "corrected" for t in result.tokens)
+        assert stacked.stats.discarded <= corrections + 2  # not a slot thrown away at every draw
+    assert result.token_ids == expected.token_ids

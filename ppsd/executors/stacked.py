@@ -13,7 +13,8 @@ as the next feed (AR); or no feed. The next call adopts the slot in flight when 
 queues are the guessed ones; otherwise (a correction's `rollback`, a sampled draft, the run's
 end) the slot in flight is discarded: its writes lie at or past every layer's length, stale and
 masked, and the slot is launched again. Host lengths and queues change only when a slot is
-adopted, so `rollback` stays the one rollback there is.
+adopted, so `rollback` stays the one rollback there is. Once a run's fed token differs from the
+argmax (sampling), the executor stops guessing tokens for that run.
 
 On CUDA each stacked slot is a CUDA graph per (bucket, live rows, drafting, parity): two sets of
 static buffers alternate, so the slot in flight never overwrites what the slot before it feeds
@@ -91,6 +92,7 @@ class StackedExecutor:
         self._queues = schedule.empty(len(partition))
         self._hidden: list[deque[torch.Tensor]] = [deque() for _ in partition]
         self._inflight: _Slot | None = None
+        self._guess_tokens = True
         self._parity = 0
         self._run_lock = threading.Lock()
         k, hidden = len(partition), model.hf_model.config.hidden_size
@@ -116,6 +118,7 @@ class StackedExecutor:
         self._run_lock.acquire()
         self._clock = stopwatch
         self.rollback(0)
+        self._guess_tokens = True  # until a feed shows this run samples
         if self.cuda:
             self._origin.record()
             self._origin.synchronize()
@@ -164,10 +167,14 @@ class StackedExecutor:
     def _adopt(self, feed: Feed | None) -> _Slot | None:
         """The slot in flight, when it is the one asked for now; else it is discarded."""
         run = self._inflight
-        if run is not None and run.queues == self._queues and run.guessed_feed() == feed:
+        guessed = None if run is None else run.guessed_feed()
+        if run is not None and run.queues == self._queues and guessed == feed:
             self._inflight = None
             run.plan = schedule.slot(self._queues, feed)  # the same work, with the token as fed
             return run
+        if guessed is not None and feed is not None and guessed.tokens != feed.tokens and \
+                (guessed.position, guessed.kind) == (feed.position, feed.kind):
+            self._guess_tokens = False  # a sampled run: its tokens are not the argmax, stop guessing them
         self._discard()
         return None
 
@@ -184,6 +191,8 @@ class StackedExecutor:
         stages = {a.index: a for a in run.plan.actions}
         first, last = stages.get(0), stages.get(len(self.partition) - 1)
         guess = None
+        if not self._guess_tokens and (first is not None and first.kind == "draft" or first is None and last is not None):
+            return None  # the next feed's token is the decoder's draw: launch nothing ahead
         if first is not None and first.kind == "draft":
             guess = (run, 0, first.item.position + 1, "draft", False)
         elif first is None and last is not None:
