@@ -190,13 +190,13 @@ class StackedExecutor:
         fed back (PPSD), the full model's token fed (AR, once stage K has it), or no feed."""
         stages = {a.index: a for a in run.plan.actions}
         first, last = stages.get(0), stages.get(len(self.partition) - 1)
-        guess = None
-        if not self._guess_tokens and (first is not None and first.kind == "draft" or first is None and last is not None):
-            return None  # the next feed's token is the decoder's draw: launch nothing ahead
+        guess = None  # (slot before, index of its id, position, kind, from_final) of the next feed
         if first is not None and first.kind == "draft":
             guess = (run, 0, first.item.position + 1, "draft", False)
         elif first is None and last is not None:
             guess = (run, -1, last.item.position + 1, "verify", True)
+        if guess is not None and not self._guess_tokens:
+            return None  # the next feed's token is the decoder's draw: launch nothing ahead
         plan = schedule.slot(self._queues, None if guess is None else Feed(guess[2], (0,), guess[3], guess[4]))
         if not _stackable(plan):
             return None
