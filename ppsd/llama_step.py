@@ -98,7 +98,10 @@ class StackedLlama:
                                           device=self.device)
             positions = torch.arange(model.info.max_context, device=self.device)[None]
             cos, sin = hf.model.rotary_emb(weight[:1, None].to(self.dtype), positions)  # HF's own table
-            self.cos, self.sin = cos[0].contiguous(), sin[0].contiguous()  # (max_context, head_dim)
+            half = self.head_dim // 2
+            # (max_context, head_dim); rotate_half(x) * sin = roll(x, half) * (-sin1, sin2), exactly
+            self.cos = cos[0].contiguous()
+            self.sin = torch.cat((-sin[0, :, :half], sin[0, :, half:]), dim=-1).contiguous()
             self.embed_weight = hf.model.embed_tokens.weight
             self.norm_weight, self.lm_weight = hf.model.norm.weight, hf.lm_head.weight
             self.head_eps = getattr(hf.model.norm, "variance_epsilon", self.eps)
@@ -114,8 +117,9 @@ class StackedLlama:
         return F.embedding(ids, self.embed_weight)
 
     def _norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-        # As Hugging Face's RMSNorm: in float32, back to the model's dtype, then the weight.
-        return weight * F.rms_norm(x.float(), (x.shape[-1],), eps=eps).to(x.dtype)
+        # As Hugging Face's RMSNorm: normalised in float32 (torch's rms_norm upcasts a half
+        # input itself, in one kernel where it has a fused one), rounded back, then the weight.
+        return weight * F.rms_norm(x, (x.shape[-1],), eps=eps)
 
     def final_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """(..., V) float32 logits of the full model for hidden states after the last layer."""
@@ -172,8 +176,7 @@ class StackedLlama:
         else:
             qkv = torch.bmm(h, w["qkv"].transpose(1, 2))  # (R, T, nq + 2 nkv)
         qk = qkv[..., :nq + nkv].view(rows_n, width, self.num_heads + self.kv_heads, d)
-        half = d // 2
-        qk = qk * cos + torch.cat((-qk[..., half:], qk[..., :half]), dim=-1) * sin  # rotary, as HF's
+        qk = qk * cos + qk.roll(d // 2, dims=-1) * sin  # rotary, as HF's (the sign is in the table)
         q, k = qk[:, :, :self.num_heads], qk[:, :, self.num_heads:]
         v = qkv[..., nq + nkv:].view(rows_n, width, self.kv_heads, d)
         cache = self.cache.kv
