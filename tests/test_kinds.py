@@ -48,7 +48,8 @@ def test_every_kind_says_why_it_cannot_run_and_ready_refuses_with_that_reason(mo
     monkeypatch.setattr(pool, "usable_cores", lambda: 2)
     impossible = {"processes": ("cpu", 3, "K = 3 worker processes need 3 CPU cores, one each; this machine gives 2"),
                   "threads": ("mps", 2, "the threads executor runs on CPU or CUDA, not mps"),
-                  "graphed": ("mps", 2, "the graphed executor runs on CPU or CUDA, not mps")}
+                  "graphed": ("mps", 2, "the graphed executor runs on CPU or CUDA, not mps"),
+                  "stacked": ("mps", 2, "the stacked executor runs on CPU or CUDA, not mps")}
     assert set(impossible) | {"in-process"} == set(KINDS)  # a new kind gets a case here
     for name, (device, k, reason) in impossible.items():
         kind = KINDS[name]
@@ -61,6 +62,7 @@ def test_every_kind_says_why_it_cannot_run_and_ready_refuses_with_that_reason(mo
     assert "daemonic" in KINDS["processes"].unavailable("cpu", 2)
     assert KINDS["threads"].unavailable("cpu", 2) is None  # the way a daemonic process runs the stages at once
     assert KINDS["graphed"].unavailable("cuda:0", 2) is None
+    assert KINDS["stacked"].unavailable("cuda:0", 3) is None
     monkeypatch.setattr(kinds.shutil, "which", lambda name: None)
     assert "no C++ compiler" in KINDS["graphed"].unavailable("cpu", 2)  # it compiles its steps on a CPU
 

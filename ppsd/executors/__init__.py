@@ -4,8 +4,9 @@ A pipeline of K stages: stage 1 is layers [0, E) plus the exit head, stage K end
 head. `base` holds the protocol and the compute at both ends, `schedule` which stage computes
 what in each call (as data), `local` the in-process executor (stages in turn), `threads` the
 same with a slot's stages at once on a thread each, `graphed` each stage as one pure step on a
-static KV cache (CUDA graphs on a stream each, or compiled steps on stage threads on a CPU), and
-`kinds` the registry every front end chooses from. The K-process pipeline is `pipeline` (the
+static KV cache (CUDA graphs on a stream each, or compiled steps on stage threads on a CPU),
+`stacked` a slot's stages as one chain of stacked layers (`ppsd.llama_step`), the next slot
+launched before this one is read, and `kinds` the registry every front end chooses from. The K-process pipeline is `pipeline` (the
 coordinator), `worker`, `wire`, `placement`, `processes` and `pool` (what callers use); import
 those only when wanted (they bring torch.distributed). `kinds` is the list the front ends offer.
 """

@@ -10,8 +10,8 @@ torch.distributed are imported only when a kind needs them.
 Adding a kind: write its executor in a module of its own (the `Executor` protocol of `base`,
 with `close()`), then add one `ExecutorKind` to `KINDS`: its name and words, whether its stages
 run at once, why it cannot run somewhere (`unavailable`), and `build`, which constructs it and
-warms it up untimed (`ready` checks `unavailable` before it calls `build`). "graphed" is the
-newest such entry: `_graphed_unavailable`, `_graphed` and one line in `KINDS`.
+warms it up untimed (`ready` checks `unavailable` before it calls `build`). "stacked" is the
+newest such entry: `_stacked_unavailable`, `_stacked` and one line in `KINDS`.
 
 Every front end then offers it: the CLI's `--executor` by name; the page, when it is
 concurrent, as a choice under "The stages at once on" ("auto" keeps today's rule); and
@@ -101,6 +101,12 @@ def _graphed_unavailable(device: str, num_stages: int) -> str | None:
     return None
 
 
+def _stacked_unavailable(device: str, num_stages: int) -> str | None:
+    if device.startswith(("cpu", "cuda")):
+        return None
+    return f"the stacked executor runs on CPU or CUDA, not {device}: use one process (projected clock)"
+
+
 def _in_process(setup: RunSetup, tell: Progress, options: WorkerOptions) -> None:
     return None  # each run makes its own `InProcessExecutor` on its stopwatch
 
@@ -140,6 +146,15 @@ def reach(setup: RunSetup) -> int:
                setup.model.info.max_context)
 
 
+def _stacked(setup: RunSetup, tell: Progress, options: WorkerOptions) -> Executor:
+    from .stacked import StackedExecutor
+
+    cuda = setup.model.info.device.startswith("cuda")
+    tell("Stacking the stages' layers and capturing each slot as a CUDA graph" if cuda else
+         "Stacking the stages' layers (eager on a CPU)")
+    return _warmed(setup, StackedExecutor(setup.model, setup.partition))
+
+
 def _processes(setup: RunSetup, tell: Progress, options: WorkerOptions) -> Executor:
     from .pool import ready_pipeline
 
@@ -159,7 +174,14 @@ KINDS: dict[str, ExecutorKind] = {kind.name: kind for kind in (
     ExecutorKind("graphed", "K captured steps in one process", "captured steps, one per stage",
                  "each stage a captured step (a CUDA graph on its stream, or a compiled step on its thread), at once",
                  "{k} captured steps", concurrent=True, unavailable=_graphed_unavailable, build=_graphed),
+    ExecutorKind("stacked", "K stages stacked in one chain", "stacked stages, one chain a slot",
+                 "every stage at once in one chain of stacked layers (a CUDA graph a slot, or eager on a CPU)",
+                 "{k} stacked stages", concurrent=True, unavailable=_stacked_unavailable, build=_stacked),
 )}
+# On a GPU "auto" takes the first of these that can run: the fastest PPSD measured on a GPU first
+# (docs/benchmarks.md). Only "graphed" has been measured there so far; "stacked" joins this order
+# where a device check measures it faster.
+GPU_PPSD_ORDER = ("graphed",)
 ALIASES = {"distributed": "processes"}  # the CLI's earlier name
 AUTO = "auto"
 
@@ -185,7 +207,7 @@ def choose(requested: str, num_stages: int, device: str) -> ExecutorKind:
     if requested != AUTO:
         return kind_named(requested)
     if device.startswith("cuda"):
-        return KINDS["graphed"]
+        return next(KINDS[name] for name in GPU_PPSD_ORDER if KINDS[name].unavailable(device, num_stages) is None)
     processes = KINDS["processes"]
     return processes if processes.unavailable(device, num_stages) is None else KINDS["threads"]
 

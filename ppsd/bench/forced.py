@@ -1,0 +1,65 @@
+"""Forced acceptance, for timing only: every verdict on a draft becomes a seeded coin.
+
+Boundary: an executor wrapper; it changes the argmax ids an executor reports for the final
+stage, nothing else. With greedy decoding the decoder then accepts a draft with probability
+`acceptance` and otherwise commits another token (the draft's successor id), so a random-weight
+model can be timed at any acceptance: the work per slot is the real work, rollbacks and
+discarded slots included, but **the tokens are not the model's**. Every output that uses it must
+say so (`FORCED_NOTE`).
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import replace
+
+import torch
+
+from ..executors.base import Feed, Output
+
+FORCED_NOTE = "forced acceptance (timing only): each verdict is a seeded coin, the tokens are not the model's"
+
+
+class ForcedAcceptance:
+    """`executor` with each verdict on a draft replaced by a coin of probability `acceptance`."""
+
+    def __init__(self, executor, acceptance: float, *, vocab_size: int, seed: int = 0) -> None:
+        if not 0.0 <= acceptance <= 1.0:
+            raise ValueError(f"forced acceptance {acceptance} is outside [0, 1]")
+        self.executor, self.acceptance, self.vocab_size = executor, acceptance, vocab_size
+        self.partition, self.device, self.concurrent = executor.partition, executor.device, executor.concurrent
+        self._coin = random.Random(seed)
+        self._drafts: dict[int, int] = {}  # position -> the draft made for it
+        self.forced = 0
+
+    def begin(self, stopwatch) -> None:
+        self._drafts.clear()
+        self.executor.begin(stopwatch)
+
+    def end(self) -> None:
+        self.executor.end()
+
+    def rollback(self, length: int) -> None:
+        self.executor.rollback(length)
+
+    def slot(self, feed: Feed | None, *, slot: int) -> Output:
+        return self._force(feed, self.executor.slot(feed, slot=slot))
+
+    def push(self, feed: Feed) -> Output:
+        return self._force(feed, self.executor.push(feed))
+
+    def flow(self) -> Output:
+        return self._force(None, self.executor.flow())
+
+    def _force(self, feed: Feed | None, out: Output) -> Output:
+        if feed is not None and out.exit_logits is not None:
+            best = out.exit_best if out.exit_best is not None else int(torch.argmax(out.exit_logits))
+            self._drafts[feed.position + len(feed.tokens)] = best
+        if out.final_logits is None or out.final_logits.shape[0] != 1:
+            return out  # the prologue's flow, EESD's verification: left as the model decides
+        draft = self._drafts.pop(out.final_position + 1, None)
+        if draft is None:
+            return out
+        token = draft if self._coin.random() < self.acceptance else (draft + 1) % self.vocab_size
+        self.forced += 1
+        return replace(out, final_best=(token,))
