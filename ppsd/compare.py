@@ -142,7 +142,8 @@ class State:
         def walls(method: str, clock: str | None = None) -> tuple[float | None, ...]:
             return tuple(r[method].wall(clock) if method in r and r[method].done else None for r in self.rounds)
         keys = (*self.methods, *((PLAIN,) if any(PLAIN in r for r in self.rounds) else ()))
-        return Stats(walls={m: walls(m) for m in keys}, measured={m: walls(m, "measured") for m in keys})
+        return Stats(walls={m: walls(m) for m in keys}, measured={m: walls(m, "measured") for m in keys},
+                     projected={m: walls(m, "projected") for m in keys})
 
     def shown(self) -> Mapping[str, MethodRun]:
         """The runs to show: while the first round runs, its live runs; after, the round closest
@@ -178,7 +179,8 @@ class Comparison:
         return self._state
 
     def run(self) -> Iterator[State]:
-        """Open the executor (saying so), then every round; the last state is `done` or `stopped`."""
+        """Open the executor (saying so), then every round; the last state is `done` (a stop after the
+        first round leaves the rounds finished standing) or `stopped`."""
         executor = self.lent
         if executor is None and self.kind.concurrent:
             executor = yield from self._open()
@@ -235,16 +237,18 @@ class Comparison:
                 name = "plain AR" if method == PLAIN else method.upper()
                 status = (f"Round {index + 1} of {self.num_rounds}: {name}" if method != PLAIN or index else
                           "Timing plain AR, the fastest AR here with no pipeline")
-                yield self._with(rounds=_frozen(rounds), active=method, status=status)
                 if method == PLAIN:
+                    yield self._with(rounds=_frozen(rounds), active=method, status=status)
                     run = yield from self._plain(executor, runs, rounds)
                 else:
-                    run = MethodRun.of(self.setup.with_method(method), concurrent=executor is not None)
-                    runs[method] = run
+                    run = runs[method] = MethodRun.of(self.setup.with_method(method), concurrent=executor is not None)
+                    yield self._with(rounds=_frozen(rounds), active=method, status=status)
                     yield from self._decode(run, executor, rounds, self.throttle if live else float("inf"),
                                             self.stop)
                 if self.stop.is_set() or run is None or not run.done:  # a method cut short stays, as far as it got
-                    yield self._with(rounds=_frozen(rounds), stopped=True)
+                    self._with(rounds=_frozen(rounds))
+                    if index == 0:  # nothing timed in full: stopped; else the rounds finished stand
+                        yield self._with(stopped=True)
                     return
         self._with(rounds=_frozen(rounds))
 

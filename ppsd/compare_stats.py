@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Mapping
 
 from .metrics import speedup
@@ -20,30 +20,32 @@ Walls = Mapping[str, tuple[float | None, ...]]  # method -> its wall in each rou
 @dataclass(frozen=True)
 class Stats:
     """`walls`: each method's wall per round on the clock it is compared on (the pipeline's
-    methods on the comparison's clock, plain AR measured); `measured`: the same runs on the
-    measured clock."""
+    methods on the comparison's clock, plain AR measured); `measured` and `projected`: the same
+    runs on those clocks (`clock=` below picks one)."""
 
     walls: Walls
     measured: Walls
+    projected: Walls = field(default_factory=dict)
 
-    def runs(self, method: str, *, measured: bool = False) -> tuple[float, ...]:
-        """The walls of `method`'s finished rounds."""
-        return tuple(w for w in (self.measured if measured else self.walls).get(method, ()) if w is not None)
+    def runs(self, method: str, *, clock: str | None = None) -> tuple[float, ...]:
+        """The walls of `method`'s finished rounds (on its comparison clock, or on `clock`)."""
+        walls = {None: self.walls, "measured": self.measured, "projected": self.projected}[clock]
+        return tuple(w for w in walls.get(method, ()) if w is not None)
 
-    def median(self, method: str, *, measured: bool = False) -> float | None:
+    def median(self, method: str, *, clock: str | None = None) -> float | None:
         """`method`'s time: the median of its finished rounds' walls (None: none finished)."""
-        runs = self.runs(method, measured=measured)
+        runs = self.runs(method, clock=clock)
         return statistics.median(runs) if runs else None
 
-    def ratio(self, base: str, method: str, *, measured: bool = False) -> float | None:
+    def ratio(self, base: str, method: str, *, clock: str | None = None) -> float | None:
         """How many times faster `method` ran than `base`: median over median (None: either untimed)."""
-        b, m = self.median(base, measured=measured), self.median(method, measured=measured)
+        b, m = self.median(base, clock=clock), self.median(method, clock=clock)
         return None if b is None or m is None else speedup(b, m)
 
     def fastest_ar(self) -> tuple[str, float] | None:
         """The fastest AR measured here, (key, median measured seconds): plain AR (no pipeline)
         or AR on the pipeline, whichever ran faster; None before either has finished."""
-        found = [(key, self.median(key, measured=True)) for key in ("plain", "ar")]
+        found = [(key, self.median(key, clock="measured")) for key in ("plain", "ar")]
         found = [(key, seconds) for key, seconds in found if seconds is not None]
         return min(found, key=lambda f: f[1]) if found else None
 
