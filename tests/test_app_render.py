@@ -619,7 +619,7 @@ def test_a_run_stopped_while_its_stages_start_says_so_in_the_api_summary(tiny_ca
 def test_a_run_in_flight_shows_its_phases_done_now_and_to_come(tiny_cache):
     from app import view
 
-    request = RunRequest(prompt="def fibonacci(n):", model="tiny", max_new_tokens=6, repeats=2)
+    request = RunRequest(prompt="def fibonacci(n):", model="tiny", max_new_tokens=8, repeats=2)
     assert request.phases() == ("model", "ar", "ppsd", "repeats")
     assert __import__("dataclasses").replace(request, workers=True).phases() == (
         "model", "workers", "ar", "ppsd", "plain", "repeats")
@@ -640,11 +640,12 @@ def test_a_run_in_flight_shows_its_phases_done_now_and_to_come(tiny_cache):
     assert "phases" not in final["headline"]  # a finished run shows its numbers only
     assert "Timing again" not in final["headline"] and not snap.status  # nor what it was doing last
     assert "run-message-empty" in final["message"]
-    # every panel says which of the timed runs it shows; the headline is their median
-    label = "Run 1 of 2 (decoded live); the headline gives the median of the 2 timed runs"
-    assert label in final["stats_ar"] and label in final["stats_ppsd"] and label in final["metrics"]
-    assert label in final["timeline"].layout.title.text
-    assert "median of 2 runs" in final["headline"]
+    # every panel says which round it shows, the one closest to the medians the headline gives
+    label = view.shown_run(snap)
+    assert label.startswith(f"Round {snap.state.shown_index() + 1} of 2, the one closest to the medians")
+    assert label.replace("'", "&#x27;") in final["stats_ar"] and label.replace("'", "&#x27;") in final["stats_ppsd"]
+    assert label.replace("'", "&#x27;") in final["metrics"] and label in final["timeline"].layout.title.text
+    assert "median of 2 rounds" in final["headline"]
     first = view.step(final["race"], 0)  # the step-through says which slot it shows, once
     assert first.count("Slot 1 of") == 1 and 'class="teach-caption step-caption"' in first
     loading = view.status("Loading tiny… 3 s", request, "model")
