@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import html
 from dataclasses import dataclass, field
-from typing import Mapping, Sequence
+from typing import Mapping
 
 from ppsd import Metrics
 from ppsd.compare import PlainWay
@@ -20,7 +20,7 @@ from ppsd.executors.kinds import KINDS
 from ppsd.metrics import (DEFINITIONS, Stalls, break_even_acceptance, cost_slot_fraction,
                           ideal_ppsd_speedup_slowest_stage)
 
-from .words import METHOD_NAMES, PROJECTED_MEANING, duration_text, ratio_text
+from .words import PROJECTED_MEANING, duration_text, ratio_text
 
 
 @dataclass(frozen=True)
@@ -320,20 +320,6 @@ def walls_sentence(c: Comparison) -> str:
     return f"Every round's wall: {'; '.join(parts)}{shown}."
 
 
-PHASE_NAMES = {"model": "load the model", "workers": "start the pipeline", "ar": "AR", "ppsd": "PPSD",
-               "eesd": "EESD", "plain": "plain AR, one process", "repeats": "time again"}
-
-
-def render_progress(phases: Sequence[str], current: str | None) -> str:
-    """The run's phases as steps: done, now (the one `current` names), still to come."""
-    if current not in phases:
-        return ""
-    now = phases.index(current)
-    steps = [f'<span class="phase phase-{"done" if i < now else "now" if i == now else "todo"}">'
-             f'{"✓ " if i < now else ""}{html.escape(PHASE_NAMES.get(p, p))}</span>' for i, p in enumerate(phases)]
-    return f'<div class="phases">{"<span class=phase-arrow>›</span>".join(steps)}</div>'
-
-
 MIN_TIMED_TOKENS = 8  # an answer shorter than this is over before the pipeline fills: no speedup is told
 
 
@@ -402,16 +388,3 @@ def render_headline(c: Comparison | None, *, status: str = "", agreement: str = 
     if status:
         lines.append(f'{progress}<div class="headline-status">{html.escape(status)}</div>')
     return f'<div class="headline-box">{"".join(lines)}</div>'
-
-
-def agreement_note(token_ids: Mapping[str, Sequence[int]], *, greedy: bool) -> str:
-    """Whether every method produced the same tokens, and what that means here."""
-    names = " = ".join(METHOD_NAMES.get(m, m) for m in token_ids)
-    same = len({tuple(ids) for ids in token_ids.values()}) == 1
-    if same:
-        return f"✓ Identical output, token for token ({names}): speculation changed only the speed."
-    if greedy:
-        return (f"✗ Outputs differ ({', '.join(METHOD_NAMES.get(m, m) for m in token_ids)}) although decoding "
-                "is greedy: this should not happen, please report it.")
-    return ("Outputs differ: with temperature > 0 each method draws its own sample. PPSD and EESD keep the "
-            "full model's distribution (speculative sampling), not its exact draws.")

@@ -14,7 +14,8 @@ from ppsd import Trace
 from ppsd.executors.kinds import KINDS
 from ppsd.metrics import decode_costs, exit_fraction, slot_fraction, stalls
 
-from . import numbers, render, tables, teach
+from . import numbers, render, tables, teach, words
+from .panels.progress import render_progress
 from .numbers import MIN_TIMED_TOKENS, Clocks
 from .request import PLAIN, RunRequest
 from .runner import Snapshot
@@ -67,7 +68,7 @@ def status(text: str, request: RunRequest | None = None, phase: str | None = Non
     """Only the status changes (loading a model, waiting for the device): the headline's status
     line, with the run's phases as steps when `request` and its current `phase` are given, and the
     same words beside Run, where the visitor is looking when they press it."""
-    progress = numbers.render_progress(request.phases(), phase) if request is not None else ""
+    progress = render_progress(request.phases(), phase) if request is not None else ""
     return {"headline": numbers.render_headline(None, status=text, progress=progress),
             "message": message(text, "status")}
 
@@ -197,13 +198,13 @@ def _comparison(snap: Snapshot, finished: dict[str, Clocks]) -> numbers.Comparis
 
 def _headline(snap: Snapshot, finished: dict[str, Clocks], comparison: numbers.Comparison | None) -> str:
     status_text = _status_line(snap)
-    progress = "" if snap.done or snap.stopped else numbers.render_progress(snap.request.phases(), snap.phase)
+    progress = "" if snap.done or snap.stopped else render_progress(snap.request.phases(), snap.phase)
     if comparison is not None and comparison.ar.tokens < MIN_TIMED_TOKENS:
         return numbers.short_headline(comparison.ar.tokens, status=status_text, progress=progress)
     if comparison is None:
         return numbers.render_headline(None, status=status_text, progress=progress)
     done = {m: r.result.token_ids for m, r in snap.runs.items() if r.done}
-    agreement = numbers.agreement_note(done, greedy=snap.request.temperature == 0) if snap.done else ""
+    agreement = words.agreement_note(done, greedy=snap.request.temperature == 0) if snap.done else ""
     return numbers.render_headline(comparison, status=status_text, agreement=agreement, progress=progress)
 
 

@@ -3,7 +3,7 @@ name, so no two panels write one number two ways ("0.74×" beside "1.35× slower
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Mapping, Sequence
 
 METHOD_NAMES = {"ar": "AR", "ppsd": "PPSD", "eesd": "EESD", "plain": "Plain AR, one process"}
 PROJECTED_MEANING = "the measured per-stage costs of this run replayed on K concurrent workers"
@@ -34,3 +34,16 @@ def range_text(ratios: Sequence[float]) -> str:
     if 0 < high < 1:
         return f"{1 / high:.2f}–{1 / low:.2f}× slower"
     return f"{ratio_text(low)} to {ratio_text(high)}"
+
+
+def agreement_note(token_ids: Mapping[str, Sequence[int]], *, greedy: bool) -> str:
+    """Whether every method produced the same tokens, and what that means here."""
+    names = " = ".join(METHOD_NAMES.get(m, m) for m in token_ids)
+    same = len({tuple(ids) for ids in token_ids.values()}) == 1
+    if same:
+        return f"✓ Identical output, token for token ({names}): speculation changed only the speed."
+    if greedy:
+        return (f"✗ Outputs differ ({', '.join(METHOD_NAMES.get(m, m) for m in token_ids)}) although decoding "
+                "is greedy: this should not happen, please report it.")
+    return ("Outputs differ: with temperature > 0 each method draws its own sample. PPSD and EESD keep the "
+            "full model's distribution (speculative sampling), not its exact draws.")

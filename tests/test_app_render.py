@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import ppsd
-from app import numbers, render, tables
+from app import numbers, render, tables, words
 from app.models import ModelCache
 from app.request import RunRequest
 from app.runner import run_comparison
@@ -416,9 +416,9 @@ def test_runner_rejects_bad_requests_and_keeps_the_loaded_model(tiny_cache, requ
 
 
 def test_agreement_note_tells_identical_from_sampled_from_broken():
-    assert "Identical output" in numbers.agreement_note({"ar": [1, 2], "ppsd": [1, 2]}, greedy=True)
-    assert "should not happen" in numbers.agreement_note({"ar": [1, 2], "ppsd": [1, 3]}, greedy=True)
-    assert "distribution" in numbers.agreement_note({"ar": [1, 2], "ppsd": [1, 3]}, greedy=False)
+    assert "Identical output" in words.agreement_note({"ar": [1, 2], "ppsd": [1, 2]}, greedy=True)
+    assert "should not happen" in words.agreement_note({"ar": [1, 2], "ppsd": [1, 3]}, greedy=True)
+    assert "distribution" in words.agreement_note({"ar": [1, 2], "ppsd": [1, 3]}, greedy=False)
 
 
 def test_live_updates_send_only_changes_and_end_complete(tiny_cache):
