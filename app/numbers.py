@@ -283,8 +283,8 @@ def above_ideal(c: Comparison) -> str:
                 "so this is no clean result; run again.")
     spread = max(c.spread("ar"), c.spread("ppsd"))
     if spread > SPREAD_FLAG:
-        return (f"⚠ {which}, and one method's rounds lie {spread:.2f}× apart: the machine was busy in some of them, "
-                "so this is no clean result; run again.")
+        return (f"⚠ {which}, and one method's slowest round took {spread:.2f} times its fastest: the machine was "
+                "busy in some of them, so this is no clean result; run again.")
     cost_slot = None if c.stages is None else c.stages.cost_slot
     at_costs = None if cost_slot is None else ideal_ppsd_speedup_slowest_stage(rate, cost_slot)
     if at_costs is not None and at_costs > ideal and measured <= at_costs * (1 + NOISE):
@@ -372,7 +372,7 @@ def render_headline(c: Comparison | None, *, status: str = "", agreement: str = 
         more.append(note(f"Projected clock: {PROJECTED_MEANING} (K={c.num_stages}), as if each stage had its own device."))
         more.append(note(
             f"Measured on this one {html.escape(c.device)} device, stages run in turn: AR {measured('ar')}, PPSD "
-            f"{measured('ppsd')} (medians; PPSD {other} than AR). On one device PPSD does the same work as AR plus the "
+            f"{measured('ppsd')} (PPSD {other} than AR, medians). On one device PPSD does the same work as AR plus the "
             "flushed work, so it cannot be faster there: its speed comes from K stages running at the same time."))
     if c.eesd is not None:
         rate = "n/a" if c.eesd.acceptance_rate is None else f"{c.eesd.acceptance_rate:.2f}"
