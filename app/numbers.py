@@ -205,11 +205,14 @@ def pipeline_threads(num_stages: int, device: str) -> str:
             f"{num_stages} threads in one process, a core each")
 
 
-def _fastest_name(c: Comparison) -> str:
+def _fastest_name(c: Comparison) -> tuple[str, str]:
+    """The fastest AR measured here, short (for the big line) and in full (beside it)."""
     key, _ = c.fastest
     if key == "plain":
-        return f"plain AR ({c.plain.words if c.plain else 'no pipeline'}, measured)"
-    return "AR on the same pipeline" if c.workers else "AR in this one process (measured)"
+        return "plain AR", f"plain AR {c.plain.words if c.plain else 'with no pipeline'}, measured"
+    if c.workers:
+        return "AR on the same pipeline", ""
+    return "AR in one process", "AR measured in this one process, the stages in turn"
 
 
 def why_sentence(c: Comparison) -> str:
@@ -231,8 +234,9 @@ def speedup_headline(c: Comparison) -> str:
     """The big lines: PPSD against the fastest AR measured here (the sceptic's baseline), then
     against AR on the same pipeline (the algorithm's own effect) when that is another run,
     with one sentence on why they differ. Ratios of medians, in `ratio_text`'s words."""
-    clock = f"{c.ppsd.clock} clock, {_rounds(c.rounds)}, {c.device}"
-    first = (f'<span class="headline-main">PPSD {ratio_text(c.against_fastest)} than {_fastest_name(c)}</span>')
+    base, detail = _fastest_name(c)
+    clock = "; ".join(filter(None, (detail, f"{c.ppsd.clock} clock, {_rounds(c.rounds)}, {c.device}")))
+    first = f'<span class="headline-main">PPSD {ratio_text(c.against_fastest)} than {base}</span>'
     lines = [f'<div class="headline">{first}<span class="headline-clock">({html.escape(clock)})</span></div>']
     if c.fastest[0] == "plain" or not c.workers:
         lines.append(f'<div class="headline headline-second"><span class="headline-pipeline">PPSD '

@@ -43,7 +43,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--chat", action=argparse.BooleanOptionalAction, default=None,
                         help="prompts through the chat template (default: on when the model has one)")
     parser.add_argument("--quick", action="store_true",
-                        help="one prompt per category and a small sweep (about a minute on a laptop CPU)")
+                        help="a smoke check: 2 prompts, greedy, K = 2 and 4, 24 tokens, one timed round (about "
+                             "a minute on a 2-core CPU with the default model, its first conversion not counted)")
     parser.add_argument("--json", action="store_true", help="print the JSON report on stdout (table on stderr)")
     parser.add_argument("--out", default="benchmarks", help="folder for bench.json/.csv/.html/.md (default benchmarks)")
     parser.add_argument("--repeats", type=int, default=None, help="timed runs per setting and prompt (median kept)")
@@ -130,7 +131,7 @@ def _plan(args: argparse.Namespace) -> Plan:
     chat = use_chat(tokenizer, args.chat)
     prompts, source = load_prompts(args.prompts or (CHAT_PROMPTS_FILE if chat else None))
     if args.quick:
-        prompts = quick_subset(prompts)
+        prompts = quick_subset(prompts, preset["prompts"])
     model = fixed_length(loaded)
     for p in prompts:
         p["ids"] = prompt_ids(tokenizer, p["prompt"], model.info.max_context - new_tokens, chat=chat)
