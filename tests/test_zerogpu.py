@@ -191,7 +191,7 @@ def test_the_page_runs_stops_loads_and_replays_with_every_run_a_forked_call(zero
         if not prompt.input_value():  # a page with no default prompt: its first example
             page.locator("#examples button, #examples td").first.click()
         page.locator("#run").click()
-        page.locator(".headline-agreement").first.wait_for(timeout=FORK_SECONDS * 1000)  # shown once a run is done
+        page.locator(".headline-agreement").first.wait_for(state="attached", timeout=FORK_SECONDS * 1000)  # once a run is done
         headline = page.locator("#headline").inner_text()
         assert "than AR" in headline, headline
         assert not page.locator("#run-message .error, .run-message-error").count()
