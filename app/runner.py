@@ -18,14 +18,15 @@ from typing import Iterator, Mapping
 from ppsd.chat import check_text
 from ppsd.compare import PLAIN, Comparison, MethodRun, PlainWay, State, Stats
 from ppsd.compare import THROTTLE_SECONDS
-from ppsd.executors.kinds import KINDS, ExecutorKind, choose, concurrent_kinds
+from ppsd.config import DEFAULTS
+from ppsd.executors.kinds import KINDS, ExecutorKind, choose, concurrent_by_default, concurrent_kinds
 from ppsd.executors.wire import PipelineError
 from ppsd.setup import RunSetup
 
 from .models import Loaded, ModelCache
 from .request import MAX_RUN_SECONDS, RunRequest
 
-__all__ = ["MethodRun", "Snapshot", "run_comparison"]
+__all__ = ["MethodRun", "Snapshot", "prestart", "run_comparison"]
 
 
 @dataclass(frozen=True)
@@ -133,6 +134,25 @@ def run_comparison(request: RunRequest, cache: ModelCache, *, throttle: float = 
     finally:
         if timer is not None:
             timer.cancel()
+
+
+def prestart(cache: ModelCache, model: str, progress=None) -> str:
+    """What a first Run of `model` with the page's defaults needs beyond the model: its shared
+    pipeline (the worker processes), started and warmed up now, so that Run's first token does
+    not wait for them. Returns what was started, in words ("" when the defaults run the stages in
+    turn, or on a kind built per run)."""
+    loaded = cache.get(model, warm=True)
+    device, stages = loaded.model.info.device, DEFAULTS.num_stages
+    if not concurrent_by_default(stages, device):
+        return ""
+    kind = choose("auto", stages, device)
+    if not kind.shared or kind.unavailable(device, stages) is not None:
+        return ""
+    request = RunRequest(prompt="Hi")  # the page's defaults: what a first Run asks for
+    setup = cache.set_up(loaded, request.prompt, request.settings(), exit_head=request.exit_head,
+                         chat=request.chat and loaded.chat)
+    kind.ready(setup, progress=progress)
+    return f"{stages} {kind.choice.split(',')[0]}"
 
 
 def _kind_here(requested: str, setup: RunSetup) -> tuple[ExecutorKind, str]:

@@ -43,8 +43,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--chat", action=argparse.BooleanOptionalAction, default=None,
                         help="prompts through the chat template (default: on when the model has one)")
     parser.add_argument("--quick", action="store_true",
-                        help="a smoke check: 2 prompts, greedy, K = 2 and 4, 24 tokens, one timed round (about "
-                             "a minute on a 2-core CPU with the default model, its first conversion not counted)")
+                        help="a smoke check: 2 prompts, greedy, K = 2 and 4, 24 tokens, one timed round; 12 "
+                             "rounds of at most 4 decodes each, with a progress bar (11 min measured on a shared "
+                             "2-core CPU under load 7, AR at 3.4 tok/s: docs/benchmarks.md)")
     parser.add_argument("--json", action="store_true", help="print the JSON report on stdout (table on stderr)")
     parser.add_argument("--out", default="benchmarks", help="folder for bench.json/.csv/.html/.md (default benchmarks)")
     parser.add_argument("--repeats", type=int, default=None, help="timed runs per setting and prompt (median kept)")
