@@ -65,11 +65,15 @@ def main(argv: list[str] | None = None) -> None:
     demo = create_demo(state)
     # Quiet: the one line below says where and when the page is ready, and with what.
     demo.launch(server_name=args.host, server_port=args.port, prevent_thread_lock=True, quiet=True, **launch_kwargs())
-    if preload is not None:
-        preload.join()
-    model = (ready or [""])[0] or (f"{ppsd.DEFAULT_MODEL} loaded" if zerogpu.active() else "no model loaded yet")
-    print(f"PPSD demo ready at {demo.local_url} ({model})", flush=True)
-    demo.block_thread()
+    try:
+        while preload is not None and preload.is_alive():
+            preload.join(0.5)  # in slices: Ctrl-C meanwhile ends the server as it does after
+        model = (ready or [""])[0] or (f"{ppsd.DEFAULT_MODEL} loaded" if zerogpu.active() else "no model loaded yet")
+        print(f"PPSD demo ready at {demo.local_url} ({model})", flush=True)
+    except KeyboardInterrupt:
+        demo.close()
+        return
+    demo.block_thread()  # until Ctrl-C, which closes the server
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Iterator, Mapping
 
 from ppsd.chat import check_text
-from ppsd.compare import PLAIN, Comparison, MethodRun, PlainWay, State, Stats
+from ppsd.compare import PLAIN, Comparison, MethodRun, PlainWay, State, Stats, ready
 from ppsd.compare import THROTTLE_SECONDS
 from ppsd.config import DEFAULTS
 from ppsd.executors.kinds import KINDS, ExecutorKind, choose, concurrent_by_default, concurrent_kinds
@@ -151,7 +151,7 @@ def prestart(cache: ModelCache, model: str, progress=None) -> str:
     request = RunRequest(prompt="Hi")  # the page's defaults: what a first Run asks for
     setup = cache.set_up(loaded, request.prompt, request.settings(), exit_head=request.exit_head,
                          chat=request.chat and loaded.chat)
-    kind.ready(setup, progress=progress)
+    ready(kind, setup, progress)
     return f"{stages} {kind.choice.split(',')[0]}"
 
 

@@ -38,6 +38,16 @@ PLAIN_CUT = 2.0  # a way of running plain AR still decoding at this many times t
 THROTTLE_SECONDS = 0.25  # least time between two progress states of a live run
 
 
+_STARTING = threading.Lock()  # one executor starts at a time in a process: two pools starting at once
+# (a start-up preload and a visitor's Run) would both set up torch.distributed's one default group
+
+
+def ready(kind: ExecutorKind, setup: RunSetup, progress: Callable[[str], None] | None = None) -> Executor | None:
+    """`kind.ready(setup)`, one start at a time in this process (`_STARTING`)."""
+    with _STARTING:
+        return kind.ready(setup, progress=progress)
+
+
 class Stop(Protocol):
     def is_set(self) -> bool: ...
 
@@ -207,7 +217,7 @@ class Comparison:
 
         def start() -> None:
             try:
-                box["executor"] = self.kind.ready(self.setup, progress=told.append)
+                box["executor"] = ready(self.kind, self.setup, told.append)
             except BaseException as error:  # noqa: BLE001 - raised again in the caller's thread
                 box["error"] = error
 

@@ -414,7 +414,7 @@ def test_a_run_on_k_worker_processes_is_measured_and_identical(server, decodes):
         assert summary[method]["token_ids"] == local[method]["token_ids"]
         assert summary[method]["measured"]["clock"] == "measured"
     assert "measured clock" in outputs[0] and "own worker process" in outputs[0]
-    assert "tok/s (measured, K workers)" in outputs[3]  # PPSD's stats card leads with the measured clock
+    assert "tok/s, this round (measured, K workers)" in outputs[3]  # PPSD's stats card leads with the measured clock
     pool = current_pool()
     pids = pool.pids
     assert pids and all(_running(pid) for pid in pids)
@@ -652,7 +652,7 @@ def test_the_server_shuts_down_quietly_and_leaves_no_process(saved_model, stop):
                 assert time.monotonic() < deadline and server.poll() is None
                 time.sleep(0.5)
         outputs = client.predict(*run_args(saved_model, max_new_tokens=8, workers=True), api_name="/run")
-        assert outputs[-1]["executor"] == "K worker processes"
+        assert outputs[-1].get("executor") == "K worker processes", outputs[-1]
         started = _children(server.pid)
         started += [w for p in started for w in _children(p)]  # the workers, forked by the forkserver
         assert len(started) >= 3
