@@ -395,3 +395,13 @@ def test_page_plain_ar_is_the_faster_of_one_thread_and_every_core(ran):
     kept = ({"1 thread"} if found.group(4) or one < every else {every_core} if every < one else  # a cut way had lost
             {"1 thread", every_core})  # equal as shown: either may have been the faster by less than shown
     assert any(f"on {way} with no pipeline, the faster of" in ran["headline"] for way in kept), ran["headline"]
+
+
+def test_an_answer_too_short_to_time_shows_no_speedup(tiny_cache):
+    """Issue 44: a one-token answer was headlined "PPSD 1.07× slower than AR ... to the same 1 tokens"."""
+    request = RunRequest(prompt="def fibonacci(n):", model="tiny", max_new_tokens=4, repeats=1)
+    values = view.snapshot(list(run_comparison(request, tiny_cache, throttle=0.0))[-1])
+    assert "The answer is 4 tokens: too short to time" in values["headline"]
+    assert not RATIO.search(text(values["headline"])) and "than AR (medians)" not in values["stats_ppsd"]
+    assert not [t for t in values["theory"].data if t.name.startswith("PPSD measured")]
+    assert 'class="tok tok-' in values["stream_ppsd"]  # the answer itself still shows
