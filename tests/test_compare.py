@@ -95,3 +95,33 @@ def test_a_stop_ends_the_comparison_with_what_has_finished(tiny_setup):
     last = states[-1]
     assert last.stopped and not last.done
     assert last.stats().runs("ar") and not last.stats().runs("ppsd")
+
+
+@pytest.mark.skipif(len(__import__("os").sched_getaffinity(0)) < 2, reason="K = 2 workers need 2 cores")
+def test_bench_pipeline_runs_the_comparison_and_says_what_runs(monkeypatch, capsys):
+    """Issue 44: bench-pipeline printed nothing for its first 9 minutes, and timed the comparison
+    its own way; now each decode goes through `Comparison`, and each is announced."""
+    import argparse
+
+    from ppsd import compare
+    from ppsd.bench import pipeline
+    from ppsd.executors.processes import close_all
+
+    ran = []
+    real = compare.Comparison.run
+    monkeypatch.setattr(compare.Comparison, "run", lambda self: (ran.append(self.kind.name), (yield from real(self))))
+    monkeypatch.setattr(pipeline, "concurrent_kinds", lambda: (KINDS["processes"], KINDS["threads"]))  # no compile
+    parser = argparse.ArgumentParser()
+    pipeline.add_arguments(parser)
+    args = parser.parse_args(["--random-hidden", "32", "--max-prompts", "1", "--new-tokens", "6", "--repeats", "1",
+                              "--warmup", "0", "--stages", "2"])
+    try:
+        assert pipeline.run(args) == 0
+    finally:
+        close_all()
+    out = capsys.readouterr().out
+    assert ran == ["in-process", "processes", "threads"]
+    for line in ("repeat 1/1, prompt 1/1: PPSD on 2 worker processes", "repeat 1/1, prompt 1/1: AR on 2 threads",
+                 "repeat 1/1, prompt 1/1: HF generate(), 1 thread"):
+        assert line in out, out
+    assert "PPSD measured speedup over pipeline AR" in out
