@@ -149,7 +149,7 @@ def test_headline_names_speedup_clock_device_and_ideal():
                              stats=stats_of({"ar": [2.0], "ppsd": [1.0]}, {"ar": [2.0], "ppsd": [2.5]}))
     out = numbers.render_headline(one)
     assert "PPSD 2.00× faster than AR in one process" in out and "(AR measured in this one process" in out
-    assert "PPSD 2.00× faster than AR on the same pipeline" in out and "(projected clock, one round, cpu)" in out
+    assert "PPSD 2.00× faster than AR on the same pipeline" in out and "; projected clock, one round, cpu)" in out
     assert "a=0.80, K=2) = 1.67× faster" in out
     assert "AR 2.00 s, PPSD 2.50 s (medians; PPSD 1.25× slower than AR)" in out and "cannot be faster there" in out
     assert "Compared: AR and PPSD decoding the same prompt to the same 10 tokens on the same 2-stage pipeline" in out
