@@ -231,7 +231,8 @@ def on_replay(race: dict | None) -> Iterator[str]:
     started = time.perf_counter()
     while True:
         at = (time.perf_counter() - started) / stretch
-        yield render.render_race(lanes, piece, at=min(at, longest), clock=race["clock"], stretch=stretch)
+        yield render.render_race(lanes, piece, at=min(at, longest), clock=race["clock"], stretch=stretch,
+                                 shown=race.get("shown", ""))
         if at >= longest:
             return
         time.sleep(1 / REPLAY_FPS)

@@ -321,25 +321,28 @@ def commit_times(tokens: Sequence[Token], trace: Trace) -> tuple[float, ...]:
     return tuple(times)
 
 
-def render_race(lanes: Sequence[Lane], piece: Piece, *, at: float, clock: str, stretch: float) -> str:
+def render_race(lanes: Sequence[Lane], piece: Piece, *, at: float, clock: str, stretch: float,
+                shown: str = "") -> str:
     """The race at time `at` (seconds on the recorded clock): each lane shows what it had
-    committed by then, with a progress bar and its own finishing time."""
+    committed by then, with a progress bar and its own finishing time; `shown`: which round it
+    replays, in the panels' words."""
     longest = max((lane.total for lane in lanes), default=0.0) or 1.0
     rows = []
     for lane in lanes:
         done = sum(t <= at for t in lane.times)
         finished = at >= lane.total
-        shown = render_tokens(lane.tokens[:done], piece)
+        committed = render_tokens(lane.tokens[:done], piece)
         clock_text = f"{duration_text(min(at, lane.total))}" + (" ✓ finished" if finished else "")
         rows.append(
             f'<div class="race-lane"><div class="race-head"><span class="race-name">'
             f'{METHOD_NAMES.get(lane.method, lane.method)}</span><span class="race-clock">{clock_text} · '
             f'{done}/{len(lane.tokens)} tokens</span></div><div class="race-track"><div class="race-bar '
             f'race-{lane.method}" style="width:{100 * min(at, lane.total) / longest:.1f}%"></div></div>'
-            f'{shown}</div>')
-    note = (f"Replay of this run, slowed {stretch:.0f}× from its recorded pace ({clock} clock) so the "
+            f'{committed}</div>')
+    which = f"{shown[0].lower()}{shown[1:].split(';')[0]}" if shown else "this run"  # the round, as the panels say
+    note = (f"Replay of {which}, slowed {stretch:.0f}× from its recorded pace ({clock} clock) so the "
             "eye can follow." if stretch >= 1.5 else
-            f"Replay of this run at its recorded pace ({clock} clock).")
+            f"Replay of {which} at its recorded pace ({clock} clock).")
     verdict = race_verdict(lanes) if at >= longest else ""
     verdict = f'<div class="race-verdict">{html.escape(verdict)}</div>' if verdict else ""
     return f'<div class="race"><div class="race-note">{html.escape(note)}</div>{verdict}{"".join(rows)}</div>'

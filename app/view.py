@@ -307,6 +307,7 @@ def _race_state(snap: Snapshot) -> dict:
     ppsd_run = snap.runs["ppsd"]
     steps = teach.slots(ppsd_run.result.trace)  # the same trace the timeline draws
     return {"lanes": lanes, "pieces": pieces, "clock": "measured" if snap.concurrent else "projected",
+            "shown": shown_run(snap),
             "steps": steps, "ppsd_tokens": ppsd_run.result.tokens}
 
 

@@ -170,6 +170,9 @@ def test_the_round_shown_is_the_one_closest_to_the_medians_and_says_so(tiny_run)
     assert f"Round {index + 1} of 3, the one closest to the medians" in values["stats_ppsd"]
     assert f"the panels show round {index + 1}" in values["headline"]
     assert values["summary"]["timed_runs"]["shown_round"] == index + 1
+    race = values["race"]
+    note = render.render_race(race["lanes"], str, at=0.0, clock=race["clock"], stretch=1, shown=race["shown"])
+    assert f"Replay of round {index + 1} of 3, the one closest to the medians at its recorded pace" in note
     assert values["summary"]["speedup_projected"] == snap.stats().ratio("ar", "ppsd")  # the API's, the medians'
 
 
