@@ -1,6 +1,6 @@
 """Pure render functions for each method's numbers: the stats card at the top of its column and
 the metrics table, every metric beside its definition and the clock it reads. Records in, HTML
-out; ratios and durations are written as `app.render` writes them everywhere.
+out; ratios and durations are written as `app.words` writes them everywhere.
 """
 
 from __future__ import annotations

@@ -122,9 +122,9 @@ def _ratio_line(method: str, comparison: numbers.Comparison | None) -> str:
     if comparison is None or comparison.ar.tokens < MIN_TIMED_TOKENS:
         return ""
     if method == "ppsd":
-        return f"PPSD {render.ratio_text(comparison.speedup)} than AR (medians)"
+        return f"PPSD {words.ratio_text(comparison.speedup)} than AR (medians)"
     if method == "eesd" and comparison.eesd is not None:
-        return f"EESD {render.ratio_text(comparison.eesd_speedup)} than AR (medians, measured)"
+        return f"EESD {words.ratio_text(comparison.eesd_speedup)} than AR (medians, measured)"
     return ""
 
 
