@@ -18,15 +18,20 @@ import threading
 
 import ppsd
 from app import AppState, create_demo, launch_kwargs, zerogpu
+from app.runner import prestart
 from ppsd.cli import thread_count
 from ppsd.model import DEVICE_VARIABLE
 
 
-def _preload(state: AppState) -> None:
+def _preload(state: AppState) -> str:
+    """The default model converted, loaded and warmed up, and the worker processes a first Run
+    with the defaults needs, started: what is ready, in words ("" when the load failed)."""
     try:
-        state.cache.get(ppsd.DEFAULT_MODEL)
+        started = prestart(state.cache, ppsd.DEFAULT_MODEL)
     except Exception as error:  # noqa: BLE001 - the thread ends with one line (a full disk, say); Run says it again
         print(f"preloading {ppsd.DEFAULT_MODEL} failed: {error}", file=sys.stderr, flush=True)
+        return ""
+    return f"{ppsd.DEFAULT_MODEL} loaded" + (f", {started} started" if started else "")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -53,17 +58,32 @@ def main(argv: list[str] | None = None) -> None:
     state = AppState.from_environment()
     if zerogpu.active():  # its documented pattern: the model loaded at start-up, and every call reuses it
         state.cache.get(ppsd.DEFAULT_MODEL)
-    elif state.cache.offers(ppsd.DEFAULT_MODEL):
-        # A cold start's first Run waited ~40 s for the conversion, load and warm-up (tools/cold_start.py):
-        # done once, now, while the page comes up; a Run meanwhile waits for it, with its progress shown.
-        threading.Thread(target=_preload, args=(state,), name="preload", daemon=True).start()
+    ready: list[str] = []
+    preload = None
+    if not zerogpu.active() and state.cache.offers(ppsd.DEFAULT_MODEL):
+        # A cold start's first Run waited ~40 s for the conversion, load and warm-up (tools/cold_start.py),
+        # and 10 s more for the worker processes: done once, now, while the page comes up; a Run
+        # meanwhile waits for it, with its progress shown.
+        preload = threading.Thread(target=lambda: ready.append(_preload(state)), name="preload", daemon=True)
+        preload.start()
+    if preload is not None:
+        print(f"Starting the PPSD demo: preparing {ppsd.DEFAULT_MODEL} and its worker processes…", flush=True)
     demo = create_demo(state)
+    # Quiet: the one line below says where and when the page is ready, and with what.
+    demo.launch(server_name=args.host, server_port=args.port, prevent_thread_lock=True, quiet=True, **launch_kwargs())
+    try:
+        while preload is not None and preload.is_alive():
+            preload.join(0.5)  # in slices: Ctrl-C meanwhile ends the server as it does after
+        model = (ready or [""])[0] or (f"{ppsd.DEFAULT_MODEL} loaded" if zerogpu.active() else "no model loaded yet")
+        print(f"PPSD demo ready at {demo.local_url} ({model})", flush=True)
+    except KeyboardInterrupt:
+        demo.close()
+        return
     if not zerogpu.active():
-        demo.launch(server_name=args.host, server_port=args.port, **launch_kwargs())
+        demo.block_thread()  # until Ctrl-C, which closes the server
         return
     # This thread imported `spaces`, and only here is `.to("cuda")` emulated: it serves the
     # page's model loads (Load, a Run naming an unloaded model) for as long as the page is up.
-    demo.launch(server_name=args.host, server_port=args.port, prevent_thread_lock=True, **launch_kwargs())
     try:
         zerogpu.serve_import_thread()
     finally:

@@ -249,7 +249,8 @@ def on_replay(race: dict | None) -> Iterator[str]:
     started = time.perf_counter()
     while True:
         at = (time.perf_counter() - started) / stretch
-        yield render.render_race(lanes, piece, at=min(at, longest), clock=race["clock"], stretch=stretch)
+        yield render.render_race(lanes, piece, at=min(at, longest), clock=race["clock"], stretch=stretch,
+                                 shown=race.get("shown", ""))
         if at >= longest:
             return
         time.sleep(1 / REPLAY_FPS)
@@ -280,7 +281,11 @@ def on_load(state: AppState, name: str) -> Iterator[tuple]:
     yield (model_status(f"{info.name}: {info.model_type}, {info.num_layers} layers, {info.device} {info.dtype} "
                    f"(loaded in {loaded.load_seconds:.1f} s, then warmed up untimed"
                         f"{'' if state.cache.warm else ' in each GPU call'})", "ok"),
-           e_update, k_update, info.num_layers, ready)
+           e_update, k_update, gr.skip(), gr.skip())
+    # The layer count after the sliders have their new ranges and values: its change redraws the
+    # diagram with the sliders' values, which the browser would otherwise still send as the old
+    # model's (E = 18 against an 8-layer model's maximum of 7, refused).
+    yield (gr.skip(), gr.skip(), gr.skip(), info.num_layers, ready)
 
 
 def on_page_load(state: AppState, name: str) -> tuple:

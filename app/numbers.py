@@ -1,25 +1,26 @@
-"""Pure render functions for the numbers of a run: the headline (one typed `Comparison`) and
-the phases of a run in flight (each method's card and the metrics table: `app.tables`). Strings in, HTML out; every number says its clock. Speedups and
-ideals come from `ppsd.metrics`, so the headline, the table and the theory plot agree.
+"""The comparison's analysis for the page: the headline (one typed `Comparison`), the notes in
+its fold, and the phases of a run in flight. Strings in, HTML out; every number says its clock.
 
-One source per number: the headline's speedup is `Comparison.speedup` (the theory star takes the
-same value), every ratio is written by `render.ratio_text` ("X× faster" / "X× slower") and every
-duration by `render.duration_text`, so no two places show one number two ways.
+One statistic: every ratio is a ratio of medians of the rounds' walls (`ppsd.compare_stats.Stats`),
+so the headline, the sentences, the theory star, the cards and the API's summary agree and
+multiply; ideals come from `ppsd.metrics`. Every ratio is written by `words.ratio_text` and
+every duration by `words.duration_text`.
 """
 
 from __future__ import annotations
 
 import html
-import statistics
 from dataclasses import dataclass, field
-from typing import Mapping, Sequence
+from typing import Mapping
 
 from ppsd import Metrics
+from ppsd.compare import PlainWay
+from ppsd.compare_stats import Stats
 from ppsd.executors.kinds import KINDS
 from ppsd.metrics import (DEFINITIONS, Stalls, break_even_acceptance, cost_slot_fraction,
-                          ideal_ppsd_speedup_slowest_stage, speedup)
+                          ideal_ppsd_speedup_slowest_stage)
 
-from .render import METHOD_NAMES, PROJECTED_MEANING, duration_text, range_text, ratio_text
+from .words import PROJECTED_MEANING, duration_text, ratio_text
 
 
 @dataclass(frozen=True)
@@ -72,9 +73,9 @@ class Stages:
 
 @dataclass(frozen=True)
 class Comparison:
-    """What the headline reports: AR and PPSD on the page's clock (`lead`: measured on K worker
-    processes, else projected) and on the other clock, the speedup of every timed round on the
-    lead clock, and EESD (measured) when it ran."""
+    """What the headline reports. `stats`: every round's walls (`ppsd.compare_stats.Stats`), the
+    source of every ratio (medians over medians); `ar`, `ppsd` (`_other`: on the other clock)
+    and `eesd`: the metrics of the round shown (`shown`, 0-based), the one closest to the medians."""
 
     ar: Metrics
     ppsd: Metrics
@@ -83,25 +84,48 @@ class Comparison:
     num_stages: int
     device: str
     workers: bool
-    speedups: tuple[float, ...] = ()  # AR wall / PPSD wall per timed round; empty: the one run above
+    stats: Stats
     eesd: Metrics | None = None
-    plain: Plain | None = None
+    plain: PlainWay | None = None  # how plain AR ran, when it was timed (with the stages at once)
     pipeline: str = "processes"  # with `workers`: the name of the kind that ran (`ppsd.executors.kinds`)
     stalls: Mapping[str, Stalls] = field(default_factory=dict)  # method -> its shown run's stalls
     stages: Stages | None = None
+    shown: int | None = None  # which round the panels show (0-based)
 
     @property
     def speedup(self) -> float:
-        """The median over the timed rounds (the one run's when there is no spread): the number
-        the headline and the theory star both show."""
-        if self.speedups:
-            return statistics.median(self.speedups)
-        return speedup(self.ar.wall_seconds, self.ppsd.wall_seconds)
+        """PPSD against AR on the same pipeline, on the page's clock: median AR wall over median
+        PPSD wall (the headline's second line, the theory star, the cards, the API's summary)."""
+        return self.stats.ratio("ar", "ppsd") or 0.0
 
     @property
-    def runs(self) -> tuple[float, ...]:
-        """The speedup of every timed round (the one run's when there is no spread)."""
-        return self.speedups or (self.speedup,)
+    def rounds(self) -> int:
+        return len(self.stats.runs("ppsd"))
+
+    @property
+    def other_speedup(self) -> float:
+        """The same medians' ratio on the other clock."""
+        return self.stats.ratio("ar", "ppsd", clock="projected" if self.workers else "measured") or 0.0
+
+    @property
+    def fastest(self) -> tuple[str, float]:
+        """The fastest AR measured here: ("plain" or "ar", its median measured wall)."""
+        return self.stats.fastest_ar() or ("ar", self.stats.median("ar", clock="measured") or 0.0)
+
+    @property
+    def against_fastest(self) -> float:
+        """PPSD (median, the page's clock) against the fastest AR measured here: the first line."""
+        return self.stats.against_fastest() or 0.0
+
+    @property
+    def eesd_speedup(self) -> float:
+        """EESD against AR, both measured (EESD has no pipeline to project onto)."""
+        return self.stats.ratio("ar", "eesd", clock="measured") or 0.0
+
+    def spread(self, method: str) -> float:
+        """`method`'s slowest round over its fastest (1: one round, or all alike)."""
+        runs = self.stats.runs(method)
+        return max(runs) / min(runs) if runs and min(runs) > 0 else 1.0
 
 
 BUSY_SHARE = 0.05  # stalls adding this share of a run's wall time make the machine "busy" on the headline
@@ -134,48 +158,34 @@ def busy_sentence(c: Comparison) -> str:
             "when the machine is quiet.")
 
 
-@dataclass(frozen=True)
-class Plain:
-    """Plain AR in one process on `threads` threads, no pipeline, measured (median of `runs`),
-    beside the medians of the pipeline's AR and PPSD walls on the page's clock: the bar PPSD on K
-    workers must clear to be worth its K processes. `trials`: (threads, seconds, finished) of each
-    way it was timed first, when there was a choice (1 thread and every core): the faster one was
-    kept; one not finished was cut after `seconds`, already the slower."""
-
-    seconds: float
-    runs: int
-    threads: int
-    ar_seconds: float
-    ppsd_seconds: float
-    on: str = ""  # how it ran, in words (default: in this one process on `threads` threads, no pipeline)
-    trials: tuple[tuple[int, float, bool], ...] = ()
-
-
 def _threads(n: int) -> str:
     return f"{n} thread{'s' * (n != 1)}"
 
 
+def _rounds(n: int) -> str:
+    return f"median of {n} rounds" if n > 1 else "one round"
+
+
 def plain_sentence(c: Comparison) -> str:
-    """PPSD against plain decoding (never called just "AR": that is AR on the pipeline, the
-    headline's), which way plain AR was kept, and the acceptance a* PPSD would need to beat it on
-    this pipeline, said only where it is defined: where plain AR is faster than the pipeline's AR
-    (else any acceptance would do) and some a <= 1 reaches it."""
-    p = c.plain
-    runs = f"median of {p.runs}" if p.runs > 1 else "one run"
+    """PPSD against plain decoding (never called just "AR": that is AR on the pipeline), which
+    way plain AR was kept, and the acceptance a* PPSD would need to beat it on this pipeline,
+    said only where it is defined. Every ratio is of the medians, so they multiply."""
+    p, stats = c.plain, c.stats
+    seconds = stats.median("plain", clock="measured")
     on = (f"the {c.num_stages} worker processes" if c.pipeline == "processes" else
           f"the {c.num_stages} stage threads" if c.pipeline == "threads" else
           f"the {c.num_stages}-stage pipeline ({KINDS[c.pipeline].where})")
-    how = p.on or f"in this one process on {_threads(p.threads)} with no pipeline"
     kept = ""
     if len(p.trials) > 1:
         tried = " and ".join(f"{_threads(t)} ({duration_text(w)})" if done else
                              f"{_threads(t)} (cut after {duration_text(w)}, still decoding)" for t, w, done in p.trials)
-        kept = f", the faster of {tried} in a first timing"
-    ratio = speedup(p.seconds, p.ppsd_seconds)
+        kept = f", the faster of {tried} in the first round"
+    ratio = stats.ratio("plain", "ppsd") or 0.0
     verdict = "beats it" if ratio > 1 else "does not beat it"
-    text = (f"Plain decoding, the best AR here with no pipeline: AR {how}{kept}, {duration_text(p.seconds)} "
-            f"({runs}, measured). PPSD on {on}: {ratio_text(ratio)} than plain AR, so PPSD {verdict} here.")
-    need = speedup(p.ar_seconds, p.seconds)  # what PPSD must gain over the pipeline's AR to match plain AR
+    text = (f"Plain decoding, the best AR here with no pipeline: AR {p.words}{kept}, {duration_text(seconds)} "
+            f"({_rounds(len(stats.runs('plain')))}, measured). PPSD on {on}: {ratio_text(ratio)} than plain AR, "
+            f"so PPSD {verdict} here.")
+    need = stats.ratio("ar", "plain") or 0.0  # what PPSD must gain over the pipeline's AR to match plain AR
     rate = "" if c.ppsd.acceptance_rate is None else f" (this run: a = {c.ppsd.acceptance_rate:.2f})"
     slot = c.ppsd.slot_fraction or 1.0 / c.num_stages
     if need <= 1:
@@ -195,12 +205,51 @@ def pipeline_threads(num_stages: int, device: str) -> str:
             f"{num_stages} threads in one process, a core each")
 
 
+def _fastest_name(c: Comparison) -> tuple[str, str]:
+    """The fastest AR measured here, short (for the big line) and in full (beside it)."""
+    key, _ = c.fastest
+    if key == "plain":
+        return "plain AR", f"plain AR {c.plain.words if c.plain else 'with no pipeline'}, measured"
+    if c.workers:
+        return "AR on the same pipeline", ""
+    return "AR in one process", "AR measured in this one process, the stages in turn"
+
+
+def why_sentence(c: Comparison) -> str:
+    """Why the first line (against the fastest AR) and the second (against AR on the pipeline)
+    differ, in one short sentence; "" when they are the same comparison."""
+    key, _ = c.fastest
+    if not c.workers:
+        return (f"Projected: PPSD's measured stage costs replayed as if each of the {c.num_stages} stages had its "
+                f"own device; here one device runs them in turn, where PPSD cannot beat AR.")
+    if key != "plain":
+        return ""
+    slower = ratio_text(c.stats.ratio("plain", "ar") or 0.0)
+    cause = ("the stages share one CPU's memory bus and caches, and pass every token between them"
+             if c.device == "cpu" else "the stages pass every token between them")
+    return f"AR on the pipeline ran {slower} than plain AR: {cause}; PPSD hides that cost only in part."
+
+
 def speedup_headline(c: Comparison) -> str:
-    """The big line: PPSD against AR on the page's clock (median and range over the timed rounds,
-    in the same words), the ideal at the measured acceptance beside it, the slowest stage as the
-    timeline shows it, and why a run above the ideal is there (`above_ideal`)."""
-    spread = (f"median of {len(c.speedups)} runs, range {range_text(c.speedups)}; "
-              if len(c.speedups) > 1 else "one run; ")
+    """The big lines: PPSD against the fastest AR measured here (the sceptic's baseline), then
+    against AR on the same pipeline (the algorithm's own effect) when that is another run,
+    with one sentence on why they differ. Ratios of medians, in `ratio_text`'s words."""
+    base, detail = _fastest_name(c)
+    clock = "; ".join(filter(None, (detail, f"{c.ppsd.clock} clock, {_rounds(c.rounds)}, {c.device}")))
+    first = f'<span class="headline-main">PPSD {ratio_text(c.against_fastest)} than {base}</span>'
+    lines = [f'<div class="headline">{first}<span class="headline-clock">({html.escape(clock)})</span></div>']
+    if c.fastest[0] == "plain" or not c.workers:
+        lines.append(f'<div class="headline headline-second"><span class="headline-pipeline">PPSD '
+                     f"{ratio_text(c.speedup)} than AR on the same pipeline</span></div>")
+    why = why_sentence(c)
+    if why:
+        lines.append(f'<div class="headline-why">{html.escape(why)}</div>')
+    return "".join(lines)
+
+
+def ideal_line(c: Comparison) -> str:
+    """The ideal at the measured acceptance, the slowest stage as the timeline shows it, and why a
+    run above the ideal is there (`above_ideal`)."""
     rate, slot, stages = c.ppsd.acceptance_rate, c.ppsd.slot_fraction, c.stages
     if rate is None:
         ideal = "no draft was verified: acceptance undefined"
@@ -215,135 +264,136 @@ def speedup_headline(c: Comparison) -> str:
                f"(util {max(stages.utilization):.0%} on the timeline, {c.ppsd.clock} clock)</span>")
     flag = above_ideal(c)
     flag = f'<span class="headline-flag">{html.escape(flag)}</span>' if flag else ""
-    return (f'<div class="headline"><span class="headline-main">PPSD {ratio_text(c.speedup)} than AR</span>'
-            f'<span class="headline-clock">({spread}{c.ppsd.clock} clock, {html.escape(c.device)})</span>'
-            f'<span class="headline-ideal" title="{html.escape(DEFINITIONS["ideal_speedup"])}">{ideal}</span>'
-            f"{slowest}{flag}</div>")
+    return (f'<div class="headline-note headline-ideal-line"><span class="headline-ideal" '
+            f'title="{html.escape(DEFINITIONS["ideal_speedup"])}">{ideal}</span>{slowest}{flag}</div>')
 
 
 NOISE = 0.05  # a timed run this far above an ideal is within run-to-run timing noise
-SPREAD_FLAG = 1.25  # timed runs further apart than this (fastest / slowest speedup) are not one measurement
+SPREAD_FLAG = 1.25  # a method's rounds further apart than this (slowest / fastest wall) are not one measurement
 
 
 def above_ideal(c: Comparison) -> str:
-    """Why a timed run measured above the ideal, said beside the ideal (so wherever the headline
-    is, Present mode too): the busy machine or a wide spread, flagged (⚠) as no clean result;
-    the stages' measured costs (the ideal counts layers) or timing noise, explained; anything
-    else flagged. "" when no run is above it."""
-    rate, ideal, runs = c.ppsd.acceptance_rate, c.ppsd.ideal_speedup, c.runs
-    top = max(runs)
-    if rate is None or top <= ideal:
+    """Why the measured speedup (the medians') is above the ideal, said beside the ideal: the busy
+    machine or a wide spread, flagged (⚠) as no clean result; the stages' measured costs (the
+    ideal counts layers) or timing noise, explained; anything else flagged. "" when it is not."""
+    rate, ideal, measured = c.ppsd.acceptance_rate, c.ppsd.ideal_speedup, c.speedup
+    if rate is None or measured <= ideal:
         return ""
-    above = sum(r > ideal for r in runs)
-    which = ("This run is" if len(runs) == 1 else "The median is" if c.speedup > ideal else
-             f"{above} of the {len(runs)} timed runs {'is' if above == 1 else 'are'}")
-    which += f" above the ideal {ratio_text(ideal)}"
+    which = f"{'The median' if c.rounds > 1 else 'This run'} ({ratio_text(measured)}) is above the ideal {ratio_text(ideal)}"
     stalled = _stalled(c)
     if stalled:  # said in full here, as Present mode folds the busy note away
         share = max(s.excess_seconds / wall for _, s, wall in stalled)
         return (f"⚠ {which}: the machine was busy (stalled work added up to {share:.0%} of a method's time), "
                 "so this is no clean result; run again.")
-    if len(runs) > 1 and min(runs) > 0 and top / min(runs) > SPREAD_FLAG:
-        return (f"⚠ {which}, and the timed runs range {range_text(runs)}, far apart: the machine was busy in some "
-                "of them, so this is no clean result; run again.")
+    spread = max(c.spread("ar"), c.spread("ppsd"))
+    if spread > SPREAD_FLAG:
+        return (f"⚠ {which}, and one method's slowest round took {spread:.2f} times its fastest: the machine was "
+                "busy in some of them, so this is no clean result; run again.")
     cost_slot = None if c.stages is None else c.stages.cost_slot
     at_costs = None if cost_slot is None else ideal_ppsd_speedup_slowest_stage(rate, cost_slot)
-    if at_costs is not None and at_costs > ideal and top <= at_costs * (1 + NOISE):
+    if at_costs is not None and at_costs > ideal and measured <= at_costs * (1 + NOISE):
         return (f"{which}, which counts layers: on the {c.ppsd.clock} clock the stages' costs are not their layer "
                 f"counts (the costliest stage takes {cost_slot:.0%} of a token's time in AR's run), and at those "
                 f"costs the ideal is {ratio_text(at_costs)}.")
-    if top <= ideal * (1 + NOISE):
+    if measured <= ideal * (1 + NOISE):
         return f"{which} by less than {NOISE:.0%}: run-to-run timing noise, not a better-than-ideal pipeline."
     costs = "" if at_costs is None else f", also at the stages' measured costs ({ratio_text(at_costs)})"
     return f"⚠ {which}{costs}: not explained by this run, so no clean result; run again when the machine is quiet."
 
 
 def compared_sentence(c: Comparison) -> str:
-    """In one sentence, what was compared with what."""
+    """In one sentence, what was compared with what, and which round the panels show."""
     where = (f"one process, the measured stage costs replayed on {c.num_stages} workers" if not c.workers else
              f"{c.num_stages} worker processes running at once" if c.pipeline == "processes" else
              f"{pipeline_threads(c.num_stages, c.device)} running at once" if c.pipeline == "threads" else
              KINDS[c.pipeline].where)
-    timed = f"each timed {len(c.speedups)}×, interleaved" if len(c.speedups) > 1 else "each timed once"
+    timed = (f"each timed in {c.rounds} interleaved rounds; each method's time is the median of its rounds, and "
+             "every ratio is of those medians" if c.rounds > 1 else "each timed once")
     return (f"Compared: AR and PPSD decoding the same prompt to the same {c.ar.tokens} tokens on the same "
             f"{c.num_stages}-stage pipeline ({where}), {timed}; the decoder alone is timed.")
 
 
-PHASE_NAMES = {"model": "load the model", "workers": "start the pipeline", "ar": "AR", "ppsd": "PPSD",
-               "eesd": "EESD", "plain": "plain AR, one process", "repeats": "time again"}
-
-
-def render_progress(phases: Sequence[str], current: str | None) -> str:
-    """The run's phases as steps: done, now (the one `current` names), still to come."""
-    if current not in phases:
+def walls_sentence(c: Comparison) -> str:
+    """Every round's walls, so a reader can check the medians and see the spread."""
+    if c.rounds < 2:
         return ""
-    now = phases.index(current)
-    steps = [f'<span class="phase phase-{"done" if i < now else "now" if i == now else "todo"}">'
-             f'{"✓ " if i < now else ""}{html.escape(PHASE_NAMES.get(p, p))}</span>' for i, p in enumerate(phases)]
-    return f'<div class="phases">{"<span class=phase-arrow>›</span>".join(steps)}</div>'
+    names = (("plain", "plain AR"), ("ar", "AR"), ("ppsd", "PPSD"), ("eesd", "EESD"))
+    parts = [f"{name} " + ", ".join(duration_text(w) for w in c.stats.runs(key)) for key, name in names
+             if c.stats.runs(key)]
+    shown = "" if c.shown is None else f"; the panels show round {c.shown + 1}, the one closest to the medians"
+    return f"Every round's wall: {'; '.join(parts)}{shown}."
+
+
+MIN_TIMED_TOKENS = 8  # an answer shorter than this is over before the pipeline fills: no speedup is told
+
+
+def short_headline(tokens: int, *, status: str = "", progress: str = "") -> str:
+    """The headline of an answer too short to time: the answer stands, no speedup is told."""
+    doing = f'{progress}<div class="headline-status">{html.escape(status)}</div>' if status else ""
+    return (f'<div class="headline-box"><div class="headline"><span class="headline-main">The answer is {tokens} '
+            f'token{"s" * (tokens != 1)}: too short to time</span></div><div class="headline-why">Under '
+            f"{MIN_TIMED_TOKENS} tokens the pipeline never fills, so no speedup is told. Raise Max new tokens, "
+            f"or ask for a longer answer (with Chat on, the model answers a question).</div>{doing}</div>")
 
 
 def render_headline(c: Comparison | None, *, status: str = "", agreement: str = "", progress: str = "") -> str:
-    """Headline, the sentence saying what was compared, and the honest notes on the other clock;
-    `status` (and the `progress` steps) while a run is in flight; `agreement` says whether the
-    outputs are identical."""
+    """The headline's lines (`speedup_headline`), then a fold with everything else: the ideal,
+    what was compared, every round's wall, plain AR, the other clock, EESD, whether the outputs
+    are identical (`agreement`); `status` (and the `progress` steps) while a run is in flight."""
     if c is None:
         body = html.escape(status or "Press Run: AR, then PPSD (then EESD) decode the prompt one after another.")
         return f'<div class="headline-box">{progress}<div class="headline-status">{body}</div></div>'
     note = lambda text: f'<div class="headline-note">{text}</div>'  # noqa: E731
-    lines = [speedup_headline(c), f'<div class="headline-note headline-compared">{html.escape(compared_sentence(c))}</div>']
-    if c.plain is not None:
-        lines.append(f'<div class="headline-note headline-plain">{html.escape(plain_sentence(c))}</div>')
+    more = [ideal_line(c), f'<div class="headline-note headline-compared">{html.escape(compared_sentence(c))}</div>']
+    walls = walls_sentence(c)
+    if walls:
+        more.append(f'<div class="headline-note headline-walls">{html.escape(walls)}</div>')
+    if c.plain is not None and c.stats.runs("plain"):
+        more.append(f'<div class="headline-note headline-plain">{html.escape(plain_sentence(c))}</div>')
     busy = busy_sentence(c)
     if busy:
-        lines.append(f'<div class="headline-note headline-busy">{html.escape(busy)}</div>')
-    other = ratio_text(speedup(c.ar_other.wall_seconds, c.ppsd_other.wall_seconds))
+        more.append(f'<div class="headline-note headline-busy">{html.escape(busy)}</div>')
+    other = ratio_text(c.other_speedup)
     if c.workers and c.pipeline == "threads":
-        lines.append(note(
+        more.append(note(
             f"Measured: each of the K={c.num_stages} stages ran on its own thread in this one process "
             f"({pipeline_threads(c.num_stages, c.device)}), at the same time, sharing the weights and the KV cache; "
             f"AR ran on the same threads. The same stage costs replayed (projected clock) give PPSD {other} than AR: "
             "the difference is what the threads lose to each other (on a CPU, Python's lock between short kernels)."))
     elif c.workers and c.pipeline == "graphed":
-        lines.append(note(
+        more.append(note(
             f"Measured: each of the K={c.num_stages} stages ran as one captured step in this one process "
             f"({KINDS[c.pipeline].where}), sharing the weights and a static KV cache; AR ran on the same steps. "
             f"The same stage costs replayed (projected clock) give PPSD {other} than AR."))
+    elif c.workers and c.pipeline == "stacked":
+        more.append(note(
+            f"Measured: the K={c.num_stages} stages ran as one stacked chain in this one process "
+            f"({KINDS[c.pipeline].where}): each slot runs layer j of every stage as one batched step over the K "
+            "stages' tokens, on one KV cache; AR ran on the same engine."))
     elif c.workers:
-        lines.append(note(
+        more.append(note(
             f"Measured: each of the K={c.num_stages} stages ran in its own worker process (pinned to its own cores or "
             f"GPU), at the same time; AR ran on the same pipeline. The same stage costs replayed with no messages "
             f"between the stages (projected clock) give PPSD {other} than AR: the difference is the cost of moving "
             "hidden states and logits between processes."))
     else:
-        lines.append(note(f"Projected clock: {PROJECTED_MEANING} (K={c.num_stages}), as if each stage had its own device."))
-        lines.append(note(
-            f"Measured on this one {html.escape(c.device)} device, stages run in turn: AR "
-            f"{duration_text(c.ar_other.wall_seconds)}, PPSD {duration_text(c.ppsd_other.wall_seconds)} "
-            f"(PPSD {other} than AR). On one device PPSD does the same work as AR plus the flushed work, so it "
-            "cannot be faster there: its speed comes from K stages running at the same time on K workers."))
+        measured = lambda m: duration_text(c.stats.median(m, clock="measured") or 0.0)  # noqa: E731
+        more.append(note(f"Projected clock: {PROJECTED_MEANING} (K={c.num_stages}), as if each stage had its own device."))
+        more.append(note(
+            f"Measured on this one {html.escape(c.device)} device, stages run in turn: AR {measured('ar')}, PPSD "
+            f"{measured('ppsd')} (PPSD {other} than AR, medians). On one device PPSD does the same work as AR plus the "
+            "flushed work, so it cannot be faster there: its speed comes from K stages running at the same time."))
     if c.eesd is not None:
-        ar_measured = c.ar if c.workers else c.ar_other
-        ratio = speedup(ar_measured.wall_seconds, c.eesd.wall_seconds)
         rate = "n/a" if c.eesd.acceptance_rate is None else f"{c.eesd.acceptance_rate:.2f}"
-        lines.append(note(
-            f"EESD (draft then verify, one device): {ratio_text(ratio)} than AR on the measured clock; ideal "
-            f"S<sub>EESD</sub> at a={rate}: {ratio_text(c.eesd.ideal_speedup)}."))
+        more.append(note(
+            f"EESD (draft then verify, one device): {ratio_text(c.eesd_speedup)} than AR on the measured clock "
+            f"(medians); ideal S<sub>EESD</sub> at a={rate}: {ratio_text(c.eesd.ideal_speedup)}."))
     if agreement:
-        lines.append(f'<div class="headline-note headline-agreement">{html.escape(agreement)}</div>')
+        more.append(f'<div class="headline-note headline-agreement">{html.escape(agreement)}</div>')
+    flagged = "⚠ " if busy or above_ideal(c).startswith("⚠") else ""
+    summary = f"{flagged}How this was measured: the ideal, every round, plain AR, the other clock"
+    lines = [speedup_headline(c), f'<details class="headline-more"><summary>{html.escape(summary)}</summary>'
+                                  f'{"".join(more)}</details>']
     if status:
         lines.append(f'{progress}<div class="headline-status">{html.escape(status)}</div>')
     return f'<div class="headline-box">{"".join(lines)}</div>'
-
-
-def agreement_note(token_ids: Mapping[str, Sequence[int]], *, greedy: bool) -> str:
-    """Whether every method produced the same tokens, and what that means here."""
-    names = " = ".join(METHOD_NAMES.get(m, m) for m in token_ids)
-    same = len({tuple(ids) for ids in token_ids.values()}) == 1
-    if same:
-        return f"✓ Identical output, token for token ({names}): speculation changed only the speed."
-    if greedy:
-        return (f"✗ Outputs differ ({', '.join(METHOD_NAMES.get(m, m) for m in token_ids)}) although decoding "
-                "is greedy: this should not happen, please report it.")
-    return ("Outputs differ: with temperature > 0 each method draws its own sample. PPSD and EESD keep the "
-            "full model's distribution (speculative sampling), not its exact draws.")

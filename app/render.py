@@ -18,6 +18,8 @@ from plotly.subplots import make_subplots
 from ppsd import Draft, Event, Token, Trace
 from ppsd.metrics import ideal_eesd_speedup, ideal_ppsd_speedup_slowest_stage
 
+from .words import METHOD_NAMES, PROJECTED_MEANING, duration_text, range_text, ratio_text  # noqa: F401 - re-exported
+
 Piece = Callable[[int], str]
 
 # One colour per kind of work; the same colours are used by the CSS legend of the token stream.
@@ -25,9 +27,7 @@ KIND_COLORS = {"prefill": "#94a3b8", "draft": "#3b82f6", "verify": "#22c55e", "f
 KIND_LABELS = {"prefill": "prefill (prompt)", "draft": "draft (stage 1 + exit head)",
                "verify": "verify / forward", "flushed": "flushed (wasted)"}
 CORRECTION_COLOR = "#ef4444"
-METHOD_NAMES = {"ar": "AR", "ppsd": "PPSD", "eesd": "EESD", "plain": "Plain AR, one process"}
 PROJECTED_NOTE = "projected: the measured per-stage costs replayed on K concurrent workers"
-PROJECTED_MEANING = "the measured per-stage costs of this run replayed on K concurrent workers"
 WORKERS_NOTE = "measured on K worker processes, one per stage, all stamping one clock"
 
 _GRID = "rgba(128,128,128,0.25)"
@@ -95,31 +95,6 @@ def _token_span(token: Token, piece: Piece, decider: Event | None) -> str:
         return f'<span class="tok tok-accepted" title="{_attr(tip)}">{_token_text(final)}</span>'
     return (f'<span class="tok-pair" title="{_attr(tip)}"><span class="tok tok-rejected">{_token_text(drafted)}'
             f'</span><span class="tok tok-corrected">{_token_text(final)}</span></span>')
-
-
-def duration_text(seconds: float) -> str:
-    """"12.3 ms" below a second, "1.23 s" above."""
-    return f"{seconds * 1e3:.1f} ms" if seconds < 1 else f"{seconds:.2f} s"
-
-
-def ratio_text(ratio: float) -> str:
-    """A speedup (baseline wall / method wall) in words, the factor always at least 1: "1.35×
-    faster", or for 0.74 "1.35× slower". The one way the page writes a ratio, so a headline, a
-    range, a star and a sentence never show one number two ways (0.74× beside 1.35× slower)."""
-    if ratio <= 0:
-        return "not timed"
-    return f"{ratio:.2f}× faster" if ratio >= 1 else f"{1 / ratio:.2f}× slower"
-
-
-def range_text(ratios: Sequence[float]) -> str:
-    """The spread of several speedups in `ratio_text`'s words: "1.27–1.47× slower" when they lie
-    on one side of 1, else "1.11× slower to 1.10× faster"."""
-    low, high = min(ratios), max(ratios)
-    if low >= 1:
-        return f"{low:.2f}–{high:.2f}× faster"
-    if 0 < high < 1:
-        return f"{1 / high:.2f}–{1 / low:.2f}× slower"
-    return f"{ratio_text(low)} to {ratio_text(high)}"
 
 
 def _text(text: str) -> str:
@@ -346,25 +321,28 @@ def commit_times(tokens: Sequence[Token], trace: Trace) -> tuple[float, ...]:
     return tuple(times)
 
 
-def render_race(lanes: Sequence[Lane], piece: Piece, *, at: float, clock: str, stretch: float) -> str:
+def render_race(lanes: Sequence[Lane], piece: Piece, *, at: float, clock: str, stretch: float,
+                shown: str = "") -> str:
     """The race at time `at` (seconds on the recorded clock): each lane shows what it had
-    committed by then, with a progress bar and its own finishing time."""
+    committed by then, with a progress bar and its own finishing time; `shown`: which round it
+    replays, in the panels' words."""
     longest = max((lane.total for lane in lanes), default=0.0) or 1.0
     rows = []
     for lane in lanes:
         done = sum(t <= at for t in lane.times)
         finished = at >= lane.total
-        shown = render_tokens(lane.tokens[:done], piece)
+        committed = render_tokens(lane.tokens[:done], piece)
         clock_text = f"{duration_text(min(at, lane.total))}" + (" ✓ finished" if finished else "")
         rows.append(
             f'<div class="race-lane"><div class="race-head"><span class="race-name">'
             f'{METHOD_NAMES.get(lane.method, lane.method)}</span><span class="race-clock">{clock_text} · '
             f'{done}/{len(lane.tokens)} tokens</span></div><div class="race-track"><div class="race-bar '
             f'race-{lane.method}" style="width:{100 * min(at, lane.total) / longest:.1f}%"></div></div>'
-            f'{shown}</div>')
-    note = (f"Replay of this run, slowed {stretch:.0f}× from its recorded pace ({clock} clock) so the "
+            f'{committed}</div>')
+    which = f"{shown[0].lower()}{shown[1:].split(';')[0]}" if shown else "this run"  # the round, as the panels say
+    note = (f"Replay of {which}, slowed {stretch:.0f}× from its recorded pace ({clock} clock) so the "
             "eye can follow." if stretch >= 1.5 else
-            f"Replay of this run at its recorded pace ({clock} clock).")
+            f"Replay of {which} at its recorded pace ({clock} clock).")
     verdict = race_verdict(lanes) if at >= longest else ""
     verdict = f'<div class="race-verdict">{html.escape(verdict)}</div>' if verdict else ""
     return f'<div class="race"><div class="race-note">{html.escape(note)}</div>{verdict}{"".join(rows)}</div>'

@@ -1,6 +1,6 @@
 """Pure render functions for each method's numbers: the stats card at the top of its column and
 the metrics table, every metric beside its definition and the clock it reads. Records in, HTML
-out; ratios and durations are written as `app.render` writes them everywhere.
+out; ratios and durations are written as `app.words` writes them everywhere.
 """
 
 from __future__ import annotations
@@ -13,14 +13,15 @@ from ppsd.executors.kinds import KINDS, ExecutorKind
 from ppsd.metrics import DEFINITIONS
 
 from .numbers import Clocks
-from .render import METHOD_NAMES, duration_text, ratio_text
+from .words import METHOD_NAMES, duration_text, ratio_text
 
 
 def render_stats(method: str, projected: Metrics | None, measured: Metrics | None, *, live: str = "",
-                 workers: bool = False, shown: str = "") -> str:
-    """The small card at the top of a method's column; `workers`: measured on K worker processes
+                 workers: bool = False, shown: str = "", median: float | None = None, against: str = "") -> str:
+    """The small card at the top of a method's column; `workers`: measured with the stages at once
     (the measured clock leads), else on one device (the projected clock leads); `shown`: which
-    timed run it is, when there were several."""
+    round it is, when there were several; `median`: the method's median wall over the rounds
+    (the time the headline uses), `against`: the headline's ratio for this method."""
     if projected is None or measured is None:
         return f'<div class="stats"><span class="stats-live">{html.escape(live or "waiting")}</span></div>'
     rate = "—" if projected.acceptance_rate is None else f"{projected.acceptance_rate:.2f}"
@@ -28,15 +29,18 @@ def render_stats(method: str, projected: Metrics | None, measured: Metrics | Non
     lead, other = clocks.lead, clocks.other
     lead_name, other_name = ("measured, K workers", "projected") if workers else ("projected", "measured")
     cells = [("tokens", f"{lead.tokens}"),
-             (f"tok/s ({lead_name})", f"{lead.tokens_per_second:.1f}"),
-             (f"wall ({lead_name})", duration_text(lead.wall_seconds)),
+             *([(f"wall, median of rounds ({lead_name})", duration_text(median))] if median is not None else []),
+             (f"wall, this round ({lead_name})" if median is not None else f"wall ({lead_name})",
+              duration_text(lead.wall_seconds)),
+             (f"tok/s, this round ({lead_name})", f"{lead.tokens_per_second:.1f}"),
              (f"wall ({other_name})", duration_text(other.wall_seconds)),
              ("acceptance", rate)]
     if method == "ar":
         cells[-1] = ("acceptance (no drafts)", "—")
     body = "".join(f'<div class="stat"><div class="stat-value">{v}</div><div class="stat-name">{k}</div></div>'
                    for k, v in cells)
-    return f'<div class="stats">{body}{_shown(shown)}</div>'
+    ratio = f'<div class="stats-ratio">{html.escape(against)}</div>' if against else ""
+    return f'<div class="stats">{ratio}{body}{_shown(shown)}</div>'
 
 
 def _shown(shown: str) -> str:

@@ -25,6 +25,7 @@ from ppsd.heads import default_exit_layer
 from ppsd.model import resolve_device
 
 from . import lease, render, view, zerogpu
+from .panels import exit_head
 from .handlers import (DEFAULT_LAYERS, model_status, on_eesd, after_run, idle_outputs,
                        max_tokens_update, on_diagram, on_exit, on_load, on_page_load, on_decode, on_replay, on_run,
                        on_settings, on_stages, on_stages_warning, on_step, on_steps_ready, on_stop, ordered)
@@ -105,6 +106,7 @@ def create_settings(run_seconds: float) -> dict[str, Any]:
         c["exit_layer"] = Slider(1, DEFAULT_LAYERS - 1, value=e_default, step=1, label="Exit layer E",
                                  elem_id="exit-layer")
     c["stages_warning"] = gr.HTML(view.message(), elem_id="stages-warning")
+    c["exit_panel"] = exit_head.create()
     with gr.Row():
         c["max_new_tokens"] = Slider(1, ppsd.MAX_NEW_TOKENS_CAP, value=DEFAULTS.max_new_tokens, step=1,
                                      label="Max new tokens", elem_id="max-new-tokens")
@@ -198,7 +200,8 @@ def create_analysis() -> dict[str, Any]:
 
 def create_race() -> tuple[gr.HTML, gr.Button]:
     """The race replay: lanes that commit tokens at their recorded pace (never faster)."""
-    with gr.Accordion("Race replay: the finished streams side by side at their recorded pace", open=True):
+    with gr.Accordion("Race replay: the finished streams side by side at their recorded pace", open=True,
+                      elem_id="race-fold"):
         race = gr.HTML('<div class="race-note">Run a comparison; its race replays here.</div>', elem_id="race")
         replay = gr.Button("↻ Replay the race", size="sm")
     return race, replay
@@ -306,6 +309,7 @@ def create_demo(state: AppState | None = None) -> gr.Blocks:
         if zerogpu.active():
             _wire_lease(state, demo, c)
         _wire_settings(state, c, r, eesd_column)
+        exit_head.wire(c["exit_panel"], c, QUIET)
         r["drafts"].change(None, r["drafts"], None, js=SHOW_DRAFTS_JS)  # in the browser: no server call
         c["present"].change(None, c["present"], None, js=PRESENT_JS)
         demo.load(None, None, None, js=PRESENT_KEY_JS)

@@ -8,15 +8,15 @@ view does not name unchanged.
 from __future__ import annotations
 
 import html
-import statistics
 from typing import Any
 
 from ppsd import Trace
 from ppsd.executors.kinds import KINDS
-from ppsd.metrics import decode_costs, exit_fraction, slot_fraction, speedup, stalls
+from ppsd.metrics import decode_costs, exit_fraction, slot_fraction, stalls
 
-from . import numbers, render, tables, teach
-from .numbers import Clocks
+from . import numbers, render, tables, teach, words
+from .panels.progress import render_progress
+from .numbers import MIN_TIMED_TOKENS, Clocks
 from .request import PLAIN, RunRequest
 from .runner import Snapshot
 
@@ -68,7 +68,7 @@ def status(text: str, request: RunRequest | None = None, phase: str | None = Non
     """Only the status changes (loading a model, waiting for the device): the headline's status
     line, with the run's phases as steps when `request` and its current `phase` are given, and the
     same words beside Run, where the visitor is looking when they press it."""
-    progress = numbers.render_progress(request.phases(), phase) if request is not None else ""
+    progress = render_progress(request.phases(), phase) if request is not None else ""
     return {"headline": numbers.render_headline(None, status=text, progress=progress),
             "message": message(text, "status")}
 
@@ -86,7 +86,7 @@ def snapshot(snap: Snapshot, *, figures: bool = True) -> dict[str, Any]:
     comparison = _comparison(snap, finished)  # one value per number: the headline and the theory star read it
     values: dict[str, Any] = {"headline": _headline(snap, finished, comparison)}
     for method in METHODS:
-        values[f"stats_{method}"], values[f"stream_{method}"] = _column(snap, method, finished)
+        values[f"stats_{method}"], values[f"stream_{method}"] = _column(snap, method, finished, comparison)
     if figures:
         values.update(timeline=_timeline(snap), theory=_theory(snap, finished, comparison))
     values.update(metrics=tables.render_metrics_table(finished, on=KINDS[snap.pipeline], shown=shown_run(snap)),
@@ -106,15 +106,30 @@ def _rate_so_far(trace: Trace, tokens: int) -> str:
 
 
 def shown_run(snap: Snapshot) -> str:
-    """Which timed run the panels show, when there are several: the first, the one decoded live;
-    the headline's speedup is the median of all of them."""
-    rounds = snap.request.rounds()
+    """Which round the panels show, when there are several: the first while it decodes live,
+    then the one closest to the medians, whose times the headline gives."""
+    rounds, index = snap.request.rounds(), snap.state.shown_index()
     if rounds == 1:
         return ""
-    return f"Run 1 of {rounds} (decoded live); the headline gives the median of the {rounds} timed runs"
+    if index is None:
+        return f"Round 1 of {rounds}, decoded live; the headline will give each method's median of the {rounds} rounds"
+    return (f"Round {index + 1} of {len(snap.state.rounds)}, the one closest to the medians; the headline gives each "
+            "method's median")
 
 
-def _column(snap: Snapshot, method: str, finished: dict[str, Clocks]) -> tuple[str, str]:
+def _ratio_line(method: str, comparison: numbers.Comparison | None) -> str:
+    """What a method's card says of it against AR: the headline's ratio (medians), nothing else."""
+    if comparison is None or comparison.ar.tokens < MIN_TIMED_TOKENS:
+        return ""
+    if method == "ppsd":
+        return f"PPSD {words.ratio_text(comparison.speedup)} than AR (medians)"
+    if method == "eesd" and comparison.eesd is not None:
+        return f"EESD {words.ratio_text(comparison.eesd_speedup)} than AR (medians, measured)"
+    return ""
+
+
+def _column(snap: Snapshot, method: str, finished: dict[str, Clocks],
+            comparison: numbers.Comparison | None = None) -> tuple[str, str]:
     piece, prompt = snap.loaded.piece, snap.request.prompt
     run = snap.runs.get(method)
     if run is None:
@@ -125,8 +140,9 @@ def _column(snap: Snapshot, method: str, finished: dict[str, Clocks]) -> tuple[s
     deciders = render.deciding_events(trace.events, trace.num_stages)
     if run.done:
         clocks = finished[method]
+        median = snap.stats().median(method) if snap.request.rounds() > 1 else None
         stats = tables.render_stats(method, clocks.projected, clocks.measured, workers=snap.concurrent,
-                                     shown=shown_run(snap))
+                                     shown=shown_run(snap), median=median, against=_ratio_line(method, comparison))
         pending = ()
     else:
         doing = "stopped at" if snap.stopped else "decoding…"
@@ -150,18 +166,18 @@ def _status_line(snap: Snapshot) -> str:
                  if run is not None else " before decoding began")
         return f"{ended}{where}. " + ("Press Run to start again." if snap.time_limit is None else
                                       "Ask for fewer new tokens or fewer timed runs.")
-    timed, rounds = len(snap.speedups()), snap.request.rounds()
+    timed, rounds = len(snap.stats().runs("ppsd")), snap.request.rounds()
     if snap.done and timed < rounds:
-        return f"{ended} while timing again: the spread is over {timed} run{'s' * (timed != 1)}."
-    if snap.status:
-        return snap.status
+        return f"{ended} while timing again: the medians are over {timed} round{'s' * (timed != 1)}."
     if snap.active == "workers":
-        return f"Starting the {KINDS[snap.pipeline].choice}…"
-    if snap.active in snap.runs:
+        return snap.status or f"Starting the {KINDS[snap.pipeline].choice}…"
+    if snap.phase == "repeats":
+        return f"Timing again for the medians: {snap.status}"
+    if snap.active in snap.runs and not snap.done:
         run = snap.runs[snap.active]
         return (f"Running {render.METHOD_NAMES[snap.active]}… {len(run.recorder.tokens)}/"
                 f"{run.config.max_new_tokens} tokens")
-    return ""
+    return snap.status
 
 
 def _comparison(snap: Snapshot, finished: dict[str, Clocks]) -> numbers.Comparison | None:
@@ -174,30 +190,22 @@ def _comparison(snap: Snapshot, finished: dict[str, Clocks]) -> numbers.Comparis
                             costs=tuple(decode_costs(snap.runs["ar"].shown())))
     return numbers.Comparison(
         ar=ar.lead, ppsd=ppsd_.lead, ar_other=ar.other, ppsd_other=ppsd_.other, num_stages=snap.num_stages,
-        device=snap.device, workers=snap.concurrent, speedups=tuple(snap.speedups()),
-        eesd=finished["eesd"].measured if "eesd" in finished else None, plain=_plain(snap),
-        pipeline=snap.pipeline, stalls={m: stalls(snap.runs[m].trace()) for m in ("ar", "ppsd")}, stages=stages)
+        device=snap.device, workers=snap.concurrent, stats=snap.stats(),
+        eesd=finished["eesd"].measured if "eesd" in finished else None, plain=snap.plain,
+        pipeline=snap.pipeline, stalls={m: stalls(snap.runs[m].trace()) for m in ("ar", "ppsd")}, stages=stages,
+        shown=snap.state.shown_index())
 
 
 def _headline(snap: Snapshot, finished: dict[str, Clocks], comparison: numbers.Comparison | None) -> str:
     status_text = _status_line(snap)
-    progress = "" if snap.done or snap.stopped else numbers.render_progress(snap.request.phases(), snap.active)
+    progress = "" if snap.done or snap.stopped else render_progress(snap.request.phases(), snap.phase)
+    if comparison is not None and comparison.ar.tokens < MIN_TIMED_TOKENS:
+        return numbers.short_headline(comparison.ar.tokens, status=status_text, progress=progress)
     if comparison is None:
         return numbers.render_headline(None, status=status_text, progress=progress)
     done = {m: r.result.token_ids for m, r in snap.runs.items() if r.done}
-    agreement = numbers.agreement_note(done, greedy=snap.request.temperature == 0) if snap.done else ""
+    agreement = words.agreement_note(done, greedy=snap.request.temperature == 0) if snap.done else ""
     return numbers.render_headline(comparison, status=status_text, agreement=agreement, progress=progress)
-
-
-def _plain(snap: Snapshot) -> numbers.Plain | None:
-    """Plain AR's medians beside the pipeline's, once timed (K workers only)."""
-    walls = snap.walls
-    if not walls.get(PLAIN) or not walls.get("ar") or not walls.get("ppsd"):
-        return None
-    median = statistics.median
-    return numbers.Plain(seconds=median(walls[PLAIN]), runs=len(walls[PLAIN]), threads=snap.plain_threads,
-                         ar_seconds=median(walls["ar"]), ppsd_seconds=median(walls["ppsd"]), on=snap.plain_on,
-                         trials=snap.plain_trials)
 
 
 def _timeline(snap: Snapshot):
@@ -216,15 +224,15 @@ def _theory(snap: Snapshot, finished: dict[str, Clocks], comparison: numbers.Com
     first = next(iter(snap.runs.values()))
     config = first.config
     points = []
-    if comparison is not None and comparison.ppsd.acceptance_rate is not None:
+    teaches = comparison is not None and comparison.ar.tokens >= MIN_TIMED_TOKENS
+    if teaches and comparison.ppsd.acceptance_rate is not None:
         clock = "measured clock, K workers" if snap.concurrent else "projected clock"
-        runs = len(comparison.speedups)
-        label = f"PPSD measured ({clock}{', median of %d runs' % runs if runs > 1 else ''})"
+        runs = comparison.rounds
+        label = f"PPSD measured ({clock}{', medians of %d rounds' % runs if runs > 1 else ''})"
         points.append(render.TheoryPoint(label, comparison.ppsd.acceptance_rate, comparison.speedup))
-    if "ar" in finished and "eesd" in finished and finished["eesd"].measured.acceptance_rate is not None:
-        ar_m, eesd_m = finished["ar"].measured, finished["eesd"].measured
-        points.append(render.TheoryPoint("EESD measured (measured clock)", eesd_m.acceptance_rate,
-                                         speedup(ar_m.wall_seconds, eesd_m.wall_seconds)))
+    if teaches and comparison.eesd is not None and comparison.eesd.acceptance_rate is not None:
+        points.append(render.TheoryPoint("EESD measured (measured clock, medians)", comparison.eesd.acceptance_rate,
+                                         comparison.eesd_speedup))
     # The slot of the run's own partition, from the trace its metrics came from: the curve then
     # passes through the ideal the headline and the metrics table quote.
     partition = first.trace().partition
@@ -251,20 +259,24 @@ def _summary(snap: Snapshot, finished: dict[str, Clocks]) -> dict:
         clocks = finished[method]
         out[method] = {"text": snap.loaded.decode(run.result.token_ids), "token_ids": run.result.token_ids,
                        "measured": clocks.measured.to_dict(), "projected": clocks.projected.to_dict()}
+    stats = snap.stats()
+    # Every ratio is of the medians of the rounds' walls, as on the page.
     for clock in ("projected", "measured"):
-        out[f"speedup_{clock}"] = speedup(finished["ar"].on(clock).wall_seconds,
-                                          finished["ppsd"].on(clock).wall_seconds)
-    # Every timed round on the page's clock (the first is the live run above); the headline's median.
-    out["timed_runs"] = {"clock": "measured" if snap.concurrent else "projected", "speedups": snap.speedups(),
-                         **{f"{m}_wall_seconds": walls for m, walls in snap.walls.items()}}
+        out[f"speedup_{clock}"] = stats.ratio("ar", "ppsd", clock=clock)
+    index = snap.state.shown_index()
+    out["timed_runs"] = {"clock": snap.state.clock, "statistic": "each method's median wall; ratios of medians",
+                         "rounds": len(stats.runs("ppsd")), "shown_round": None if index is None else index + 1,
+                         "speedup": stats.ratio("ar", "ppsd"), "speedup_vs_fastest_ar": stats.against_fastest(),
+                         "fastest_ar": (stats.fastest_ar() or (None,))[0],
+                         **{f"{m}_wall_seconds": list(stats.runs(m)) for m in stats.walls}}
     if snap.note:
         out["note"] = snap.note
-    if snap.plain_threads:  # plain AR is on the measured clock, whatever the page's
-        out["timed_runs"]["plain"] = f"AR {snap.plain_on}, measured"
+    if snap.plain is not None:  # plain AR is on the measured clock, whatever the page's
+        out["timed_runs"]["plain"] = f"AR {snap.plain.words}, measured"
         # each way plain AR was first timed, when there was a choice: the faster was kept
         out["timed_runs"]["plain_first_timings"] = [{"threads": t, "wall_seconds": w, "finished": done}
-                                                    for t, w, done in snap.plain_trials]
-    if len(snap.speedups()) < snap.request.rounds():  # Stop or the time limit cut the timing again short
+                                                    for t, w, done in snap.plain.trials]
+    if len(stats.runs("ppsd")) < snap.request.rounds():  # Stop or the time limit cut the timing again short
         out["stopped"] = _status_line(snap)
     return out
 
@@ -295,6 +307,7 @@ def _race_state(snap: Snapshot) -> dict:
     ppsd_run = snap.runs["ppsd"]
     steps = teach.slots(ppsd_run.result.trace)  # the same trace the timeline draws
     return {"lanes": lanes, "pieces": pieces, "clock": "measured" if snap.concurrent else "projected",
+            "shown": shown_run(snap),
             "steps": steps, "ppsd_tokens": ppsd_run.result.tokens}
 
 

@@ -194,13 +194,15 @@ def _in_a_call() -> bool:
 
 
 def ready_pipeline(kind: Any, setup: Any, progress: Callable[[str], None]) -> Any:
-    """`kind.ready(setup)`; in a ZeroGPU call, kept in the worker for the next call with the same
+    """`ppsd.compare.ready(kind, setup)`; in a ZeroGPU call, kept in the worker for the next call with the same
     weights, exit head and stages, which then starts at once with its threads, warm-up and
     captured steps (made ready for the new run's length: `prepare`). One is kept at a time; a
     kind shared anyway (worker processes) is left to itself."""
     global _kept
+    from ppsd.compare import ready  # noqa: PLC0415 - the library's one start at a time in a process
+
     if not _in_a_call() or kind.shared:
-        return kind.ready(setup, progress=progress)
+        return ready(kind, setup, progress)
     key = (kind.name, id(setup.model.hf_model), id(setup.model.exit_head), setup.partition)
     if _kept is not None and _kept.key == key:  # the weights it holds keep their ids its own
         prepare = getattr(_kept.executor, "prepare", None)
@@ -213,7 +215,7 @@ def ready_pipeline(kind: Any, setup: Any, progress: Callable[[str], None]) -> An
     if _kept is not None:
         _kept, old = None, _kept
         old.executor.close()
-    executor = kind.ready(setup, progress=progress)
+    executor = ready(kind, setup, progress)
     if executor is not None:
         _kept = _Kept(key, executor)
     return executor

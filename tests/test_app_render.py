@@ -3,6 +3,7 @@ metrics -> text, theory curves, the race replay, and the runner's timing and mod
 
 from __future__ import annotations
 
+import re
 import shutil
 import threading
 import time
@@ -11,10 +12,12 @@ import pytest
 import torch
 
 import ppsd
-from app import numbers, render, tables
+from app import numbers, render, tables, words
 from app.models import ModelCache
 from app.request import RunRequest
-from app.runner import PausableStopwatch, run_comparison
+from app.runner import run_comparison
+from ppsd.compare import PausableStopwatch, PlainWay
+from ppsd.compare_stats import Stats
 from ppsd import Draft, Event, Token, Trace
 from ppsd.metrics import DEFINITIONS, ideal_ppsd_speedup_slowest_stage
 
@@ -132,48 +135,94 @@ def metrics(*, wall: float, accepted: int = 0, rejected: int = 0, clock: str = "
                         ideal)
 
 
+def stats_of(lead: dict, measured: dict | None = None) -> Stats:
+    """Made-up walls per round: `lead` on the page's clock, `measured` (default: the same)."""
+    as_walls = lambda walls: {m: tuple(w) for m, w in walls.items()}  # noqa: E731
+    return Stats(walls=as_walls(lead), measured=as_walls(measured or lead), projected=as_walls(lead))
+
+
 def test_headline_names_speedup_clock_device_and_ideal():
     ar, fast = metrics(wall=2.0), metrics(wall=1.0, accepted=8, rejected=2,
                                   ideal=ideal_ppsd_speedup_slowest_stage(0.8, 1 / 2))
     one = numbers.Comparison(ar, fast, metrics(wall=2.0, clock="measured"), metrics(wall=2.5, clock="measured"),
-                            num_stages=2, device="cpu", workers=False)
+                             num_stages=2, device="cpu", workers=False,
+                             stats=stats_of({"ar": [2.0], "ppsd": [1.0]}, {"ar": [2.0], "ppsd": [2.5]}))
     out = numbers.render_headline(one)
-    assert "PPSD 2.00× faster than AR" in out and "(one run; projected clock, cpu)" in out
+    assert "PPSD 2.00× faster than AR in one process" in out and "(AR measured in this one process" in out
+    assert "PPSD 2.00× faster than AR on the same pipeline" in out and "; projected clock, one round, cpu)" in out
     assert "a=0.80, K=2) = 1.67× faster" in out
-    assert "AR 2.00 s, PPSD 2.50 s (PPSD 1.25× slower than AR)" in out and "cannot be faster there" in out
+    assert "AR 2.00 s, PPSD 2.50 s (PPSD 1.25× slower than AR, medians)" in out and "cannot be faster there" in out
     assert "Compared: AR and PPSD decoding the same prompt to the same 10 tokens on the same 2-stage pipeline" in out
     assert "above the ideal" in out  # 2.00x against an ideal of 1.67x is explained, not left standing
     slow = numbers.render_headline(numbers.Comparison(ar, metrics(wall=4.0, accepted=1, rejected=9), ar, ar,
-                                                    num_stages=2, device="cpu", workers=False))
-    assert "PPSD 2.00× slower than AR" in slow and "above the ideal" not in slow
+                                                      num_stages=2, device="cpu", workers=False,
+                                                      stats=stats_of({"ar": [2.0], "ppsd": [4.0]})))
+    assert "PPSD 2.00× slower than AR on the same pipeline" in slow and "above the ideal" not in slow
 
 
-def test_headline_leads_with_the_median_of_the_timed_runs_and_their_range():
-    ar, ppsd_ = metrics(wall=2.0), metrics(wall=1.6, accepted=8, rejected=2,
-                                   ideal=ideal_ppsd_speedup_slowest_stage(0.8, 1 / 2))
-    c = numbers.Comparison(ar, ppsd_, ar, ppsd_, num_stages=2, device="cpu", workers=True, speedups=(1.30, 1.10, 1.20))
+def test_headline_gives_ratios_of_the_medians_and_every_rounds_wall():
+    ar, ppsd_ = metrics(wall=2.0, clock="measured"), metrics(wall=1.6, accepted=8, rejected=2, clock="measured",
+                                                             ideal=ideal_ppsd_speedup_slowest_stage(0.8, 1 / 2))
+    # Per-round ratios 1.30, 1.10, 1.20 (median 1.20); the medians' ratio is 2.0 / 1.7 = 1.18.
+    c = numbers.Comparison(ar, ppsd_, ar, ppsd_, num_stages=2, device="cpu", workers=True, shown=2,
+                           stats=stats_of({"ar": [2.08, 1.87, 2.0], "ppsd": [1.6, 1.7, 1.7]}))
     out = numbers.render_headline(c)
-    assert "PPSD 1.20× faster than AR" in out  # the median, not the first (live) run's 1.25x
-    assert "median of 3 runs, range 1.10–1.30× faster" in out and "each timed 3×, interleaved" in out
+    assert "PPSD 1.18× faster than AR on the same pipeline" in out and "1.20×" not in out
+    assert "(measured clock, median of 3 rounds, cpu)" in out and "every ratio is of those medians" in out
+    assert "AR 2.08 s, 1.87 s, 2.00 s; PPSD 1.60 s, 1.70 s, 1.70 s; the panels show round 3" in out
     assert "2 worker processes running at once" in out and "above the ideal" not in out
 
 
-def test_headline_says_whether_ppsd_beat_plain_decoding_and_the_acceptance_it_needs():
+def test_headline_leads_with_the_fastest_ar_and_says_why_the_pipelines_ar_differs():
     from dataclasses import replace
 
     ar, ppsd_ = metrics(wall=2.0, clock="measured"), replace(metrics(wall=1.6, accepted=5, rejected=5, clock="measured"),
                                                              slot_fraction=0.6)
-    c = numbers.Comparison(ar, ppsd_, ar, ppsd_, num_stages=2, device="cpu", workers=True,
-                           plain=numbers.Plain(seconds=1.8, runs=3, threads=2, ar_seconds=2.0, ppsd_seconds=1.6))
+    way = PlainWay(2, "in this one process on 2 threads with no pipeline")
+    c = numbers.Comparison(ar, ppsd_, ar, ppsd_, num_stages=2, device="cpu", workers=True, plain=way,
+                           stats=stats_of({"ar": [2.0, 2.0, 2.0], "ppsd": [1.6, 1.6, 1.6], "plain": [1.8, 1.9, 1.7]}))
     out = numbers.render_headline(c)
-    # 1.8 / 1.6 = 1.125x plain; a* = (1 - 1.8/2) / (1 - 0.6) = 0.25
-    assert "AR in this one process on 2 threads" in out and "(median of 3, measured)" in out
+    lines = re.findall(r'<div class="headline[^"]*">(.*?)</div>', out)
+    # Line 1 against plain AR (1.8 / 1.6), line 2 against AR on the pipeline (2.0 / 1.6): 1.25 = 1.11 x 1.125.
+    assert "PPSD 1.12× faster than plain AR" in lines[0] and "PPSD 1.25× faster than AR on the same pipeline" in lines[1]
+    assert "AR on the pipeline ran 1.11× slower than plain AR" in out and "memory bus" in out
+    assert "AR in this one process on 2 threads" in out and "(median of 3 rounds, measured)" in out
     assert "1.12× faster than plain AR, so PPSD beats it here" in out and "a* = 0.25 (this run: a = 0.50)" in out
-    slower = numbers.render_headline(replace(c, plain=numbers.Plain(1.0, 1, 1, 2.0, 1.6)))
+    slower = numbers.render_headline(replace(c, plain=PlainWay(1, "in this one process on 1 thread with no pipeline"),
+                                             stats=stats_of({"ar": [2.0], "ppsd": [1.6], "plain": [1.0]})))
     # 1.0 / 1.6 = 0.625x; a* = (1 - 1/2) / 0.4 = 1.25: out of reach on this pipeline, so not shown
     assert "1.60× slower than plain AR, so PPSD does not beat it here" in slower and "on 1 thread " in slower
     assert "no acceptance makes PPSD beat it here (even a = 1 gives 1.67× faster" in slower and "a*" not in slower
-    assert "Plain decoding" not in numbers.render_headline(replace(c, plain=None))
+    alone = numbers.render_headline(replace(c, plain=None, stats=stats_of({"ar": [2.0], "ppsd": [1.6]})))
+    assert "Plain decoding" not in alone and "headline-second" not in alone  # AR on the pipeline is the fastest
+
+
+def test_everything_but_the_headline_lines_is_folded():
+    ar, ppsd_ = metrics(wall=2.0, clock="measured"), metrics(wall=1.6, accepted=5, rejected=5, clock="measured")
+    c = numbers.Comparison(ar, ppsd_, ar, ppsd_, num_stages=2, device="cpu", workers=True,
+                           stats=stats_of({"ar": [2.0], "ppsd": [1.6]}))
+    out = numbers.render_headline(c, agreement="✓ Identical output")
+    visible, folded = out.split('<details class="headline-more">')
+    assert "PPSD 1.25× faster" in visible and "ideal" not in visible and "Identical" not in visible
+    assert "ideal" in folded and "Compared:" in folded and "Identical output" in folded
+
+
+def test_a_busy_machine_is_said_on_the_headline_not_explained_away():
+    from dataclasses import replace
+
+    from ppsd.metrics import Stalls
+
+    ar, ppsd_ = metrics(wall=2.0, clock="measured"), metrics(wall=1.0, accepted=8, rejected=2, clock="measured",
+                                                             ideal=1.2)
+    c = numbers.Comparison(ar, ppsd_, ar, ppsd_, num_stages=2, device="cpu", workers=True,
+                           stats=stats_of({"ar": [2.0], "ppsd": [1.0]}),
+                           stalls={"ar": Stalls(3, 0.6), "ppsd": Stalls(0, 0.0)})
+    out = numbers.render_headline(c)  # 2.0x measured against an ideal of 1.2x, with AR stalled 0.6 s
+    assert "The machine was busy: 3 stalls" in out and "600.0 ms to AR (15% of its time)" in out
+    assert "above the ideal 1.20× faster: the machine was busy (stalled work added up to 15% of a method" in out
+    assert "<summary>⚠ How this was measured" in out  # the fold's title flags it
+    quiet = numbers.render_headline(replace(c, stalls={"ar": Stalls(1, 0.01), "ppsd": Stalls(0, 0.0)}))
+    assert "busy" not in quiet and "not explained by this run" in quiet  # 0.3 % of AR's time: noise, not a busy machine
 
 
 def test_stalls_are_work_far_slower_than_the_same_stages_usual_work():
@@ -187,22 +236,6 @@ def test_stalls_are_work_far_slower_than_the_same_stages_usual_work():
     assert found.count == 1 and found.excess_seconds == pytest.approx(0.49)
     assert stalls(Trace(events=tuple(events[:4]), partition=(range(0, 2), range(2, 4)), prompt_len=0, length=4,
                         clock="measured")).count == 0
-
-
-def test_a_busy_machine_is_said_on_the_headline_not_explained_away():
-    from dataclasses import replace
-
-    from ppsd.metrics import Stalls
-
-    ar, ppsd_ = metrics(wall=2.0, clock="measured"), metrics(wall=1.0, accepted=8, rejected=2, clock="measured",
-                                                             ideal=1.2)
-    c = numbers.Comparison(ar, ppsd_, ar, ppsd_, num_stages=2, device="cpu", workers=True,
-                           stalls={"ar": Stalls(3, 0.6), "ppsd": Stalls(0, 0.0)})
-    out = numbers.render_headline(c)  # 2.0x measured against an ideal of 1.2x, with AR stalled 0.6 s
-    assert "The machine was busy: 3 stalls" in out and "600.0 ms to AR (15% of its time)" in out
-    assert "above the ideal 1.20× faster: the machine was busy (stalled work added up to 15% of a method" in out
-    quiet = numbers.render_headline(replace(c, stalls={"ar": Stalls(1, 0.01), "ppsd": Stalls(0, 0.0)}))
-    assert "busy" not in quiet and "not explained by this run" in quiet  # 0.3 % of AR's time: noise, not a busy machine
 
 
 def test_metrics_table_puts_each_definition_beside_its_values():
@@ -358,8 +391,8 @@ def test_runner_runs_ar_then_ppsd_then_eesd_with_identical_greedy_tokens(tiny_ca
     request = RunRequest(prompt="def fibonacci(n):", model="tiny", num_stages=4, eesd=True, max_new_tokens=16)
     order = []
     for snap in run_comparison(request, tiny_cache, throttle=0.0):
-        if snap.active and snap.active not in order:
-            order.append(snap.active)
+        if snap.phase and snap.phase not in order:
+            order.append(snap.phase)
     assert order == ["ar", "ppsd", "eesd", "repeats"] and snap.done and snap.active is None
     ids = {m: r.result.token_ids for m, r in snap.runs.items()}
     assert ids["ar"] == ids["ppsd"] == ids["eesd"] and len(ids["ar"]) == 16
@@ -383,9 +416,9 @@ def test_runner_rejects_bad_requests_and_keeps_the_loaded_model(tiny_cache, requ
 
 
 def test_agreement_note_tells_identical_from_sampled_from_broken():
-    assert "Identical output" in numbers.agreement_note({"ar": [1, 2], "ppsd": [1, 2]}, greedy=True)
-    assert "should not happen" in numbers.agreement_note({"ar": [1, 2], "ppsd": [1, 3]}, greedy=True)
-    assert "distribution" in numbers.agreement_note({"ar": [1, 2], "ppsd": [1, 3]}, greedy=False)
+    assert "Identical output" in words.agreement_note({"ar": [1, 2], "ppsd": [1, 2]}, greedy=True)
+    assert "should not happen" in words.agreement_note({"ar": [1, 2], "ppsd": [1, 3]}, greedy=True)
+    assert "distribution" in words.agreement_note({"ar": [1, 2], "ppsd": [1, 3]}, greedy=False)
 
 
 def test_live_updates_send_only_changes_and_end_complete(tiny_cache):
@@ -461,11 +494,12 @@ def test_runner_on_k_workers_gives_the_same_tokens_on_a_measured_concurrent_cloc
     headline = view.snapshot(snap)["headline"]
     assert "measured clock" in headline
     # plain AR in this process, no pipeline, timed in the same run: the bar PPSD must clear
-    assert len(snap.walls["plain"]) == len(snap.walls["ar"]) and min(snap.walls["plain"]) > 0 and snap.plain_threads >= 1
+    stats = snap.stats()
+    assert len(stats.runs("plain")) == len(stats.runs("ar")) and min(stats.runs("plain")) > 0 and snap.plain.threads >= 1
     assert "Plain decoding, the best AR here with no pipeline: AR in this one process" in headline
     assert "than plain AR" in headline
     assert "plain_wall_seconds" in view.snapshot(snap)["summary"]["timed_runs"]
-    assert "plain" not in local.walls and "Plain decoding" not in view.snapshot(local)["headline"]
+    assert "plain" not in local.stats().walls and "Plain decoding" not in view.snapshot(local)["headline"]
     lanes = {lane.method: lane for lane in view._race_state(snap)["lanes"]}  # plain AR races beside them
     assert set(lanes) == {"ar", "ppsd", "plain"} and len(lanes["plain"].tokens) == 12
     assert lanes["plain"].tokens == tuple(snap.plain_run.result.tokens)
@@ -483,7 +517,7 @@ def test_runner_on_captured_steps_times_plain_ar_on_the_same_steps(tiny_cache):
     snap = list(run_comparison(request, tiny_cache, throttle=0.0))[-1]
     assert snap.pipeline == "graphed" and snap.runs["ppsd"].result.trace.concurrent
     assert snap.plain_run.result.token_ids == snap.runs["ar"].result.token_ids == snap.runs["ppsd"].result.token_ids
-    assert snap.plain_on.startswith("on the captured steps")
+    assert snap.plain.words.startswith("on the captured steps")
     headline = view.snapshot(snap)["headline"]
     assert "Plain decoding, the best AR here with no pipeline: AR on the captured steps" in headline
     assert "PPSD on the 2-stage pipeline (each stage a captured step" in headline  # and what PPSD ran on
@@ -585,15 +619,15 @@ def test_a_run_stopped_while_its_stages_start_says_so_in_the_api_summary(tiny_ca
 def test_a_run_in_flight_shows_its_phases_done_now_and_to_come(tiny_cache):
     from app import view
 
-    request = RunRequest(prompt="def fibonacci(n):", model="tiny", max_new_tokens=6, repeats=2)
+    request = RunRequest(prompt="def fibonacci(n):", model="tiny", max_new_tokens=8, repeats=2)
     assert request.phases() == ("model", "ar", "ppsd", "repeats")
     assert __import__("dataclasses").replace(request, workers=True).phases() == (
         "model", "workers", "ar", "ppsd", "plain", "repeats")
     seen, beside_run, live = {}, {}, []
     for snap in run_comparison(request, tiny_cache, throttle=0.0):
         values = view.snapshot(snap)
-        seen.setdefault(snap.active, values["headline"])
-        beside_run.setdefault(snap.active, values["message"])
+        seen.setdefault(snap.phase, values["headline"])
+        beside_run.setdefault(snap.phase, values["message"])
         if snap.active == "ppsd" and "decoding…" in values["stats_ppsd"]:
             live.append(values["stats_ppsd"])
     assert any("tok/s so far (measured, stages in turn)" in card for card in live)  # a speed while it decodes
@@ -606,11 +640,12 @@ def test_a_run_in_flight_shows_its_phases_done_now_and_to_come(tiny_cache):
     assert "phases" not in final["headline"]  # a finished run shows its numbers only
     assert "Timing again" not in final["headline"] and not snap.status  # nor what it was doing last
     assert "run-message-empty" in final["message"]
-    # every panel says which of the timed runs it shows; the headline is their median
-    label = "Run 1 of 2 (decoded live); the headline gives the median of the 2 timed runs"
-    assert label in final["stats_ar"] and label in final["stats_ppsd"] and label in final["metrics"]
-    assert label in final["timeline"].layout.title.text
-    assert "median of 2 runs" in final["headline"]
+    # every panel says which round it shows, the one closest to the medians the headline gives
+    label = view.shown_run(snap)
+    assert label.startswith(f"Round {snap.state.shown_index() + 1} of 2, the one closest to the medians")
+    assert label.replace("'", "&#x27;") in final["stats_ar"] and label.replace("'", "&#x27;") in final["stats_ppsd"]
+    assert label.replace("'", "&#x27;") in final["metrics"] and label in final["timeline"].layout.title.text
+    assert "median of 2 rounds" in final["headline"]
     first = view.step(final["race"], 0)  # the step-through says which slot it shows, once
     assert first.count("Slot 1 of") == 1 and 'class="teach-caption step-caption"' in first
     loading = view.status("Loading tiny… 3 s", request, "model")

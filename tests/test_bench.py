@@ -204,7 +204,7 @@ def test_prompts_fall_back_and_reject_bad_files(tmp_path, monkeypatch):
     monkeypatch.setattr(bench_prompts, "PROMPTS_FILE", tmp_path / "missing.json")
     prompts, source = load_prompts(None)
     assert "fallback" in source and {p["category"] for p in prompts} == {"code", "prose", "math"}
-    assert [p["category"] for p in quick_subset(prompts)] == ["code", "prose", "math"]
+    assert [p["category"] for p in quick_subset(prompts, 3)] == ["code", "prose", "math"]
     bad = tmp_path / "bad.json"
     bad.write_text('[{"name": "x"}]')
     with pytest.raises(ValueError, match="name.*category.*prompt"):
@@ -269,7 +269,7 @@ def test_bench_quick_on_a_tiny_model(saved_model, tmp_path, capsys):
     assert len(rows) == 2 * 2 * 3  # 2 temperatures x 2 layouts x (AR, PPSD, EESD g=4)
     for row in rows:
         assert ROW_FIELDS <= row.keys()
-        assert row["tokens"] == 6 * 3 and row["repeats"] == 2 and row["distributed"] is None
+        assert row["tokens"] == 6 * 2 and row["repeats"] == 2 and row["distributed"] is None  # --quick: 2 prompts
         if row["method"] == "ar":
             assert row["speedup_measured"] == 1.0 and row["acceptance_rate"] is None
         else:

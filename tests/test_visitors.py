@@ -1,6 +1,6 @@
 """Fairness and Stop without a server: who a visitor is (`app.visitors`), a run giving its turn up
 while others wait (`DeviceLine.turn`), and a Stop that cannot wait for a blocked run
-(`StopGuard`). The same through the page is in test_app_e2e."""
+(`ppsd.stop_guard.StopGuard`). The same through the page is in test_app_e2e."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from app.line import DeviceLine, StopGuard, StopRegistry
+from app.line import DeviceLine, StopRegistry
+from ppsd.stop_guard import StopGuard
 from app.visitors import proxy_hops_from_environment, visitor
 
 

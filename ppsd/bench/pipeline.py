@@ -30,13 +30,14 @@ import torch
 
 from ..chat import encode_prompt, use_chat
 from ..cli import check_output_file, options, thread_count, whole
+from ..compare import Comparison
 from ..model_source import resolve
 from ..config import DEFAULTS, DecodeConfig, balanced_exit_layer
 from ..executors.kinds import KINDS, ExecutorKind, WorkerOptions, concurrent_kinds
 from ..generate import Result, generate
 from ..metrics import break_even_acceptance, ideal_ppsd_speedup_slowest_stage, slot_fraction, speedup
 from ..model import StagedModel, load_model
-from ..setup import resolve_config, set_up
+from ..setup import RunSetup, resolve_config, set_up
 from .baselines import hf_generate
 from .prompts import CHAT_PROMPTS_FILE, load_prompts, spread
 from .run import fixed_length
@@ -105,12 +106,12 @@ def run(args: argparse.Namespace) -> int:
     try:
         for kind in at_once:
             started = time.perf_counter()
-            executors[kind.name] = kind.ready(setup, options=options)
+            executors[kind.name] = kind.ready(setup, options=options, progress=lambda text: print(f"{text}…", flush=True))
             startup[kind.name] = time.perf_counter() - started
         print(f"model: {source}; {len(prompts)} prompts x {args.new_tokens} tokens; K={args.stages}, "
               f"E={config.exit_layer}, exit head {setup.head}; pool started and warmed up in "
               f"{startup['processes']:.1f} s (pids {executors['processes'].pids})", flush=True)
-        measured = _measure(args, model, config, methods, prompts, executors)
+        measured = _measure(args, model, config, methods, prompts, executors, setup)
     finally:
         for executor in executors.values():
             executor.close()  # the bench's last run: even the shared pipeline ends with it
@@ -156,30 +157,56 @@ def rows(num_stages: int, draft_len: int, at_once: tuple[ExecutorKind, ...]) -> 
 
 
 def _measure(args, model: StagedModel, config: DecodeConfig, methods: list[Method], prompts: list[list[int]],
-             executors: dict) -> Measured:
-    """Every method on every prompt, interleaved, warm-up repeats first; each output checked
-    against the first method's (AR)."""
+             executors: dict, setup: RunSetup) -> Measured:
+    """Every method on every prompt, interleaved (repeat, prompt, executor), warm-up repeats first,
+    saying what runs as it goes. The library's decoders run through `ppsd.compare.Comparison`,
+    one round on each executor (the page's comparison, on a lent executor); each output is
+    checked against the first method's (AR's)."""
     measured = Measured({}, {})
     outputs: dict[tuple[str, int], list[int]] = {}
-    for repeat in range(args.warmup + args.repeats):
+    total = args.warmup + args.repeats
+    by_executor: dict[tuple[str, int], list[Method]] = {}
+    for m in methods:
+        if m.method != "hf" and not (m.executor == SINGLE.name and m.threads != 1 and m.method == "ar"):
+            by_executor.setdefault((m.executor, m.threads), []).append(m)
+    for repeat in range(total):
         for i, prompt in enumerate(prompts):
+            where = f"repeat {repeat + 1}/{total}{' (warm-up)' if repeat < args.warmup else ''}, prompt {i + 1}/{len(prompts)}"
+            found: dict[str, tuple[list[int], float, Result | None]] = {}
+            for m in methods:  # outside the comparisons: Hugging Face, and single-process AR on more threads
+                if m.method == "hf" or all(m not in group for group in by_executor.values()):
+                    print(f"{where}: {m.label}", flush=True)
+                    torch.set_num_threads(m.threads)
+                    if m.method == "hf":
+                        token_ids, wall = hf_generate(model, prompt, args.new_tokens)
+                        found[m.label] = (token_ids, wall, None)
+                    else:
+                        result = generate(model, prompt, replace(config, method=m.method))
+                        found[m.label] = (result.token_ids, result.metrics(m.clock).wall_seconds, result)
+            for (executor, threads), group in by_executor.items():
+                torch.set_num_threads(threads)
+                kind = KINDS[executor]
+                names = tuple(dict.fromkeys(m.method for m in group))
+                comparison = Comparison(replace(setup, prompt_ids=tuple(prompt)), names, kind=kind, rounds=1,
+                                        executor=executors.get(executor), throttle=float("inf"))
+                active = None
+                for state in comparison.run():
+                    if state.active != active and state.active is not None:
+                        active = state.active
+                        print(f"{where}: {active.upper()} on {kind.label.replace('K ', f'{config.num_stages} ')}",
+                              flush=True)
+                runs = state.rounds[0]
+                for m in group:
+                    result = runs[m.method].result
+                    found[m.label] = (result.token_ids, result.metrics(m.clock).wall_seconds, result)
             for m in methods:
-                torch.set_num_threads(m.threads)
-                if m.method == "hf":
-                    token_ids, wall = hf_generate(model, prompt, args.new_tokens)
-                    _check(m, i, token_ids, outputs[(methods[0].label, i)], model.hf_model)
-                else:
-                    result = generate(model, prompt, replace(config, method=m.method),
-                                      executor=executors.get(m.executor))
-                    outputs.setdefault((m.label, i), result.token_ids)
-                    _check(m, i, result.token_ids, outputs[(methods[0].label, i)], None)
-                    wall = result.metrics(m.clock).wall_seconds
-                    if repeat >= args.warmup:
-                        measured.runs.setdefault(m.label, []).append(result)
+                token_ids, wall, result = found[m.label]
+                outputs.setdefault((m.label, i), token_ids)
+                _check(m, i, token_ids, found[methods[0].label][0], model.hf_model if m.method == "hf" else None)
                 if repeat >= args.warmup:
                     measured.walls.setdefault((m.label, i), []).append(wall)
-        print(f"repeat {repeat + 1}/{args.warmup + args.repeats} done"
-              f"{' (warm-up)' if repeat < args.warmup else ''}", flush=True)
+                    if result is not None:
+                        measured.runs.setdefault(m.label, []).append(result)
     return measured
 
 

@@ -8,12 +8,13 @@ from typing import Callable, Iterable
 
 from ..config import DecodeConfig, balanced_exit_layer
 
-# Presets; flags override each entry. Exit layers None: the balanced E = L/K of each K. The full
+# Presets; flags override each entry. QUICK is a smoke check: two prompts, greedy, K = 2 and 4, one
+# timed round (measured in docs/benchmarks.md); FULL is the sweep the docs report. Exit layers None: the balanced E = L/K of each K. The full
 # sweep adds the early and late exits L/4 and 3L/4, where EESD's drafting costs most.
-QUICK = {"max_new_tokens": 32, "repeats": 2, "warmup": 1, "stages": (2, 4), "draft_lens": (4,),
-         "temperatures": (0.0, 0.8), "exit_fractions": None}
+QUICK = {"max_new_tokens": 24, "repeats": 1, "warmup": 1, "stages": (2, 4), "draft_lens": (4,),
+         "temperatures": (0.0,), "exit_fractions": None, "prompts": 2}
 FULL = {"max_new_tokens": 64, "repeats": 5, "warmup": 2, "stages": (2, 3, 4), "draft_lens": (1, 2, 4),
-        "temperatures": (0.0, 0.8), "exit_fractions": (0.25, 0.5, 0.75)}
+        "temperatures": (0.0, 0.8), "exit_fractions": (0.25, 0.5, 0.75), "prompts": None}
 
 
 @dataclass(frozen=True)

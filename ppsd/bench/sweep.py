@@ -43,7 +43,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--chat", action=argparse.BooleanOptionalAction, default=None,
                         help="prompts through the chat template (default: on when the model has one)")
     parser.add_argument("--quick", action="store_true",
-                        help="one prompt per category and a small sweep (about a minute on a laptop CPU)")
+                        help="a smoke check: 2 prompts, greedy, K = 2 and 4, 24 tokens, one timed round; 12 "
+                             "rounds of at most 4 decodes each, with a progress bar (11 min measured on a shared "
+                             "2-core CPU under load 7, AR at 3.4 tok/s: docs/benchmarks.md)")
     parser.add_argument("--json", action="store_true", help="print the JSON report on stdout (table on stderr)")
     parser.add_argument("--out", default="benchmarks", help="folder for bench.json/.csv/.html/.md (default benchmarks)")
     parser.add_argument("--repeats", type=whole(1), default=None, help="timed runs per setting and prompt (median kept)")
@@ -131,7 +133,7 @@ def _plan(args: argparse.Namespace) -> Plan:
     chat = use_chat(tokenizer, args.chat)
     prompts, source = load_prompts(args.prompts or (CHAT_PROMPTS_FILE if chat else None))
     if args.quick:
-        prompts = quick_subset(prompts)
+        prompts = quick_subset(prompts, preset["prompts"])
     model = fixed_length(loaded)
     for p in prompts:
         p["ids"] = prompt_ids(tokenizer, p["prompt"], model.info.max_context - new_tokens, chat=chat)

@@ -1,0 +1,49 @@
+"""The page's shared words: how every ratio, range and duration is written, and each method's
+name, so no two panels write one number two ways ("0.74×" beside "1.35× slower")."""
+
+from __future__ import annotations
+
+from typing import Mapping, Sequence
+
+METHOD_NAMES = {"ar": "AR", "ppsd": "PPSD", "eesd": "EESD", "plain": "Plain AR, one process"}
+PROJECTED_MEANING = "the measured per-stage costs of this run replayed on K concurrent workers"
+
+
+def duration_text(seconds: float) -> str:
+    """"12.3 ms" below a second, "1.23 s" above."""
+    return f"{seconds * 1e3:.1f} ms" if seconds < 1 else f"{seconds:.2f} s"
+
+
+def ratio_text(ratio: float) -> str:
+    """A speedup (baseline wall / method wall) in words, the factor always at least 1: "1.35×
+    faster", for 0.74 "1.35× slower", within half a percent of 1 "no faster (1.00×)". The one way the page writes a ratio, so a headline, a
+    range, a star and a sentence never show one number two ways (0.74× beside 1.35× slower)."""
+    if ratio <= 0:
+        return "not timed"
+    if round(ratio, 2) == 1.0 or round(1 / ratio, 2) == 1.0:
+        return "no faster (1.00×)"  # "1.00× slower" is no phrase: within half a percent, neither way
+    return f"{ratio:.2f}× faster" if ratio >= 1 else f"{1 / ratio:.2f}× slower"
+
+
+def range_text(ratios: Sequence[float]) -> str:
+    """The spread of several speedups in `ratio_text`'s words: "1.27–1.47× slower" when they lie
+    on one side of 1, else "1.11× slower to 1.10× faster"."""
+    low, high = min(ratios), max(ratios)
+    if low >= 1:
+        return f"{low:.2f}–{high:.2f}× faster"
+    if 0 < high < 1:
+        return f"{1 / high:.2f}–{1 / low:.2f}× slower"
+    return f"{ratio_text(low)} to {ratio_text(high)}"
+
+
+def agreement_note(token_ids: Mapping[str, Sequence[int]], *, greedy: bool) -> str:
+    """Whether every method produced the same tokens, and what that means here."""
+    names = " = ".join(METHOD_NAMES.get(m, m) for m in token_ids)
+    same = len({tuple(ids) for ids in token_ids.values()}) == 1
+    if same:
+        return f"✓ Identical output, token for token ({names}): speculation changed only the speed."
+    if greedy:
+        return (f"✗ Outputs differ ({', '.join(METHOD_NAMES.get(m, m) for m in token_ids)}) although decoding "
+                "is greedy: this should not happen, please report it.")
+    return ("Outputs differ: with temperature > 0 each method draws its own sample. PPSD and EESD keep the "
+            "full model's distribution (speculative sampling), not its exact draws.")
