@@ -25,7 +25,7 @@ from ppsd.heads import default_exit_layer
 from ppsd.model import resolve_device
 
 from . import lease, render, view, zerogpu
-from .panels import exit_head
+from .panels import exit_head, gpu_lease
 from .handlers import (DEFAULT_LAYERS, model_status, on_eesd, after_run, idle_outputs,
                        max_tokens_update, on_diagram, on_exit, on_load, on_page_load, on_decode, on_replay, on_run,
                        on_settings, on_stages, on_stages_warning, on_step, on_steps_ready, on_stop, ordered)
@@ -118,7 +118,7 @@ def create_settings(run_seconds: float) -> dict[str, Any]:
                                f"A run may hold the device {run_seconds:g} s; past that it ends with "
                                "what it has.")
     c.update(_pipeline_controls())
-    c["lease"] = gr.HTML(view.message(), visible=False, elem_id="gpu-lease")  # ZeroGPU's lease (`_wire_runs`)
+    c["lease"] = gpu_lease.create()  # ZeroGPU's lease, said before Run
     with gr.Accordion("Sampling and EESD settings", open=False):
         c.update(_sampling_controls())
     return c
@@ -307,7 +307,7 @@ def create_demo(state: AppState | None = None) -> gr.Blocks:
             r[f"stats_{method}"], r[f"stream_{method}"] = r.pop(method)
         run_handlers = _wire_runs(state, c, r, race, replay, steps)
         if zerogpu.active():
-            _wire_lease(state, demo, c)
+            gpu_lease.wire(c["lease"], demo, c, _lease(state), QUIET)
         _wire_settings(state, c, r, eesd_column)
         exit_head.wire(c["exit_panel"], c, QUIET)
         r["drafts"].change(None, r["drafts"], None, js=SHOW_DRAFTS_JS)  # in the browser: no server call
@@ -332,7 +332,7 @@ def _wire_runs(state: AppState, c: dict[str, Any], r: dict[str, Any], race: gr.H
     # state is bound before `spaces.GPU` wraps it: ZeroGPU pickles the call's arguments to its
     # forked process, and the state (locks, loaded models) reaches it by the fork instead.
     decode = zerogpu.gpu_call(_bind(on_decode, state), heartbeat=ordered({}),  # every output as it is
-                              duration=lease.duration(state.run_seconds, lease.counter(state.cache.find)))
+                              duration=_lease(state))
     run_event = c["run"].click(
         _bind(on_run, state, decode), [c[name] for name in FORM], [r[name] for name in view.OUTPUTS], api_name="run",
         concurrency_limit=run_handlers, concurrency_id="run", show_progress="hidden", trigger_mode="once",
@@ -356,15 +356,9 @@ def _wire_runs(state: AppState, c: dict[str, Any], r: dict[str, Any], race: gr.H
     return run_handlers
 
 
-def _wire_lease(state: AppState, demo: gr.Blocks, c: dict[str, Any]) -> None:
-    """On ZeroGPU: the GPU seconds the Run will ask for, said before Run, as the form changes."""
-    duration = lease.duration(state.run_seconds, lease.counter(state.cache.find))
-    say = lambda *form: gr.update(value=view.message(lease.note(duration(0, *form)), "status"), visible=True)  # noqa: E731
-    form = [c[name] for name in FORM]
-    demo.load(say, form, c["lease"], **QUIET)
-    for name in ("prompt", "model", "num_stages", "draft_len", "max_new_tokens", "repeats", "eesd", "workers",
-                 "pipeline"):
-        c[name].change(say, form, c["lease"], trigger_mode="always_last", **QUIET)
+def _lease(state: AppState) -> Callable[..., int]:
+    """The GPU seconds a Run's form asks ZeroGPU for (`app.lease.duration`)."""
+    return lease.duration(state.run_seconds, lease.counter(state.cache.find))
 
 
 def _wire_settings(state: AppState, c: dict[str, Any], r: dict[str, Any], eesd_column: gr.Column) -> None:

@@ -15,6 +15,7 @@ from ppsd.executors.kinds import KINDS
 from ppsd.metrics import decode_costs, exit_fraction, slot_fraction, stalls
 
 from . import numbers, render, tables, teach, words
+from .panels import headline
 from .panels.progress import render_progress
 from .numbers import MIN_TIMED_TOKENS, Clocks
 from .request import PLAIN, RunRequest
@@ -37,7 +38,7 @@ def message(text: str = "", kind: str = "error") -> str:
 
 def idle() -> dict[str, Any]:
     """The page before any run (also after a failed one: no stale numbers stay up)."""
-    values: dict[str, Any] = {"headline": numbers.render_headline(None)}
+    values: dict[str, Any] = {"headline": headline.render_headline(None)}
     for method in METHODS:
         values[f"stats_{method}"] = tables.render_stats("", None, None,
                                                         live="not enabled" if method == "eesd" else "waiting")
@@ -69,7 +70,7 @@ def status(text: str, request: RunRequest | None = None, phase: str | None = Non
     line, with the run's phases as steps when `request` and its current `phase` are given, and the
     same words beside Run, where the visitor is looking when they press it."""
     progress = render_progress(request.phases(), phase) if request is not None else ""
-    return {"headline": numbers.render_headline(None, status=text, progress=progress),
+    return {"headline": headline.render_headline(None, status=text, progress=progress),
             "message": message(text, "status")}
 
 
@@ -200,12 +201,12 @@ def _headline(snap: Snapshot, finished: dict[str, Clocks], comparison: numbers.C
     status_text = _status_line(snap)
     progress = "" if snap.done or snap.stopped else render_progress(snap.request.phases(), snap.phase)
     if comparison is not None and comparison.ar.tokens < MIN_TIMED_TOKENS:
-        return numbers.short_headline(comparison.ar.tokens, status=status_text, progress=progress)
+        return headline.short_headline(comparison.ar.tokens, status=status_text, progress=progress)
     if comparison is None:
-        return numbers.render_headline(None, status=status_text, progress=progress)
+        return headline.render_headline(None, status=status_text, progress=progress)
     done = {m: r.result.token_ids for m, r in snap.runs.items() if r.done}
     agreement = words.agreement_note(done, greedy=snap.request.temperature == 0) if snap.done else ""
-    return numbers.render_headline(comparison, status=status_text, agreement=agreement, progress=progress)
+    return headline.render_headline(comparison, status=status_text, agreement=agreement, progress=progress)
 
 
 def _timeline(snap: Snapshot):

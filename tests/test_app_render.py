@@ -13,6 +13,7 @@ import torch
 
 import ppsd
 from app import numbers, render, tables, words
+from app.panels import headline
 from app.models import ModelCache
 from app.request import RunRequest
 from app.runner import run_comparison
@@ -147,14 +148,14 @@ def test_headline_names_speedup_clock_device_and_ideal():
     one = numbers.Comparison(ar, fast, metrics(wall=2.0, clock="measured"), metrics(wall=2.5, clock="measured"),
                              num_stages=2, device="cpu", workers=False,
                              stats=stats_of({"ar": [2.0], "ppsd": [1.0]}, {"ar": [2.0], "ppsd": [2.5]}))
-    out = numbers.render_headline(one)
+    out = headline.render_headline(one)
     assert "PPSD 2.00× faster than AR in one process" in out and "(AR measured in this one process" in out
     assert "PPSD 2.00× faster than AR on the same pipeline" in out and "; projected clock, one round, cpu)" in out
     assert "a=0.80, K=2) = 1.67× faster" in out
     assert "AR 2.00 s, PPSD 2.50 s (PPSD 1.25× slower than AR, medians)" in out and "cannot be faster there" in out
     assert "Compared: AR and PPSD decoding the same prompt to the same 10 tokens on the same 2-stage pipeline" in out
     assert "above the ideal" in out  # 2.00x against an ideal of 1.67x is explained, not left standing
-    slow = numbers.render_headline(numbers.Comparison(ar, metrics(wall=4.0, accepted=1, rejected=9), ar, ar,
+    slow = headline.render_headline(numbers.Comparison(ar, metrics(wall=4.0, accepted=1, rejected=9), ar, ar,
                                                       num_stages=2, device="cpu", workers=False,
                                                       stats=stats_of({"ar": [2.0], "ppsd": [4.0]})))
     assert "PPSD 2.00× slower than AR on the same pipeline" in slow and "above the ideal" not in slow
@@ -166,7 +167,7 @@ def test_headline_gives_ratios_of_the_medians_and_every_rounds_wall():
     # Per-round ratios 1.30, 1.10, 1.20 (median 1.20); the medians' ratio is 2.0 / 1.7 = 1.18.
     c = numbers.Comparison(ar, ppsd_, ar, ppsd_, num_stages=2, device="cpu", workers=True, shown=2,
                            stats=stats_of({"ar": [2.08, 1.87, 2.0], "ppsd": [1.6, 1.7, 1.7]}))
-    out = numbers.render_headline(c)
+    out = headline.render_headline(c)
     assert "PPSD 1.18× faster than AR on the same pipeline" in out and "1.20×" not in out
     assert "(measured clock, median of 3 rounds, cpu)" in out and "every ratio is of those medians" in out
     assert "AR 2.08 s, 1.87 s, 2.00 s; PPSD 1.60 s, 1.70 s, 1.70 s; the panels show round 3" in out
@@ -181,19 +182,19 @@ def test_headline_leads_with_the_fastest_ar_and_says_why_the_pipelines_ar_differ
     way = PlainWay(2, "in this one process on 2 threads with no pipeline")
     c = numbers.Comparison(ar, ppsd_, ar, ppsd_, num_stages=2, device="cpu", workers=True, plain=way,
                            stats=stats_of({"ar": [2.0, 2.0, 2.0], "ppsd": [1.6, 1.6, 1.6], "plain": [1.8, 1.9, 1.7]}))
-    out = numbers.render_headline(c)
+    out = headline.render_headline(c)
     lines = re.findall(r'<div class="headline[^"]*">(.*?)</div>', out)
     # Line 1 against plain AR (1.8 / 1.6), line 2 against AR on the pipeline (2.0 / 1.6): 1.25 = 1.11 x 1.125.
     assert "PPSD 1.12× faster than plain AR" in lines[0] and "PPSD 1.25× faster than AR on the same pipeline" in lines[1]
     assert "AR on the pipeline ran 1.11× slower than plain AR" in out and "memory bus" in out
     assert "AR in this one process on 2 threads" in out and "(median of 3 rounds, measured)" in out
     assert "1.12× faster than plain AR, so PPSD beats it here" in out and "a* = 0.25 (this run: a = 0.50)" in out
-    slower = numbers.render_headline(replace(c, plain=PlainWay(1, "in this one process on 1 thread with no pipeline"),
+    slower = headline.render_headline(replace(c, plain=PlainWay(1, "in this one process on 1 thread with no pipeline"),
                                              stats=stats_of({"ar": [2.0], "ppsd": [1.6], "plain": [1.0]})))
     # 1.0 / 1.6 = 0.625x; a* = (1 - 1/2) / 0.4 = 1.25: out of reach on this pipeline, so not shown
     assert "1.60× slower than plain AR, so PPSD does not beat it here" in slower and "on 1 thread " in slower
     assert "no acceptance makes PPSD beat it here (even a = 1 gives 1.67× faster" in slower and "a*" not in slower
-    alone = numbers.render_headline(replace(c, plain=None, stats=stats_of({"ar": [2.0], "ppsd": [1.6]})))
+    alone = headline.render_headline(replace(c, plain=None, stats=stats_of({"ar": [2.0], "ppsd": [1.6]})))
     assert "Plain decoding" not in alone and "headline-second" not in alone  # AR on the pipeline is the fastest
 
 
@@ -201,7 +202,7 @@ def test_everything_but_the_headline_lines_is_folded():
     ar, ppsd_ = metrics(wall=2.0, clock="measured"), metrics(wall=1.6, accepted=5, rejected=5, clock="measured")
     c = numbers.Comparison(ar, ppsd_, ar, ppsd_, num_stages=2, device="cpu", workers=True,
                            stats=stats_of({"ar": [2.0], "ppsd": [1.6]}))
-    out = numbers.render_headline(c, agreement="✓ Identical output")
+    out = headline.render_headline(c, agreement="✓ Identical output")
     visible, folded = out.split('<details class="headline-more">')
     assert "PPSD 1.25× faster" in visible and "ideal" not in visible and "Identical" not in visible
     assert "ideal" in folded and "Compared:" in folded and "Identical output" in folded
@@ -217,11 +218,11 @@ def test_a_busy_machine_is_said_on_the_headline_not_explained_away():
     c = numbers.Comparison(ar, ppsd_, ar, ppsd_, num_stages=2, device="cpu", workers=True,
                            stats=stats_of({"ar": [2.0], "ppsd": [1.0]}),
                            stalls={"ar": Stalls(3, 0.6), "ppsd": Stalls(0, 0.0)})
-    out = numbers.render_headline(c)  # 2.0x measured against an ideal of 1.2x, with AR stalled 0.6 s
+    out = headline.render_headline(c)  # 2.0x measured against an ideal of 1.2x, with AR stalled 0.6 s
     assert "The machine was busy: 3 stalls" in out and "600.0 ms to AR (15% of its time)" in out
     assert "above the ideal 1.20× faster: the machine was busy (stalled work added up to 15% of a method" in out
     assert "<summary>⚠ How this was measured" in out  # the fold's title flags it
-    quiet = numbers.render_headline(replace(c, stalls={"ar": Stalls(1, 0.01), "ppsd": Stalls(0, 0.0)}))
+    quiet = headline.render_headline(replace(c, stalls={"ar": Stalls(1, 0.01), "ppsd": Stalls(0, 0.0)}))
     assert "busy" not in quiet and "not explained by this run" in quiet  # 0.3 % of AR's time: noise, not a busy machine
 
 

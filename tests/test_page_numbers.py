@@ -17,6 +17,7 @@ import torch
 
 import ppsd
 from app import numbers, render, tables, view
+from app.panels import headline
 from app.models import ModelCache
 from app.request import PLAIN, RunRequest
 from app.runner import Snapshot, run_comparison
@@ -72,7 +73,7 @@ def assert_one_story(page_text: str, headline: str, clock: str) -> None:
 
 def test_a_slower_ppsd_reads_slower_in_the_headline_and_every_round():
     """Issue 34: "PPSD 1.35× slower than AR (median of 3 runs, range 0.68–0.79×…)"."""
-    out = text(numbers.render_headline(comparison((0.68, 0.74, 0.79))))
+    out = text(headline.render_headline(comparison((0.68, 0.74, 0.79))))
     assert "PPSD 1.35× slower than AR on the same pipeline" in out and "median of 3 rounds" in out
     assert "PPSD 2.94 s, 2.70 s, 2.53 s" in out  # every round's wall, from which the medians come
     assert_one_story(out, "1.35× slower", "measured")
@@ -83,7 +84,7 @@ def test_ratios_have_one_writer_and_never_read_1_00x_slower():
     assert render.range_text((1.1, 1.3)) == "1.10–1.30× faster"
     assert [render.ratio_text(x) for x in (1.35, 1 / 1.35, 1.0, 0.999, 1.004, 0.0)] == [
         "1.35× faster", "1.35× slower", "no faster (1.00×)", "no faster (1.00×)", "no faster (1.00×)", "not timed"]
-    out = text(numbers.render_headline(comparison((0.999, 0.998, 1.001))))
+    out = text(headline.render_headline(comparison((0.999, 0.998, 1.001))))
     assert "PPSD no faster (1.00×) than AR" in out and "1.00× slower" not in out
 
 
@@ -94,7 +95,7 @@ def test_every_ratio_in_the_headline_says_its_direction_on_either_clock():
                   measured={"ar": (2.0,), "ppsd": (2.5,), "eesd": (2.6,)})
     one = numbers.Comparison(ar, slow, metrics(wall=2.0), metrics(wall=2.5), num_stages=2, device="cpu",
                              workers=False, eesd=metrics(wall=2.6, ideal=0.8), stats=stats)
-    out = text(numbers.render_headline(one))
+    out = text(headline.render_headline(one))
     assert "PPSD 1.01× slower than AR on the same pipeline" in out and "PPSD 1.25× slower than AR, medians)" in out
     assert "EESD (draft then verify, one device): 1.30× slower than AR" in out and "1.25× slower." in out
     assert_one_story(out, "1.01× slower", "projected")
@@ -221,13 +222,13 @@ def test_a_star_appears_only_where_plain_ar_is_faster_than_the_pipelines_ar():
     # PPSD 1.35x slower than the pipeline's AR, plain AR slower still: both said, plainly, no a*
     way = PlainWay(2, "in this one process on 2 threads with no pipeline")
     c = comparison((0.74,), plain_walls=(4.0,), plain=way)
-    out = text(numbers.render_headline(c))
+    out = text(headline.render_headline(c))
     assert "a*" not in out
     assert "PPSD on the 2 worker processes: 1.48× faster than plain AR" in out
     assert "Plain AR ran 2.00× slower than AR on the pipeline here" in out
     assert_one_story(out, "1.35× slower", "measured")
     # plain AR faster than the pipeline's AR: a* is defined, and shown with this run's a
-    faster = text(numbers.render_headline(comparison((0.74,), plain_walls=(1.8,), plain=way)))
+    faster = text(headline.render_headline(comparison((0.74,), plain_walls=(1.8,), plain=way)))
     a_star = float(re.search(r"a\* = (\d\.\d\d)", faster).group(1))
     assert 0 < a_star <= 1 and "(this run: a = 0.50)" in faster
     assert "PPSD 1.50× slower than plain AR" in faster  # line 1: 1.8 / 2.7, the fastest AR measured here
@@ -238,20 +239,20 @@ def test_a_star_appears_only_where_plain_ar_is_faster_than_the_pipelines_ar():
 
 def test_a_run_above_the_ideal_is_explained_or_flagged_beside_the_ideal():
     """Issue 34: "PPSD 1.33× faster" beside "ideal = 1.26×", and "range 0.91–3.64×" against 1.44×."""
-    wide = numbers.render_headline(comparison((1.3, 1.4, 3.64)))
+    wide = headline.render_headline(comparison((1.3, 1.4, 3.64)))
     assert "⚠ The median (1.40× faster) is above the ideal 1.25× faster" in wide
     assert "slowest round took 2.80 times its fastest" in wide and "<summary>⚠" in wide
 
     # measured 1.33x, ideal 1.25x by layers (a = 0.5, s = 0.6), 1.33x at the measured costs (s = 0.5)
     stages = numbers.Stages(layers=(18, 12), utilization=(0.6, 0.7), costs=(2.0, 2.0))
-    costs = numbers.render_headline(comparison((1.31, 1.33, 1.34), stages=stages))
+    costs = headline.render_headline(comparison((1.31, 1.33, 1.34), stages=stages))
     assert "The median (1.33× faster) is above the ideal 1.25× faster, which counts layers" in costs
     assert "⚠" not in costs and "at those costs the ideal is 1.33× faster" in costs
 
-    busy = numbers.render_headline(comparison((1.33,), stalls={"ar": Stalls(3, 0.6)}))
+    busy = headline.render_headline(comparison((1.33,), stalls={"ar": Stalls(3, 0.6)}))
     assert "⚠ This run (1.33× faster) is above the ideal 1.25× faster: the machine was busy (stalled work added " \
            "up to 30%" in busy
-    assert "above the ideal" not in numbers.render_headline(comparison((1.1, 1.2, 1.24)))
+    assert "above the ideal" not in headline.render_headline(comparison((1.1, 1.2, 1.24)))
 
 
 # --------------------------------------------------------------------------- the best plain AR

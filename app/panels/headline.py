@@ -1,0 +1,94 @@
+"""The headline panel: the headline's lines (PPSD against the fastest AR measured here, then
+against AR on the same pipeline) and a fold with everything else, or, for an answer too short
+to time, the answer and no speedup. The analysis and its sentences are `app.numbers`'s; this
+module lays them out as HTML.
+"""
+
+from __future__ import annotations
+
+import html
+
+from ppsd.executors.kinds import KINDS
+
+from ..numbers import (MIN_TIMED_TOKENS, Comparison, above_ideal, busy_sentence, compared_sentence, ideal_line,
+                       pipeline_threads, plain_sentence, speedup_headline, walls_sentence)
+from ..words import PROJECTED_MEANING, duration_text, ratio_text
+
+
+def short_headline(tokens: int, *, status: str = "", progress: str = "") -> str:
+    """The headline of an answer too short to time: the answer stands, no speedup is told."""
+    doing = f'{progress}<div class="headline-status">{html.escape(status)}</div>' if status else ""
+    return (f'<div class="headline-box"><div class="headline"><span class="headline-main">The answer is {tokens} '
+            f'token{"s" * (tokens != 1)}: too short to time</span></div><div class="headline-why">Under '
+            f"{MIN_TIMED_TOKENS} tokens the pipeline never fills, so no speedup is told. Raise Max new tokens, "
+            f"or ask for a longer answer (with Chat on, the model answers a question).</div>{doing}</div>")
+
+
+def render_headline(c: Comparison | None, *, status: str = "", agreement: str = "", progress: str = "") -> str:
+    """The headline's lines (`speedup_headline`), then a fold with everything else: the ideal,
+    what was compared, every round's wall, plain AR, the other clock, EESD, whether the outputs
+    are identical (`agreement`); `status` (and the `progress` steps) while a run is in flight."""
+    if c is None:
+        body = html.escape(status or "Press Run: AR, then PPSD (then EESD) decode the prompt one after another.")
+        return f'<div class="headline-box">{progress}<div class="headline-status">{body}</div></div>'
+    note = lambda text: f'<div class="headline-note">{text}</div>'  # noqa: E731
+    more = [ideal_line(c), f'<div class="headline-note headline-compared">{html.escape(compared_sentence(c))}</div>']
+    walls = walls_sentence(c)
+    if walls:
+        more.append(f'<div class="headline-note headline-walls">{html.escape(walls)}</div>')
+    if c.plain is not None and c.stats.runs("plain"):
+        more.append(f'<div class="headline-note headline-plain">{html.escape(plain_sentence(c))}</div>')
+    busy = busy_sentence(c)
+    if busy:
+        more.append(f'<div class="headline-note headline-busy">{html.escape(busy)}</div>')
+    more.extend(note(text) for text in _how_it_ran(c))
+    if c.eesd is not None:
+        rate = "n/a" if c.eesd.acceptance_rate is None else f"{c.eesd.acceptance_rate:.2f}"
+        more.append(note(
+            f"EESD (draft then verify, one device): {ratio_text(c.eesd_speedup)} than AR on the measured clock "
+            f"(medians); ideal S<sub>EESD</sub> at a={rate}: {ratio_text(c.eesd.ideal_speedup)}."))
+    if agreement:
+        more.append(f'<div class="headline-note headline-agreement">{html.escape(agreement)}</div>')
+    flagged = "⚠ " if busy or above_ideal(c).startswith("⚠") else ""
+    summary = f"{flagged}How this was measured: the ideal, every round, plain AR, the other clock"
+    lines = [speedup_headline(c), f'<details class="headline-more"><summary>{html.escape(summary)}</summary>'
+                                  f'{"".join(more)}</details>']
+    if status:
+        lines.append(f'{progress}<div class="headline-status">{html.escape(status)}</div>')
+    return f'<div class="headline-box">{"".join(lines)}</div>'
+
+
+def _how_it_ran(c: Comparison) -> list[str]:
+    """Where the stages ran and what the other clock gives, in words (HTML)."""
+    other = ratio_text(c.other_speedup)
+    notes: list[str] = []
+    if c.workers and c.pipeline == "threads":
+        notes.append(
+            f"Measured: each of the K={c.num_stages} stages ran on its own thread in this one process "
+            f"({pipeline_threads(c.num_stages, c.device)}), at the same time, sharing the weights and the KV cache; "
+            f"AR ran on the same threads. The same stage costs replayed (projected clock) give PPSD {other} than AR: "
+            "the difference is what the threads lose to each other (on a CPU, Python's lock between short kernels).")
+    elif c.workers and c.pipeline == "graphed":
+        notes.append(
+            f"Measured: each of the K={c.num_stages} stages ran as one captured step in this one process "
+            f"({KINDS[c.pipeline].where}), sharing the weights and a static KV cache; AR ran on the same steps. "
+            f"The same stage costs replayed (projected clock) give PPSD {other} than AR.")
+    elif c.workers and c.pipeline == "stacked":
+        notes.append(
+            f"Measured: the K={c.num_stages} stages ran as one stacked chain in this one process "
+            f"({KINDS[c.pipeline].where}): each slot runs layer j of every stage as one batched step over the K "
+            "stages' tokens, on one KV cache; AR ran on the same engine.")
+    elif c.workers:
+        notes.append(
+            f"Measured: each of the K={c.num_stages} stages ran in its own worker process (pinned to its own cores or "
+            f"GPU), at the same time; AR ran on the same pipeline. The same stage costs replayed with no messages "
+            f"between the stages (projected clock) give PPSD {other} than AR: the difference is the cost of moving "
+            "hidden states and logits between processes.")
+    else:
+        measured = lambda m: duration_text(c.stats.median(m, clock="measured") or 0.0)  # noqa: E731
+        notes.append(f"Projected clock: {PROJECTED_MEANING} (K={c.num_stages}), as if each stage had its own device.")
+        notes.append(
+            f"Measured on this one {html.escape(c.device)} device, stages run in turn: AR {measured('ar')}, PPSD "
+            f"{measured('ppsd')} (PPSD {other} than AR, medians). On one device PPSD does the same work as AR plus the "
+            "flushed work, so it cannot be faster there: its speed comes from K stages running at the same time.")
+    return notes
