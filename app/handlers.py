@@ -278,14 +278,15 @@ def on_load(state: AppState, name: str) -> Iterator[tuple]:
         return
     info = loaded.model.info
     e_update, k_update = stage_updates(info.num_layers, 2, model=name)
-    yield (model_status(f"{info.name}: {info.model_type}, {info.num_layers} layers, {info.device} {info.dtype} "
-                   f"(loaded in {loaded.load_seconds:.1f} s, then warmed up untimed"
-                        f"{'' if state.cache.warm else ' in each GPU call'})", "ok"),
-           e_update, k_update, gr.skip(), gr.skip())
+    status = model_status(f"{info.name}: {info.model_type}, {info.num_layers} layers, {info.device} {info.dtype} "
+                          f"(loaded in {loaded.load_seconds:.1f} s, then warmed up untimed"
+                          f"{'' if state.cache.warm else ' in each GPU call'})", "ok")
+    yield (status, e_update, k_update, gr.skip(), gr.skip())
     # The layer count after the sliders have their new ranges and values: its change redraws the
     # diagram with the sliders' values, which the browser would otherwise still send as the old
-    # model's (E = 18 against an 8-layer model's maximum of 7, refused).
-    yield (gr.skip(), gr.skip(), gr.skip(), info.num_layers, ready)
+    # model's (E = 18 against an 8-layer model's maximum of 7, refused). The status again: the
+    # API's answer is this last item.
+    yield (status, gr.skip(), gr.skip(), info.num_layers, ready)
 
 
 def on_page_load(state: AppState, name: str) -> tuple:

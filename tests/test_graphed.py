@@ -22,7 +22,8 @@ from ppsd.heads import build_head
 from ppsd.trace import Stopwatch
 
 from conftest import requires_cuda, tiny_llama
-from test_distributed import NEW_TOKENS, PROMPTS, Twin
+from test_conformance import Checked
+from test_distributed import NEW_TOKENS, PROMPTS
 
 HOST_READS = {"aten::_local_scalar_dense", "aten::item", "aten::nonzero", "aten::is_nonzero", "aten::equal"}
 
@@ -46,22 +47,6 @@ def model():
 @pytest.fixture(scope="module")
 def layer_model(model):
     return with_layer_head(model, 4)
-
-
-class Checked(Twin):
-    """`Twin` that also holds the graphed executor's argmax ids to the reference's logits."""
-
-    def _check(self, ref, got):
-        got = super()._check(ref, got)
-        if got.exit_best is not None:
-            assert got.exit_best == int(torch.argmax(ref.exit_logits))
-        if got.final_best is not None:
-            assert list(got.final_best) == ref.final_logits.argmax(-1).tolist()
-        return got
-
-
-
-
 
 
 class Poisoned(Checked):

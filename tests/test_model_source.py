@@ -297,7 +297,7 @@ def test_the_start_up_preload_thread_reports_a_failure_in_one_line_and_ends(caps
     class State:
         class cache:  # noqa: N801 - stands in for AppState.cache
             @staticmethod
-            def get(name):
+            def get(name, **_):  # prestart asks for it warmed up
                 raise OSError(28, "No space left on device")
 
     app_main._preload(State)  # returns: the thread ends
