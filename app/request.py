@@ -10,6 +10,7 @@ from typing import Any
 
 import ppsd
 from ppsd import DecodeConfig
+from ppsd.compare import PLAIN  # plain AR's key: the comparison's one definition
 from ppsd.config import DEFAULTS, real_number, whole_number
 
 DEFAULT_REPEATS = 3  # timed runs of each method: the page shows their median speedup and its range
@@ -114,4 +115,3 @@ def unicode_text(name: str, text: Any) -> str:
 
 TEXTS = ("prompt", "model", "exit_head", "pipeline")  # the run's text fields, each checked by `unicode_text`
 FORM = tuple(f.name for f in fields(RunRequest))  # the page's run inputs, in the order it sends them
-PLAIN = "plain"  # the walls' key of plain AR: this one process on every core it may use, no pipeline

@@ -11,6 +11,7 @@ import html
 from typing import Any
 
 from ppsd import Trace
+from ppsd.compare import PLAIN
 from ppsd.executors.kinds import KINDS
 from ppsd.metrics import decode_costs, exit_fraction, slot_fraction, stalls
 
@@ -18,7 +19,7 @@ from . import numbers, render, tables, teach, words
 from .panels import headline
 from .panels.progress import render_progress
 from .numbers import MIN_TIMED_TOKENS, Clocks
-from .request import PLAIN, RunRequest
+from .request import RunRequest
 from .runner import Snapshot
 
 METHODS = ("ar", "ppsd", "eesd")

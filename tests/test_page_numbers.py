@@ -19,9 +19,9 @@ import ppsd
 from app import numbers, render, tables, view
 from app.panels import headline
 from app.models import ModelCache
-from app.request import PLAIN, RunRequest
+from app.request import RunRequest
 from app.runner import Snapshot, run_comparison
-from ppsd.compare import PlainWay
+from ppsd.compare import PLAIN, PlainWay
 from ppsd.compare_stats import Stats
 from conftest import CHROMIUM, open_page
 from ppsd.metrics import Stalls, ideal_ppsd_speedup_slowest_stage
