@@ -32,8 +32,9 @@ def test_an_e_without_a_trained_head_is_said_beside_the_slider_with_the_shipped_
         note = page.locator("#exit-head-note")
         assert note.inner_text().strip() == ""  # the default E = 18 drafts with the shipped head
         set_slider(page, "exit-layer", 10)
+        # 30 s: late in the whole suite the shared page server answered this slower than 10 s once
         page.wait_for_function("() => document.querySelector('#exit-head-note').innerText.includes('E = 10')",
-                               timeout=10_000)
+                               timeout=30_000)
         text = note.inner_text()
         assert "No trained exit head at E = 10" in text and "shared head" in text and "E = 18" in text
         use = page.locator("#use-shipped-e")
