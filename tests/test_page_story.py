@@ -29,10 +29,12 @@ def test_an_e_without_a_trained_head_is_said_beside_the_slider_with_the_shipped_
     if not page_url[2]:
         pytest.skip("the shipped head is the default model's")
     with open_page(page_url) as page:
+        # The page's load event sets E from the model's config: a value typed before it answers is
+        # overwritten with 18 (this test failed so, twice, late in the whole suite).
+        page.locator(".model-status", has_text="layers ·").first.wait_for(timeout=60_000)
         note = page.locator("#exit-head-note")
         assert note.inner_text().strip() == ""  # the default E = 18 drafts with the shipped head
         set_slider(page, "exit-layer", 10)
-        # 30 s: late in the whole suite the shared page server answered this slower than 10 s once
         page.wait_for_function("() => document.querySelector('#exit-head-note').innerText.includes('E = 10')",
                                timeout=30_000)
         text = note.inner_text()
