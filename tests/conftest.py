@@ -136,3 +136,11 @@ def open_page(page_url):
             yield page
         finally:
             browser.close()
+
+
+def set_slider(page, elem_id: str, value: int) -> None:
+    """Type `value` into slider `elem_id`'s number box, as a user would (Enter, then away)."""
+    box = page.locator(f"#{elem_id} input[type=number]").first
+    box.fill(str(value))
+    box.press("Enter")
+    box.blur()

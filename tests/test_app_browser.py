@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import CHROMIUM, open_page
+from conftest import CHROMIUM, open_page, set_slider
 
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(),
@@ -116,19 +116,12 @@ def test_page_runs_an_example_and_shows_tokens_timeline_and_headline(page_url, t
     assert shot.stat().st_size > 10_000
 
 
-def _set_slider(page, elem_id: str, value: int) -> None:
-    box = page.locator(f"#{elem_id} input[type=number]").first
-    box.fill(str(value))
-    box.press("Enter")
-    box.blur()
-
-
 def test_stop_answers_promptly_and_shows_where_it_stopped(page_url):
     import time
 
     with open_page(page_url) as page:
         page.locator("#prompt textarea").first.fill("Tell me a long story about a lighthouse keeper.")
-        _set_slider(page, "max-new-tokens", 1000)
+        set_slider(page, "max-new-tokens", 1000)
         page.locator("#run").click()
         page.get_by_text("Running AR").first.wait_for(timeout=180_000)
         page.wait_for_timeout(1500)  # well into the run
@@ -151,11 +144,11 @@ def test_every_slider_position_is_valid_and_errors_go_beside_run(page_url):
     with open_page(page_url) as page:
         page.wait_for_timeout(1000)  # the page-load handler fits the sliders to the model
         top_k = int(page.locator("#stages input[type=number]").first.get_attribute("max"))
-        _set_slider(page, "stages", top_k)  # K = L: every stage one layer, so E must fall to 1
+        set_slider(page, "stages", top_k)  # K = L: every stage one layer, so E must fall to 1
         page.wait_for_function("() => document.querySelector('#exit-layer input[type=number]').value === '1'",
                                timeout=10_000)
         top_e = int(page.locator("#exit-layer input[type=number]").first.get_attribute("max"))
-        _set_slider(page, "exit-layer", top_e)  # E = L - 1: one layer left, so K falls to 2
+        set_slider(page, "exit-layer", top_e)  # E = L - 1: one layer left, so K falls to 2
         page.wait_for_function("() => document.querySelector('#stages input[type=number]').value === '2'",
                                timeout=10_000)
         assert page.locator(".toast-body, .toast-wrap .error").count() == 0  # no Gradio error toast
@@ -235,7 +228,7 @@ def test_a_stages_count_past_the_cores_warns_before_run_and_names_the_controls(p
         assert not warning.get_by_text("Stages K").count()
         if not page.locator("#workers input").is_checked():
             page.locator("#workers input").check()
-        _set_slider(page, "stages", usable_cores() + 1)
+        set_slider(page, "stages", usable_cores() + 1)
         warning.get_by_text("Run the K stages at once").first.wait_for(timeout=10_000)
         text = warning.inner_text()
         assert "untick" in text.lower() and f"Stages K to {usable_cores()}" in text
@@ -250,8 +243,8 @@ def test_a_short_run_marks_cut_answers_and_races_every_lane_at_its_recorded_pace
     with open_page(page_url) as page:
         legend = page.locator(".ppsd-legend").inner_text()
         assert "∅" in legend and "↵" in legend  # the end marker and the line break, explained
-        _set_slider(page, "max-new-tokens", 16)
-        _set_slider(page, "repeats", 1)
+        set_slider(page, "max-new-tokens", 16)
+        set_slider(page, "repeats", 1)
         page.locator("#run").click()
         page.locator(".headline-agreement").wait_for(state="attached", timeout=180_000)
         for method in ("ar", "ppsd"):

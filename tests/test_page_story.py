@@ -9,20 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from conftest import CHROMIUM, open_page
+from conftest import CHROMIUM, open_page, set_slider
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = ROOT / "assets" / "models" / "ppsd-tiny"
 pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(),
                                 reason=f"{CHROMIUM} is missing: install Debian's chromium (apt-get install chromium)")
 RATIO = re.compile(r"\d+\.\d\d× (?:faster|slower)|no faster \(1\.00×\)")
-
-
-def set_slider(page, elem_id: str, value: int) -> None:
-    box = page.locator(f"#{elem_id} input[type=number]").first
-    box.fill(str(value))
-    box.press("Enter")
-    box.blur()
 
 
 def test_an_e_without_a_trained_head_is_said_beside_the_slider_with_the_shipped_e(page_url):
