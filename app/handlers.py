@@ -1,6 +1,7 @@
-"""The page's event handlers: thin functions from Gradio inputs to outputs. They validate,
+"""The page's run and model handlers: thin functions from Gradio inputs to outputs. They validate,
 load (`app.models`), queue for the device (`app.line`), run (`app.runner`) and hand every
-snapshot to `app.view`; slider rules live here too. A handler that needs the server's shared
+snapshot to `app.view`; the E and K sliders' rules live here too. A panel's own events (the
+race, the step-through, the theory, the diagram) are in its module in `app.panels`. A handler that needs the server's shared
 state (its models, its device line, each session's Stop) takes an `AppState` as its first
 argument, which `app.ui` binds; this module holds none.
 """
@@ -17,15 +18,15 @@ import gradio as gr
 
 import ppsd
 from ppsd.config import fit_stages, stage_bounds
-from ppsd.metrics import exit_fraction, slot_fraction
 from ppsd.heads import default_exit_layer
 from ppsd.executors.kinds import AUTO, choose
 from ppsd.executors.pool import usable_cores
 from ppsd.model import model_config, resolve_device
 from ppsd.model_source import needs_preparing
 
-from . import render, view
+from . import view
 from .line import Background
+from .panels import run_message
 from .page_text import STAGES_LABEL, WORKERS_LABEL
 from .models import ModelCache
 from .request import RunRequest, unicode_text
@@ -34,8 +35,6 @@ from .state import AppState
 from .visitors import visitor
 
 DEFAULT_LAYERS = 30  # the default model's (SmolLM2-135M); replaced on page load / Load for others
-REPLAY_SECONDS = 3.0  # least screen time of the slowest lane: a faster race is slowed down, never sped up
-REPLAY_FPS = 12
 FIGURE_SECONDS = 1.0  # live redraw period of the plots (the token streams follow every snapshot)
 
 
@@ -139,7 +138,7 @@ def stages_problem(num_stages: Any, workers: bool, pipeline: str | None) -> str:
 
 
 def on_stages_warning(num_stages: float, workers: bool, pipeline: str | None) -> str:
-    return view.message(stages_problem(num_stages, workers, pipeline), "warning")
+    return run_message.render(stages_problem(num_stages, workers, pipeline), "warning")
 
 
 # --------------------------------------------------------------------------- handlers
@@ -158,15 +157,26 @@ def _session(request: gr.Request | None) -> str:
     return getattr(request, "session_hash", None) or "no-session"
 
 
-def on_run(state: AppState, decode: Callable[..., Iterator[tuple]], request: gr.Request | None,
-           *form: Any) -> Iterator[tuple]:
-    """Run the comparison `form` asks for (the page's run inputs, in the order of
-    `request.FORM`), yielding every output at the runner's throttled pace. Here, in the server's
-    process: the model loads, then the run waits in line for the device; `decode` (`on_decode`,
-    a ZeroGPU call where there is one) runs it, told of this session's Stop by its slot."""
+def on_run_form(state: AppState, decode: Callable[..., Iterator[tuple]], request: gr.Request | None,
+                *form: Any) -> Iterator[tuple]:
+    """The Run button and the `run` API: the page's run inputs, in the order of `request.FORM`,
+    parsed into a `RunRequest` for `on_run`; a form that does not parse is refused in words."""
+    try:
+        run = RunRequest.from_form(*form).check_texts()
+    except ValueError as error:
+        yield ordered(view.failed(str(error)))
+        return
+    yield from on_run(state, decode, run, request)
+
+
+def on_run(state: AppState, decode: Callable[..., Iterator[tuple]], run: RunRequest,
+           request: gr.Request | None = None) -> Iterator[tuple]:
+    """Run the comparison `run` asks for, yielding every output at the runner's throttled pace.
+    Here, in the server's process: the model loads, then the run waits in line for the device;
+    `decode` (`on_decode`, a ZeroGPU call where there is one) runs it, told of this session's
+    Stop by its slot."""
     with state.stops.running(_session(request)) as stop:
         try:
-            run = RunRequest.from_form(*form).check_texts()
             if not run.prompt.strip():
                 wanted = "a question for the model" if run.chat else "some text for the model to continue"
                 raise ValueError(f"The prompt is empty: type {wanted}, or click an example.")
@@ -185,13 +195,13 @@ def on_run(state: AppState, decode: Callable[..., Iterator[tuple]], request: gr.
                     yield ordered(view.stopped_before())
                     return
                 with state.line.turn(ticket, stop, state.shared_seconds):
-                    yield from decode(stop.slot, *form)
+                    yield from decode(stop.slot, run)
         except ValueError as error:
             yield ordered(view.failed(str(error)))
 
 
-def on_decode(state: AppState, stop_slot: int, *form: Any) -> Iterator[tuple]:
-    """The device's part of a Run: the comparison `form` asks for, its outputs as they come. On
+def on_decode(state: AppState, stop_slot: int, run: RunRequest) -> Iterator[tuple]:
+    """The device's part of a Run: the comparison `run` asks for, its outputs as they come. On
     ZeroGPU this is the GPU call, in a forked child: it finds the model in its copy of the
     server's memory, its Stop by `stop_slot` (`app.line.StopRegistry.flag`), and chooses the
     pipeline there (`app.runner`); what it refuses reaches the page in words. A model it lacks (a
@@ -199,7 +209,6 @@ def on_decode(state: AppState, stop_slot: int, *form: Any) -> Iterator[tuple]:
     saying so twice a second."""
     stop = state.stops.flag(stop_slot)
     try:
-        run = RunRequest.from_form(*form)
         if not state.cache.ready(run.model):
             for doing in _loading(state.cache, run.model, stop, warm=True):
                 yield ordered(view.status(doing, run, "model"))
@@ -235,25 +244,6 @@ def _updates(snapshots: Iterator[Snapshot]) -> Iterator[tuple]:
         sent = list(values)
         yield changed
 
-
-def on_replay(race: dict | None) -> Iterator[str]:
-    """Replay the finished run: every lane commits its tokens at its recorded times, on the page's
-    clock, at their pace (a race shorter than REPLAY_SECONDS is slowed down to it, and says so)."""
-    if not race:
-        yield '<div class="race-note">Run a comparison first; its race replays here.</div>'
-        return
-    lanes, pieces = race["lanes"], race["pieces"]
-    piece = lambda token_id: pieces.get(token_id, "?")  # noqa: E731
-    longest = max(lane.total for lane in lanes) or 1e-3
-    stretch = max(1.0, REPLAY_SECONDS / longest)
-    started = time.perf_counter()
-    while True:
-        at = (time.perf_counter() - started) / stretch
-        yield render.render_race(lanes, piece, at=min(at, longest), clock=race["clock"], stretch=stretch,
-                                 shown=race.get("shown", ""))
-        if at >= longest:
-            return
-        time.sleep(1 / REPLAY_FPS)
 
 
 def on_load(state: AppState, name: str) -> Iterator[tuple]:
@@ -335,31 +325,6 @@ def on_exit(exit_layer: float, num_stages: float, layers: int) -> Any:
     return gr.update(value=fit_stages(layers, int(exit_layer), int(num_stages), moved="exit_layer")[1])
 
 
-def on_settings(exit_layer: float, num_stages: float, draft_len: float, layers: int, eesd: bool = False):
-    """Redraw the theory curves when E, K, g or the EESD choice change (no run needed: it is a
-    formula); EESD's curve only when EESD will run."""
-    exit_layer, num_stages = fit_stages(int(layers), int(exit_layer), int(num_stages))
-    partition = ppsd.stage_layers(int(layers), exit_layer, num_stages)  # the run's own, as after a run
-    return render.render_theory(num_stages=num_stages, slot_fraction=slot_fraction(partition), draft_len=int(draft_len),
-                                exit_fraction=exit_fraction(partition), eesd=bool(eesd))
 
 
-def on_step(race: dict | None, slot: float, move: int = 0) -> tuple:
-    """Show slot `slot` + `move` (1-based on the slider), kept inside the run's slots."""
-    count = len(race["steps"]) if race and race.get("steps") else 1
-    slot = max(1, min(int(slot) + move, count))
-    return gr.update(value=slot), view.step(race, slot - 1)
 
-
-def on_steps_ready(race: dict | None) -> tuple:
-    """After a run: the slider spans its slots, and shows the first."""
-    count = len(race["steps"]) if race and race.get("steps") else 1
-    return gr.update(maximum=max(count, 2), value=1), view.step(race, 0)
-
-
-def on_diagram(exit_layer: float, num_stages: float, layers: int) -> str:
-    return view.diagram(layers, exit_layer, num_stages)
-
-
-def on_eesd(on: bool) -> tuple:
-    return gr.update(visible=on), gr.update(value="▶ Run AR vs PPSD vs EESD" if on else "▶ Run AR vs PPSD")

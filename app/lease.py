@@ -47,17 +47,18 @@ def reach(prompt_tokens: int, request: RunRequest) -> int:
                      whole_number("stages", request.num_stages), whole_number("draft_len", request.draft_len))
 
 
-def gpu_seconds(form: tuple, run_seconds: float = MAX_RUN_SECONDS,
+def gpu_seconds(request: RunRequest | None, run_seconds: float = MAX_RUN_SECONDS,
                 count_tokens: Callable[[RunRequest], int] | None = None) -> int:
-    """Seconds of GPU to ask ZeroGPU for the run `form` (the page's run inputs, in `FORM`'s order):
-    the set-up, the capture of every bucket it reaches, then every token of every timed run of
-    every method (plain AR too, with the stages at once), on the captured steps when the stages run
-    at once, else eager; never more than the run's own time limit allows. `count_tokens` gives the
-    prompt's tokens (default: its characters). The default run on a GPU (64 tokens, 3 timed runs
-    of AR, PPSD and plain AR on the captured steps, 2-3 buckets) asks for 16-17 s. A form that does not check out (it will be refused in words)
-    asks for the least."""
+    """Seconds of GPU to ask ZeroGPU for the run `request`: the set-up, the capture of every bucket
+    it reaches, then every token of every timed run of every method (plain AR too, with the stages
+    at once), on the captured steps when the stages run at once, else eager; never more than the
+    run's own time limit allows. `count_tokens` gives the prompt's tokens (default: its
+    characters). The default run on a GPU (64 tokens, 3 timed runs of AR, PPSD and plain AR on
+    the captured steps, 2-3 buckets) asks for 16-17 s. A request that does not check out (it
+    will be refused in words), or None (a form that does not parse), asks for the least."""
+    if request is None:
+        return math.ceil(SETUP_SECONDS)
     try:
-        request = RunRequest.from_form(*form)
         runs = request.rounds() * (len(request.methods) + request.workers)
         tokens = whole_number("max_new_tokens", request.max_new_tokens)
         captured = request.workers and request.pipeline in ("auto", "graphed")
@@ -70,8 +71,16 @@ def gpu_seconds(form: tuple, run_seconds: float = MAX_RUN_SECONDS,
 
 
 def duration(run_seconds: float, count_tokens: Callable[[RunRequest], int] | None = None) -> Callable[..., int]:
-    """`spaces.GPU`'s `duration` for the page's decode call: (stop slot, *form) -> seconds."""
-    return lambda slot, *form: gpu_seconds(form, run_seconds, count_tokens)
+    """`spaces.GPU`'s `duration` for the page's decode call: (stop slot, request) -> seconds."""
+    return lambda slot, request: gpu_seconds(request, run_seconds, count_tokens)
+
+
+def of_form(*form: Any) -> RunRequest | None:
+    """The request of the page's run inputs (`RunRequest.from_form`), or None where they do not parse."""
+    try:
+        return RunRequest.from_form(*form)
+    except ValueError:
+        return None
 
 
 def charged(seconds: int) -> int:

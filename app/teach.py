@@ -2,7 +2,7 @@
 step-through of its trace, as HTML strings.
 
 Pure: records in, HTML out. Nothing here runs a model, touches a tensor or knows Gradio; token
-text arrives through `piece(token_id) -> str`, as in `app.render`, and is always escaped.
+text arrives through `piece(token_id) -> str`, as in `app.token_stream`, and is always escaped.
 
 A slot (spec: Words, "the time one stage needs for one token") is found by replaying the trace
 with every piece of work costing one unit: `Trace.project` on unit durations, so a piece's slot
@@ -20,7 +20,7 @@ import html
 from dataclasses import dataclass, replace
 from typing import Literal, Sequence
 
-from app.render import Piece, deciding_events, render_tokens
+from app.token_stream import Piece, deciding_events, render_tokens
 from ppsd.config import DecodeConfig
 from ppsd.steps import Event, Token
 from ppsd.trace import Trace

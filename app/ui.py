@@ -1,10 +1,11 @@
-"""The Gradio page: `create_*` panels and the wiring of their events to `app.handlers`, bound
-to the server's `AppState` that `create_demo` is given (or builds from the environment, when
-called: importing this reads nothing).
+"""The Gradio page: its layout (the controls and settings, then each panel of `app.panels` where
+it stands) and the Run event, its handlers (`app.handlers`) bound to the server's `AppState` that
+`create_demo` is given (or builds from the environment, when called: importing this reads
+nothing). A panel is one module in `app.panels` and one line here; what a run shows in it is its
+own `show` (`app.view` gathers them).
 
-Nothing here decodes, times or renders a result: `app.runner` and `app.view` do. Nothing loads a
-model before a user asks for one (a Run or a Load click), so building the page is cheap and safe
-to import.
+Nothing here decodes, times or renders a result. Nothing loads a model before a user asks for
+one (a Run or a Load click), so building the page is cheap and safe to import.
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ from __future__ import annotations
 import functools
 import inspect
 import sys
-from functools import partial
 from pathlib import Path
 from typing import Any, Callable
 
@@ -24,12 +24,13 @@ from ppsd.executors.kinds import choose, concurrent_by_default, concurrent_kinds
 from ppsd.heads import default_exit_layer
 from ppsd.model import resolve_device
 
-from . import lease, render, view, zerogpu
-from .panels import exit_head, gpu_lease
-from .handlers import (DEFAULT_LAYERS, model_status, on_eesd, after_run, idle_outputs,
-                       max_tokens_update, on_diagram, on_exit, on_load, on_page_load, on_decode, on_replay, on_run,
-                       on_settings, on_stages, on_stages_warning, on_step, on_steps_ready, on_stop, ordered)
-from .page_text import INTRO, STAGES_LABEL, TIMELINE_CAPTION, TITLE, WORKERS_LABEL, load_examples
+from . import lease, view, zerogpu
+from .components import Slider, refusing_quietly
+from .handlers import (DEFAULT_LAYERS, after_run, idle_outputs, max_tokens_update, model_status, on_decode, on_exit,
+                       on_load, on_page_load, on_run_form, on_stages, on_stages_warning, on_stop, ordered)
+from .page_text import STAGES_LABEL, TITLE, WORKERS_LABEL, load_examples
+from .panels import (columns, exit_head, gpu_lease, headline, intro, metrics, race, run_message, steps, summary,
+                     theory, timeline)
 from .request import DEFAULT_REPEATS, FORM, MAX_REPEATS
 from .sessions import sweep_sessions
 from .state import AppState
@@ -38,39 +39,11 @@ from .visitors import distrust_forwarded_headers
 ROOT = Path(__file__).resolve().parent.parent
 CSS = ROOT / "assets" / "styles" / "app.css"
 
-# --------------------------------------------------------------------------- panels
 
-
-def Slider(*args: Any, **kwargs: Any) -> gr.Slider:  # noqa: N802 - stands where gr.Slider would
-    """A gr.Slider that refuses a bad value quietly (`refusing_quietly`)."""
-    return refusing_quietly(gr.Slider(*args, **kwargs))
-
-
-def refusing_quietly(component: Any) -> Any:
-    """`component`, whose refusal of a value sent through the API (out of range, not a number, not
-    a choice) logs one line, not Gradio's traceback: a visitor's bad value is no fault of the
-    server's. (Patched on the instance: a subclass of a Gradio component makes Gradio write a .pyi
-    beside this module.)"""
-    checked = component.preprocess
-
-    def preprocess(payload: Any) -> Any:
-        try:
-            return checked(payload)
-        except gr.Error as error:
-            message = error.message
-        except (TypeError, ValueError):  # "abc" or null for a slider: Gradio compares it with its range
-            text = repr(payload)
-            message = f"Value {text if len(text) <= 40 else text[:40] + '…'} is not a number"
-        print(f"refused {component.label!r}: {message[:300]}", file=sys.stderr, flush=True)
-        raise gr.Error(message, print_exception=False) from None
-
-    component.preprocess = preprocess
-    return component
-
-
-def create_controls() -> dict[str, Any]:
+def create_controls() -> tuple[dict[str, Any], run_message.MessagePanel]:
     """Prompt (a default one filled in, so Run works with nothing typed), examples, Run and Stop
-    with the message box beside them: the top of the side column, always on the first screen."""
+    with the message box beside them, and Chat: the top of the side column, always on the first
+    screen. Returns the form's controls by name (`request.FORM`'s) and the message box."""
     c: dict[str, Any] = {}
     examples = load_examples()
     c["prompt"] = gr.Textbox(label="Prompt", lines=3, value=examples[0]["prompt"], elem_id="prompt",
@@ -81,11 +54,11 @@ def create_controls() -> dict[str, Any]:
     with gr.Row():
         c["run"] = gr.Button("▶ Run AR vs PPSD", variant="primary", elem_id="run", scale=3)
         c["stop"] = gr.Button("■ Stop", variant="stop", elem_id="stop", scale=1)
-    c["message"] = gr.HTML(view.message(), elem_id="run-message")
+    message = run_message.create()
     c["chat"] = gr.Checkbox(value=True, label="Chat: ask the model (its chat template)", elem_id="chat",
                             info="Off: raw completion, the model continues the text. Models without a "
                                  "chat template always continue the text.")
-    return c
+    return c, message
 
 
 def create_settings(run_seconds: float) -> dict[str, Any]:
@@ -105,7 +78,7 @@ def create_settings(run_seconds: float) -> dict[str, Any]:
                                  elem_id="stages")
         c["exit_layer"] = Slider(1, DEFAULT_LAYERS - 1, value=e_default, step=1, label="Exit layer E",
                                  elem_id="exit-layer")
-    c["stages_warning"] = gr.HTML(view.message(), elem_id="stages-warning")
+    c["stages_warning"] = gr.HTML(run_message.render(), elem_id="stages-warning")
     c["exit_panel"] = exit_head.create()
     with gr.Row():
         c["max_new_tokens"] = Slider(1, ppsd.MAX_NEW_TOKENS_CAP, value=DEFAULTS.max_new_tokens, step=1,
@@ -163,62 +136,6 @@ def _sampling_controls() -> dict[str, Any]:
     return c
 
 
-def create_results() -> tuple[dict[str, Any], gr.Column, gr.HTML, gr.Button]:
-    """The results column, beside the controls so a run is in view at once: the headline, the
-    method columns with their token streams, the drafts toggle, the legend and the race. Returns
-    the components by name, the EESD column (shown when EESD is enabled) and the race with its
-    replay button."""
-    r: dict[str, Any] = {"headline": gr.HTML(elem_id="headline")}
-    titles = {"ar": ("AR", "autoregressive, the reference"),
-              "ppsd": ("PPSD", "verify while drafting, K stages"),
-              "eesd": ("EESD", "draft g tokens, then verify")}
-    columns = {}
-    with gr.Row(equal_height=False, elem_id="columns"):
-        for method, (name, sub) in titles.items():
-            with gr.Column(min_width=260, visible=method != "eesd", elem_id=f"col-{method}") as columns[method]:
-                gr.HTML(f'<div class="col-title">{name} <span>{sub}</span></div>')
-                r[method] = (gr.HTML(elem_id=f"stats-{method}"), gr.HTML(elem_id=f"stream-{method}"))
-    r["drafts"] = gr.Checkbox(value=False, label="Show the drafts inline (rejected ones struck through, in-flight ones dashed)", elem_id="drafts",
-                              info="Off: each stream (and each lane of the race) shows only its committed text, so "
-                                   "AR's and PPSD's can be compared word for word. Hover a token for its draft either way.")
-    gr.HTML(render.render_legend())
-    race, replay = create_race()
-    return r, columns["eesd"], race, replay
-
-
-def create_analysis() -> dict[str, Any]:
-    """Under the first screen, full width: the timeline with its caption, theory and numbers."""
-    r: dict[str, Any] = {"timeline": gr.Plot(label="Pipeline timeline", elem_id="timeline", show_label=False)}
-    gr.Markdown(TIMELINE_CAPTION, elem_classes=["caption"])
-    with gr.Row(equal_height=False):
-        with gr.Column(scale=2, min_width=320):
-            r["theory"] = gr.Plot(label="Theory", elem_id="theory", show_label=False)
-        with gr.Column(scale=3, min_width=320):
-            r["metrics"] = gr.HTML(elem_id="metrics")
-    return r
-
-
-def create_race() -> tuple[gr.HTML, gr.Button]:
-    """The race replay: lanes that commit tokens at their recorded pace (never faster)."""
-    with gr.Accordion("Race replay: the finished streams side by side at their recorded pace", open=True,
-                      elem_id="race-fold"):
-        race = gr.HTML('<div class="race-note">Run a comparison; its race replays here.</div>', elem_id="race")
-        replay = gr.Button("↻ Replay the race", size="sm")
-    return race, replay
-
-
-def create_steps() -> dict[str, Any]:
-    """The step-through: the finished PPSD run, one pipeline slot at a time."""
-    s: dict[str, Any] = {}
-    with gr.Accordion("Step through PPSD, slot by slot", open=True, elem_id="steps"):
-        with gr.Row():
-            s["previous"] = gr.Button("◀ Previous", size="sm", scale=1, elem_id="step-previous")
-            s["slot"] = Slider(1, 2, value=1, step=1, label="Slot", scale=6, elem_id="step-slot")
-            s["next"] = gr.Button("Next ▶", size="sm", scale=1, elem_id="step-next")
-        s["view"] = gr.HTML(view.step(None, 0), elem_id="step-view")
-    return s
-
-
 # Present is a class on the body (assets/styles/app.css does the rest); Plotly redraws its plots
 # for their new size on a window resize.
 PRESENT_JS = ("(on) => { document.body.classList.toggle('present', on); "
@@ -227,8 +144,6 @@ PRESENT_JS = ("(on) => { document.body.classList.toggle('present', on); "
 PRESENT_KEY_JS = ("() => { document.addEventListener('keydown', (e) => { if ((e.key === 'p' || e.key === 'P') "
                   "&& !e.ctrlKey && !e.metaKey && !e.altKey && !e.target.closest('textarea, input:not([type=checkbox]), "
                   "[contenteditable]')) document.querySelector('#present input').click(); }); }")
-# On the body, so the race's lanes follow the streams' toggle.
-SHOW_DRAFTS_JS = "(on) => { document.body.classList.toggle('show-drafts', on); }"
 QUIET = dict(api_visibility="private", show_progress="hidden")  # the page's own events, kept out of the API
 
 
@@ -286,69 +201,65 @@ def create_demo(state: AppState | None = None) -> gr.Blocks:
                                   info="For a room: large type, one timed run, a short headline. P again to leave.")
         with gr.Row(equal_height=False, elem_id="first-screen"):
             with gr.Column(scale=2, min_width=420, elem_id="side"):
-                c = create_controls()
-                with gr.Accordion("What PPSD is: the picture, the trick, why it is safe", open=True,
-                                  elem_id="intro-fold"):
-                    gr.Markdown(INTRO, elem_id="intro")
-                    k = DEFAULTS.num_stages
-                    c["diagram"] = gr.HTML(view.diagram(DEFAULT_LAYERS, default_exit_layer(
-                        ppsd.DEFAULT_MODEL, DEFAULT_LAYERS, k), k), elem_id="diagram")
+                c, message = create_controls()
+                picture = intro.create(DEFAULT_LAYERS)
                 with gr.Column(elem_id="settings"):
                     c.update(create_settings(state.run_seconds))
             with gr.Column(scale=3, min_width=520, elem_id="results"):
-                r, eesd_column, race, replay = create_results()
-        c["present"] = present
-        r.update(create_analysis())
-        steps = create_steps()
-        with gr.Accordion("Raw numbers (JSON; also the last output of the `run` API)", open=False):
-            r["summary"] = gr.JSON(show_label=False, elem_id="summary")
-        r["message"], r["race"] = c["message"], gr.State(None)
-        for method in ("ar", "ppsd", "eesd"):
-            r[f"stats_{method}"], r[f"stream_{method}"] = r.pop(method)
-        run_handlers = _wire_runs(state, c, r, race, replay, steps)
+                top, method_columns, race_panel = headline.create(), columns.create(), race.create()
+        line = timeline.create()
+        with gr.Row(equal_height=False):
+            with gr.Column(scale=2, min_width=320):
+                ideal = theory.create()
+            with gr.Column(scale=3, min_width=320):
+                table = metrics.create()
+        steps_panel = steps.create()
+        raw = summary.create()
+        shown = {name: component for panel in (top, method_columns, line, ideal, table, message, raw, race_panel)
+                 for name, component in panel.outputs().items()}
+        outputs = [shown[name] for name in view.OUTPUTS]
+        run_event = _wire_runs(state, c, outputs, race_panel, steps_panel)
         if zerogpu.active():
             gpu_lease.wire(c["lease"], demo, c, _lease(state), QUIET)
-        _wire_settings(state, c, r, eesd_column)
+        _wire_settings(state, c)
         exit_head.wire(c["exit_panel"], c, QUIET)
-        r["drafts"].change(None, r["drafts"], None, js=SHOW_DRAFTS_JS)  # in the browser: no server call
-        c["present"].change(None, c["present"], None, js=PRESENT_JS)
+        intro.wire(picture, c, QUIET)
+        theory.wire(ideal, c, QUIET)
+        columns.wire(method_columns, c["eesd"], c["run"], QUIET)
+        present.change(None, present, None, js=PRESENT_JS)
         demo.load(None, None, None, js=PRESENT_KEY_JS)
-        c["present"].change(lambda on: 1 if on else DEFAULT_REPEATS, c["present"], c["repeats"], **QUIET)
-        demo.load(idle_outputs, None, [r[name] for name in view.OUTPUTS], **QUIET)
+        present.change(lambda on: 1 if on else DEFAULT_REPEATS, present, c["repeats"], **QUIET)
+        demo.load(idle_outputs, None, outputs, **QUIET)
         demo.load(_bind(on_page_load, state), c["model"], [c["exit_layer"], c["num_stages"], c["layers"],
                                                              c["model_status"]], **QUIET)
     # Gradio's own queue is a backstop far above the device line's bound, which answers "busy" in words.
-    demo.queue(max_size=4 * run_handlers)
+    demo.queue(max_size=4 * run_event)
     sweep_sessions(demo, state.session_seconds)  # an API script's sessions are never closed: forget idle ones
     return refusing_short_calls(demo)
 
 
-def _wire_runs(state: AppState, c: dict[str, Any], r: dict[str, Any], race: gr.HTML, replay: gr.Button,
-               steps: dict[str, Any]) -> int:
-    """Run, Stop, Load, the race replay and the step-through. Returns how many run handlers may
-    run at once: every run that may wait in line and a few refused ones, below Gradio's 40 threads."""
+def _wire_runs(state: AppState, c: dict[str, Any], outputs: list, race_panel: race.RacePanel,
+               steps_panel: steps.StepsPanel) -> int:
+    """Run, Stop, Load, and what follows a Run (the race, the step-through, the sliders). Returns
+    how many run handlers may run at once: every run that may wait in line and a few refused
+    ones, below Gradio's 40 threads."""
     run_handlers = state.line.max_waiting + 4
-    # The device's part of a run, a GPU call on ZeroGPU, leased per call from the run's inputs. The
-    # state is bound before `spaces.GPU` wraps it: ZeroGPU pickles the call's arguments to its
+    # The device's part of a run, a GPU call on ZeroGPU, leased per call from the run's request.
+    # The state is bound before `spaces.GPU` wraps it: ZeroGPU pickles the call's arguments to its
     # forked process, and the state (locks, loaded models) reaches it by the fork instead.
     decode = zerogpu.gpu_call(_bind(on_decode, state), heartbeat=ordered({}),  # every output as it is
                               duration=_lease(state))
     run_event = c["run"].click(
-        _bind(on_run, state, decode), [c[name] for name in FORM], [r[name] for name in view.OUTPUTS], api_name="run",
+        _bind(on_run_form, state, decode), [c[name] for name in FORM], outputs, api_name="run",
         concurrency_limit=run_handlers, concurrency_id="run", show_progress="hidden", trigger_mode="once",
     )
     run_event.then(_bind(after_run, state), [c["model"], c["exit_layer"], c["num_stages"], c["exit_head"]],
                    [c["model_status"], c["exit_layer"], c["num_stages"], c["layers"]], **QUIET)
     run_event.then(_bind(max_tokens_update, state), [c["prompt"], c["model"], c["chat"], c["max_new_tokens"]],
                    c["max_new_tokens"], **QUIET)
-    replay_after = run_event.success(on_replay, r["race"], race, **QUIET)
-    run_event.success(on_steps_ready, r["race"], [steps["slot"], steps["view"]], **QUIET)
-    for name, move in (("previous", -1), ("next", +1)):
-        steps[name].click(partial(on_step, move=move), [r["race"], steps["slot"]], [steps["slot"], steps["view"]],
-                          **QUIET)
-    steps["slot"].input(on_step, [r["race"], steps["slot"]], [steps["slot"], steps["view"]], **QUIET)
-    replay_event = replay.click(on_replay, r["race"], race, api_name="replay", show_progress="hidden")
-    c["stop"].click(_bind(on_stop, state), None, None, cancels=[replay_after, replay_event], api_name="stop",
+    replays = race.wire(race_panel, run_event, QUIET)
+    steps.wire(steps_panel, race_panel.state, run_event, QUIET)
+    c["stop"].click(_bind(on_stop, state), None, None, cancels=replays, api_name="stop",
                     concurrency_limit=None, show_progress="hidden")
     c["load"].click(_bind(on_load, state), c["model"],
                     [c["model_status"], c["exit_layer"], c["num_stages"], c["layers"], c["load"]],
@@ -361,20 +272,13 @@ def _lease(state: AppState) -> Callable[..., int]:
     return lease.duration(state.run_seconds, lease.counter(state.cache.find))
 
 
-def _wire_settings(state: AppState, c: dict[str, Any], r: dict[str, Any], eesd_column: gr.Column) -> None:
-    """The settings' own rules: slider ranges and pairs, the theory curves, the diagram, EESD's column."""
+def _wire_settings(state: AppState, c: dict[str, Any]) -> None:
+    """The settings' own rules: the max-tokens bound, slider ranges and pairs, the K warning."""
     for name in ("prompt", "chat"):
         c[name].change(_bind(max_tokens_update, state), [c["prompt"], c["model"], c["chat"], c["max_new_tokens"]],
                        c["max_new_tokens"], trigger_mode="always_last", **QUIET)
     c["num_stages"].input(on_stages, [c["num_stages"], c["layers"], c["model"]], [c["exit_layer"], c["num_stages"]], **QUIET)
     c["exit_layer"].input(on_exit, [c["exit_layer"], c["num_stages"], c["layers"]], c["num_stages"], **QUIET)
-    settings = [c["exit_layer"], c["num_stages"], c["draft_len"], c["layers"], c["eesd"]]
-    for name in ("exit_layer", "num_stages", "draft_len"):
-        c[name].release(on_settings, settings, r["theory"], **QUIET)
-    c["eesd"].change(on_settings, settings, r["theory"], **QUIET)
-    for name in ("exit_layer", "num_stages", "layers"):
-        c[name].change(on_diagram, [c["exit_layer"], c["num_stages"], c["layers"]], c["diagram"], **QUIET)
-    c["eesd"].change(on_eesd, c["eesd"], [eesd_column, c["run"]], **QUIET)
     for name in ("num_stages", "workers", "pipeline"):  # as the slider moves, before any Run
         c[name].change(on_stages_warning, [c["num_stages"], c["workers"], c["pipeline"]], c["stages_warning"], **QUIET)
 

@@ -3,6 +3,7 @@ metrics -> text, theory curves, the race replay, and the runner's timing and mod
 
 from __future__ import annotations
 
+import html
 import re
 import shutil
 import threading
@@ -12,8 +13,9 @@ import pytest
 import torch
 
 import ppsd
-from app import numbers, render, tables, words
-from app.panels import headline
+from app import analysis, plots, token_stream, words
+from app.panels import columns, headline, theory, timeline, metrics as metrics_panel, race as race_panel, steps as steps_panel
+from app.run_view import RunView, shown_run
 from app.models import ModelCache
 from app.request import RunRequest
 from app.runner import run_comparison
@@ -46,17 +48,17 @@ def hand_trace() -> Trace:
 
 def test_timeline_has_one_bar_per_event_on_its_stage_row_and_kinds_in_the_legend():
     trace = hand_trace()
-    fig = render.render_timeline([("PPSD", trace)], piece)
+    fig = timeline.render_timeline([("PPSD", trace)], piece)
     bars = [t for t in fig.data if t.type == "bar"]
     assert sum(len(t.x) for t in bars) == len(trace.events)
-    labels = [render.stage_label(k, r, u) for k, (r, u) in enumerate(zip(STAGES, trace.utilization()), start=1)]
+    labels = [timeline.stage_label(k, r, u) for k, (r, u) in enumerate(zip(STAGES, trace.utilization()), start=1)]
     for bar in bars:
-        kind = next(k for k, name in render.KIND_LABELS.items() if name == bar.name)
+        kind = next(k for k, name in plots.KIND_LABELS.items() if name == bar.name)
         events = [e for e in trace.events if e.kind == kind]
         assert list(bar.y) == [labels[e.stage - 1] for e in events]
         assert list(bar.base) == pytest.approx([e.start * 1e3 for e in events])
         assert list(bar.x) == pytest.approx([e.duration * 1e3 for e in events])
-    assert {t.name for t in bars if t.showlegend} == {render.KIND_LABELS[k] for k in ("prefill", "draft",
+    assert {t.name for t in bars if t.showlegend} == {plots.KIND_LABELS[k] for k in ("prefill", "draft",
                                                                                       "verify", "flushed")}
     corrections = [t for t in fig.data if t.type == "scatter"]
     assert len(corrections) == 1 and list(corrections[0].x) == [5.0e3]  # the corrected verify's end
@@ -69,7 +71,7 @@ def test_timeline_of_a_real_run_stacks_ppsd_over_ar_and_names_the_projected_cloc
     runs = {m: ppsd.generate(llama, [1, 2, 3], ppsd.DecodeConfig(method=m, num_stages=4, max_new_tokens=12))
             for m in ("ar", "ppsd")}
     panels = [("PPSD", runs["ppsd"].trace.project()), ("AR", runs["ar"].trace.project())]
-    fig = render.render_timeline(panels, None)
+    fig = timeline.render_timeline(panels, None)
     for axis, (_, trace) in zip(("y", "y2"), panels):
         on_axis = [t for t in fig.data if t.type == "bar" and t.yaxis == axis]
         assert sum(len(t.x) for t in on_axis) == len(trace.events)
@@ -79,7 +81,7 @@ def test_timeline_of_a_real_run_stacks_ppsd_over_ar_and_names_the_projected_cloc
 
 
 def test_no_trace_gives_a_placeholder_figure():
-    fig = render.render_timeline([], piece)
+    fig = timeline.render_timeline([], piece)
     assert not fig.data and "appears here" in fig.layout.annotations[0].text
 
 
@@ -88,15 +90,15 @@ def test_no_trace_gives_a_placeholder_figure():
 
 def test_token_spans_escape_text_and_colour_by_status():
     tokens = [Token(2, 3, "verified"), Token(3, 1, "accepted", draft=1), Token(4, 2, "corrected", draft=5)]
-    deciders = render.deciding_events(hand_trace().events, 2)
-    out = render.render_tokens(tokens, piece, prompt="x < y", deciders=deciders)
+    deciders = token_stream.deciding_events(hand_trace().events, 2)
+    out = token_stream.render_tokens(tokens, piece, prompt="x < y", deciders=deciders)
     assert "<script>" not in out and "&lt;script&gt;" in out
     assert "a &amp; b" in out and "x &lt; y" in out
     assert out.count('class="tok tok-verified"') == 1
     assert out.count('class="tok tok-accepted"') == 1
     # The corrected token keeps its rejected draft beside it, struck through (CSS class).
     assert '<span class="tok tok-rejected">say "hi"</span><span class="tok tok-corrected">a &amp; b</span>' in out
-    assert 'class="ws">∅<' in render.render_tokens([Token(0, 9, "verified")], {9: ""}.__getitem__)
+    assert 'class="ws">∅<' in token_stream.render_tokens([Token(0, 9, "verified")], {9: ""}.__getitem__)
     assert 'title="position 4 · draft &#x27;say &quot;hi&quot;&#x27; · final &#x27;a &amp; b&#x27; · corrected' in out
     assert "stage 2 · slot 2" in out  # the final-stage event that decided position 4
     assert "stage 2 · slot 1" in out and "no draft" in out
@@ -105,23 +107,23 @@ def test_token_spans_escape_text_and_colour_by_status():
 def test_pending_drafts_are_dashed_and_only_beyond_the_committed_tokens():
     tokens = [Token(2, 3, "verified")]
     pending = [Draft(2, 4), Draft(3, 1), Draft(4, 2)]
-    out = render.render_tokens(tokens, piece, pending=pending)
+    out = token_stream.render_tokens(tokens, piece, pending=pending)
     assert out.count("tok-pending") == 2 and "position 3 · draft &#x27;&lt;script&gt;&#x27;" in out
 
 
 def test_whitespace_is_kept_for_css_to_preserve():
-    out = render.render_tokens([Token(0, 4, "verified"), Token(1, 3, "verified")], piece)
+    out = token_stream.render_tokens([Token(0, 4, "verified"), Token(1, 3, "verified")], piece)
     assert '<span class="ws">↵</span>\n</span>' in out and "> x</span>" in out
 
 
 def test_deciding_events_skip_flushed_work_and_cover_prefill_width():
-    deciders = render.deciding_events(hand_trace().events, 2)
+    deciders = token_stream.deciding_events(hand_trace().events, 2)
     assert deciders[2].kind == "prefill"  # first token comes from the prompt's last position
     assert deciders[3].slot == 1 and deciders[4].slot == 2 and 5 not in deciders
 
 
 def test_legend_names_every_status():
-    out = render.render_legend()
+    out = token_stream.render_legend()
     for cls in ("tok-accepted", "tok-corrected", "tok-rejected", "tok-verified", "tok-pending"):
         assert cls in out
 
@@ -145,7 +147,7 @@ def stats_of(lead: dict, measured: dict | None = None) -> Stats:
 def test_headline_names_speedup_clock_device_and_ideal():
     ar, fast = metrics(wall=2.0), metrics(wall=1.0, accepted=8, rejected=2,
                                   ideal=ideal_ppsd_speedup_slowest_stage(0.8, 1 / 2))
-    one = numbers.Comparison(ar, fast, metrics(wall=2.0, clock="measured"), metrics(wall=2.5, clock="measured"),
+    one = analysis.Comparison(ar, fast, metrics(wall=2.0, clock="measured"), metrics(wall=2.5, clock="measured"),
                              num_stages=2, device="cpu", workers=False,
                              stats=stats_of({"ar": [2.0], "ppsd": [1.0]}, {"ar": [2.0], "ppsd": [2.5]}))
     out = headline.render_headline(one)
@@ -155,7 +157,7 @@ def test_headline_names_speedup_clock_device_and_ideal():
     assert "AR 2.00 s, PPSD 2.50 s (PPSD 1.25× slower than AR, medians)" in out and "cannot be faster there" in out
     assert "Compared: AR and PPSD decoding the same prompt to the same 10 tokens on the same 2-stage pipeline" in out
     assert "above the ideal" in out  # 2.00x against an ideal of 1.67x is explained, not left standing
-    slow = headline.render_headline(numbers.Comparison(ar, metrics(wall=4.0, accepted=1, rejected=9), ar, ar,
+    slow = headline.render_headline(analysis.Comparison(ar, metrics(wall=4.0, accepted=1, rejected=9), ar, ar,
                                                       num_stages=2, device="cpu", workers=False,
                                                       stats=stats_of({"ar": [2.0], "ppsd": [4.0]})))
     assert "PPSD 2.00× slower than AR on the same pipeline" in slow and "above the ideal" not in slow
@@ -165,7 +167,7 @@ def test_headline_gives_ratios_of_the_medians_and_every_rounds_wall():
     ar, ppsd_ = metrics(wall=2.0, clock="measured"), metrics(wall=1.6, accepted=8, rejected=2, clock="measured",
                                                              ideal=ideal_ppsd_speedup_slowest_stage(0.8, 1 / 2))
     # Per-round ratios 1.30, 1.10, 1.20 (median 1.20); the medians' ratio is 2.0 / 1.7 = 1.18.
-    c = numbers.Comparison(ar, ppsd_, ar, ppsd_, num_stages=2, device="cpu", workers=True, shown=2,
+    c = analysis.Comparison(ar, ppsd_, ar, ppsd_, num_stages=2, device="cpu", workers=True, shown=2,
                            stats=stats_of({"ar": [2.08, 1.87, 2.0], "ppsd": [1.6, 1.7, 1.7]}))
     out = headline.render_headline(c)
     assert "PPSD 1.18× faster than AR on the same pipeline" in out and "1.20×" not in out
@@ -180,7 +182,7 @@ def test_headline_leads_with_the_fastest_ar_and_says_why_the_pipelines_ar_differ
     ar, ppsd_ = metrics(wall=2.0, clock="measured"), replace(metrics(wall=1.6, accepted=5, rejected=5, clock="measured"),
                                                              slot_fraction=0.6)
     way = PlainWay(2, "in this one process on 2 threads with no pipeline")
-    c = numbers.Comparison(ar, ppsd_, ar, ppsd_, num_stages=2, device="cpu", workers=True, plain=way,
+    c = analysis.Comparison(ar, ppsd_, ar, ppsd_, num_stages=2, device="cpu", workers=True, plain=way,
                            stats=stats_of({"ar": [2.0, 2.0, 2.0], "ppsd": [1.6, 1.6, 1.6], "plain": [1.8, 1.9, 1.7]}))
     out = headline.render_headline(c)
     lines = re.findall(r'<div class="headline[^"]*">(.*?)</div>', out)
@@ -200,7 +202,7 @@ def test_headline_leads_with_the_fastest_ar_and_says_why_the_pipelines_ar_differ
 
 def test_everything_but_the_headline_lines_is_folded():
     ar, ppsd_ = metrics(wall=2.0, clock="measured"), metrics(wall=1.6, accepted=5, rejected=5, clock="measured")
-    c = numbers.Comparison(ar, ppsd_, ar, ppsd_, num_stages=2, device="cpu", workers=True,
+    c = analysis.Comparison(ar, ppsd_, ar, ppsd_, num_stages=2, device="cpu", workers=True,
                            stats=stats_of({"ar": [2.0], "ppsd": [1.6]}))
     out = headline.render_headline(c, agreement="✓ Identical output")
     visible, folded = out.split('<details class="headline-more">')
@@ -215,7 +217,7 @@ def test_a_busy_machine_is_said_on_the_headline_not_explained_away():
 
     ar, ppsd_ = metrics(wall=2.0, clock="measured"), metrics(wall=1.0, accepted=8, rejected=2, clock="measured",
                                                              ideal=1.2)
-    c = numbers.Comparison(ar, ppsd_, ar, ppsd_, num_stages=2, device="cpu", workers=True,
+    c = analysis.Comparison(ar, ppsd_, ar, ppsd_, num_stages=2, device="cpu", workers=True,
                            stats=stats_of({"ar": [2.0], "ppsd": [1.0]}),
                            stalls={"ar": Stalls(3, 0.6), "ppsd": Stalls(0, 0.0)})
     out = headline.render_headline(c)  # 2.0x measured against an ideal of 1.2x, with AR stalled 0.6 s
@@ -240,45 +242,45 @@ def test_stalls_are_work_far_slower_than_the_same_stages_usual_work():
 
 
 def test_metrics_table_puts_each_definition_beside_its_values():
-    runs = {"ar": numbers.Clocks(metrics(wall=2.0, clock="measured"), metrics(wall=1.5)),
-            "ppsd": numbers.Clocks(metrics(wall=3.0, accepted=3, rejected=1, clock="measured"),
+    runs = {"ar": analysis.Clocks(metrics(wall=2.0, clock="measured"), metrics(wall=1.5)),
+            "ppsd": analysis.Clocks(metrics(wall=3.0, accepted=3, rejected=1, clock="measured"),
                                    metrics(wall=0.5, accepted=3, rejected=1))}
-    out = tables.render_metrics_table(runs)
+    out = metrics_panel.render_metrics_table(runs)
     for key in ("acceptance_rate", "tokens_per_second", "stage_utilization", "bubble_fraction",
                 "wasted_stage_slots", "ideal_speedup"):
-        assert render.html.escape(DEFINITIONS[key]) in out
+        assert html.escape(DEFINITIONS[key]) in out
     assert "<td>2.00 s</td><td>3.00 s</td>" in out  # measured walls
     assert "<td>1.50 s</td><td>500.0 ms</td>" in out  # projected walls
     assert "<td>—</td><td>0.75</td>" in out and "50% · 75%" in out
-    assert "appear here" in tables.render_metrics_table({})
+    assert "appear here" in metrics_panel.render_metrics_table({})
     assert "wall, measured (one process)" in out and "stage utilization, measured" not in out
 
 
 def test_metrics_table_names_the_executor_the_measured_runs_ran_on():
     from ppsd.executors.kinds import KINDS
 
-    runs = {"ar": numbers.Clocks(metrics(wall=2.0, clock="measured"), metrics(wall=1.5))}
-    out = tables.render_metrics_table(runs, on=KINDS["threads"])
+    runs = {"ar": analysis.Clocks(metrics(wall=2.0, clock="measured"), metrics(wall=1.5))}
+    out = metrics_panel.render_metrics_table(runs, on=KINDS["threads"])
     assert "wall, measured (K threads in one process)" in out and "worker process" not in out
     assert "stage utilization, measured" in out  # the stages ran at once: their measured overlap means something
 
 
 def test_stats_card_shows_both_clocks():
-    out = tables.render_stats("ppsd", metrics(wall=0.5, accepted=1, rejected=1), metrics(wall=1.0, clock="measured"))
+    out = columns.render_stats("ppsd", metrics(wall=0.5, accepted=1, rejected=1), metrics(wall=1.0, clock="measured"))
     assert "500.0 ms" in out and "1.00 s" in out and "0.50" in out
-    assert "decoding" in tables.render_stats("ppsd", None, None, live="decoding… 3 tokens")
+    assert "decoding" in columns.render_stats("ppsd", None, None, live="decoding… 3 tokens")
 
 
 def test_theory_curves_break_even_and_measured_point():
-    assert render.eesd_break_even(4, 8 / 32) == pytest.approx(0.44, abs=0.01)  # spec: L=32, E=8, g=4
-    fig = render.render_theory(num_stages=4, slot_fraction=0.25, draft_len=4, exit_fraction=0.25,
-                               points=[render.TheoryPoint("PPSD measured", 0.8, 2.1)])
+    assert theory.eesd_break_even(4, 8 / 32) == pytest.approx(0.44, abs=0.01)  # spec: L=32, E=8, g=4
+    fig = theory.render_theory(num_stages=4, slot_fraction=0.25, draft_len=4, exit_fraction=0.25,
+                               points=[theory.TheoryPoint("PPSD measured", 0.8, 2.1)])
     ppsd_curve = fig.data[0]
     assert ppsd_curve.y[0] == pytest.approx(1.0) and ppsd_curve.y[-1] == pytest.approx(4.0)
     assert fig.data[1].y[0] < 1.0  # EESD below 1x at a = 0
     assert list(fig.data[2].x) == [0.8] and list(fig.data[2].y) == [2.1]
     assert fig.layout.shapes[0].x1 == pytest.approx(0.44, abs=0.01)  # the shaded EESD < 1x region
-    alone = render.render_theory(num_stages=4, slot_fraction=0.25, draft_len=4, exit_fraction=0.25,
+    alone = theory.render_theory(num_stages=4, slot_fraction=0.25, draft_len=4, exit_fraction=0.25,
                                  eesd=False)  # EESD did not run
     assert [t.name for t in alone.data] == ["ideal PPSD, K=4"]
     assert not any("EESD" in str(a.text) for a in alone.layout.annotations)
@@ -311,30 +313,30 @@ def test_the_plot_passes_through_the_ideal_the_headline_and_the_table_quote(tiny
 def test_race_lanes_commit_at_their_final_stage_times():
     trace = hand_trace()
     tokens = (Token(2, 3, "verified"), Token(3, 1, "accepted", 1), Token(4, 2, "corrected", 5))
-    times = render.commit_times(tokens, trace)
+    times = race_panel.commit_times(tokens, trace)
     assert times == (2.0, 4.0, 5.0)
-    lane = render.Lane("ppsd", tokens, times, trace.makespan)
-    half = render.render_race([lane], piece, at=4.5, clock="projected", stretch=100)
+    lane = race_panel.Lane("ppsd", tokens, times, trace.makespan)
+    half = race_panel.render_race([lane], piece, at=4.5, clock="projected", stretch=100)
     assert "2/3 tokens" in half and "slowed 100×" in half and "finished" not in half and half.count("Replay") == 1
-    assert "3/3 tokens" in render.render_race([lane], piece, at=5.0, clock="projected", stretch=1)
+    assert "3/3 tokens" in race_panel.render_race([lane], piece, at=5.0, clock="projected", stretch=1)
 
 
 def test_the_race_names_every_lane_in_finish_order_once_it_has_ended():
     tokens = (Token(2, 3, "verified"),)
-    ar, ppsd_, plain = (render.Lane("ar", tokens, (6.0,), 6.0), render.Lane("ppsd", tokens, (4.0,), 4.0),
-                        render.Lane("plain", tokens, (7.5,), 7.5))
-    end = render.render_race([ar, plain, ppsd_], piece, at=7.5, clock="measured", stretch=1)
+    ar, ppsd_, plain = (race_panel.Lane("ar", tokens, (6.0,), 6.0), race_panel.Lane("ppsd", tokens, (4.0,), 4.0),
+                        race_panel.Lane("plain", tokens, (7.5,), 7.5))
+    end = race_panel.render_race([ar, plain, ppsd_], piece, at=7.5, clock="measured", stretch=1)
     assert ("PPSD finished first, in 4.00 s; then AR 6.00 s, 2.00 s behind; Plain AR, one process 7.50 s, "
             "3.50 s behind.") in end
     assert "at its recorded pace" in end
-    assert "finished first" not in render.render_race([ar, ppsd_], piece, at=5.0, clock="measured", stretch=1)
+    assert "finished first" not in race_panel.render_race([ar, ppsd_], piece, at=5.0, clock="measured", stretch=1)
 
 
 def test_an_answer_cut_by_the_limit_says_so_and_the_legend_explains_the_marks():
-    out = render.render_tokens([Token(0, 4, "verified")], piece, cut=16)
+    out = token_stream.render_tokens([Token(0, 4, "verified")], piece, cut=16)
     assert "cut at 16 tokens" in out
-    assert "cut at" not in render.render_tokens([Token(0, 4, "verified")], piece)
-    legend = render.render_legend()
+    assert "cut at" not in token_stream.render_tokens([Token(0, 4, "verified")], piece)
+    legend = token_stream.render_legend()
     assert "∅" in legend and "end token" in legend and "↵" in legend and "line break" in legend
 
 
@@ -384,7 +386,7 @@ def test_special_tokens_are_never_shown_as_text(tiny_cache):
     loaded = tiny_cache.get("tiny")
     eos = loaded.tokenizer.eos_token_id
     assert loaded.piece(eos) == "" and loaded.tokenizer.decode([eos]) == "<|endoftext|>"
-    stream = render.render_tokens([Token(0, eos, "accepted", eos)], loaded.piece)
+    stream = token_stream.render_tokens([Token(0, eos, "accepted", eos)], loaded.piece)
     assert "endoftext" not in stream and "∅" in stream
 
 
@@ -488,7 +490,7 @@ def test_runner_on_k_workers_gives_the_same_tokens_on_a_measured_concurrent_cloc
         assert run.result.token_ids == local.runs[method].result.token_ids
         assert run.result.trace.concurrent and run.shown().clock == "measured"
         assert not local.runs[method].result.trace.concurrent and local.runs[method].shown().clock == "projected"
-    race = view._race_state(snap)
+    race = race_panel.race_state(RunView.of(snap))
     assert race["clock"] == "measured"
     for lane in race["lanes"]:  # the measured clock starts after 0: every lane still finishes whole
         assert sum(t <= lane.total for t in lane.times) == len(lane.tokens) == 12
@@ -501,7 +503,7 @@ def test_runner_on_k_workers_gives_the_same_tokens_on_a_measured_concurrent_cloc
     assert "than plain AR" in headline
     assert "plain_wall_seconds" in view.snapshot(snap)["summary"]["timed_runs"]
     assert "plain" not in local.stats().walls and "Plain decoding" not in view.snapshot(local)["headline"]
-    lanes = {lane.method: lane for lane in view._race_state(snap)["lanes"]}  # plain AR races beside them
+    lanes = {lane.method: lane for lane in race_panel.race_state(RunView.of(snap))["lanes"]}  # plain AR races beside them
     assert set(lanes) == {"ar", "ppsd", "plain"} and len(lanes["plain"].tokens) == 12
     assert lanes["plain"].tokens == tuple(snap.plain_run.result.tokens)
 
@@ -642,12 +644,12 @@ def test_a_run_in_flight_shows_its_phases_done_now_and_to_come(tiny_cache):
     assert "Timing again" not in final["headline"] and not snap.status  # nor what it was doing last
     assert "run-message-empty" in final["message"]
     # every panel says which round it shows, the one closest to the medians the headline gives
-    label = view.shown_run(snap)
+    label = shown_run(snap)
     assert label.startswith(f"Round {snap.state.shown_index() + 1} of 2, the one closest to the medians")
     assert label.replace("'", "&#x27;") in final["stats_ar"] and label.replace("'", "&#x27;") in final["stats_ppsd"]
     assert label.replace("'", "&#x27;") in final["metrics"] and label in final["timeline"].layout.title.text
     assert "median of 2 rounds" in final["headline"]
-    first = view.step(final["race"], 0)  # the step-through says which slot it shows, once
+    first = steps_panel.step(final["race"], 0)  # the step-through says which slot it shows, once
     assert first.count("Slot 1 of") == 1 and 'class="teach-caption step-caption"' in first
     loading = view.status("Loading tiny… 3 s", request, "model")
     assert '<span class="phase phase-now">load the model</span>' in loading["headline"]

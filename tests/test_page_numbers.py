@@ -9,15 +9,15 @@ deterministic), then on the rendered page after a real Run in Debian chromium (`
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 import pytest
 import torch
 
 import ppsd
-from app import numbers, render, tables, view
-from app.panels import headline
+from app import analysis, view, words
+from app.panels import headline, metrics as metrics_panel, race as race_panel
 from app.models import ModelCache
 from app.request import RunRequest
 from app.runner import Snapshot, run_comparison
@@ -39,12 +39,12 @@ def metrics(*, wall: float, accepted: int = 5, rejected: int = 5, clock: str = "
                         ideal, slot_fraction=slot)
 
 
-def comparison(speedups=(), plain_walls=(), **fields) -> numbers.Comparison:
+def comparison(speedups=(), plain_walls=(), **fields) -> analysis.Comparison:
     """AR at 2.0 s every round, PPSD at 2.0 / speedup: the medians' ratio is the median speedup."""
     ar_walls, ppsd_walls = [2.0] * max(1, len(speedups)), [2.0 / s for s in speedups] or [2.0 / 1.6]
     walls = {"ar": tuple(ar_walls), "ppsd": tuple(ppsd_walls), **({"plain": tuple(plain_walls)} if plain_walls else {})}
     ar, ppsd_ = metrics(wall=2.0), metrics(wall=sorted(ppsd_walls)[len(ppsd_walls) // 2])
-    return numbers.Comparison(ar, ppsd_, ar, ppsd_, num_stages=2, device="cpu", workers=True,
+    return analysis.Comparison(ar, ppsd_, ar, ppsd_, num_stages=2, device="cpu", workers=True,
                               stats=Stats(walls, walls, walls), **fields)
 
 
@@ -80,9 +80,9 @@ def test_a_slower_ppsd_reads_slower_in_the_headline_and_every_round():
 
 
 def test_ratios_have_one_writer_and_never_read_1_00x_slower():
-    assert render.range_text((0.9, 1.02, 1.1)) == "1.11× slower to 1.10× faster"
-    assert render.range_text((1.1, 1.3)) == "1.10–1.30× faster"
-    assert [render.ratio_text(x) for x in (1.35, 1 / 1.35, 1.0, 0.999, 1.004, 0.0)] == [
+    assert words.range_text((0.9, 1.02, 1.1)) == "1.11× slower to 1.10× faster"
+    assert words.range_text((1.1, 1.3)) == "1.10–1.30× faster"
+    assert [words.ratio_text(x) for x in (1.35, 1 / 1.35, 1.0, 0.999, 1.004, 0.0)] == [
         "1.35× faster", "1.35× slower", "no faster (1.00×)", "no faster (1.00×)", "no faster (1.00×)", "not timed"]
     out = text(headline.render_headline(comparison((0.999, 0.998, 1.001))))
     assert "PPSD no faster (1.00×) than AR" in out and "1.00× slower" not in out
@@ -93,13 +93,13 @@ def test_every_ratio_in_the_headline_says_its_direction_on_either_clock():
     ar, slow = metrics(wall=2.0, clock="projected"), metrics(wall=2.02, clock="projected")
     stats = Stats(walls={"ar": (2.0,), "ppsd": (2.02,), "eesd": (2.6,)},
                   measured={"ar": (2.0,), "ppsd": (2.5,), "eesd": (2.6,)})
-    one = numbers.Comparison(ar, slow, metrics(wall=2.0), metrics(wall=2.5), num_stages=2, device="cpu",
+    one = analysis.Comparison(ar, slow, metrics(wall=2.0), metrics(wall=2.5), num_stages=2, device="cpu",
                              workers=False, eesd=metrics(wall=2.6, ideal=0.8), stats=stats)
     out = text(headline.render_headline(one))
     assert "PPSD 1.01× slower than AR on the same pipeline" in out and "PPSD 1.25× slower than AR, medians)" in out
     assert "EESD (draft then verify, one device): 1.30× slower than AR" in out and "1.25× slower." in out
     assert_one_story(out, "1.01× slower", "projected")
-    table = tables.render_metrics_table({m: numbers.Clocks(metrics(wall=1.0, ideal=0.8), metrics(wall=1.0))
+    table = metrics_panel.render_metrics_table({m: analysis.Clocks(metrics(wall=1.0, ideal=0.8), metrics(wall=1.0))
                                           for m in ("ar", "ppsd", "eesd")})
     assert BARE.findall(text(table)) == [] and "<td>the reference</td><td>1.25× slower</td>" in table
 
@@ -158,7 +158,7 @@ def test_the_theory_star_the_headline_and_the_card_show_one_value(tiny_run, slow
     y, label = star(values)
     assert y == snap.stats().ratio("ar", "ppsd")  # the ratio of the medians, the same value
     assert label == pipeline_ratio(values["headline"])
-    assert label == ("1.60× slower" if slower else render.ratio_text(y))
+    assert label == ("1.60× slower" if slower else words.ratio_text(y))
     assert f"PPSD {label} than AR (medians)" in values["stats_ppsd"]
     assert_one_story(text(values["headline"]), label, "projected")
 
@@ -172,7 +172,7 @@ def test_the_round_shown_is_the_one_closest_to_the_medians_and_says_so(tiny_run)
     assert f"the panels show round {index + 1}" in values["headline"]
     assert values["summary"]["timed_runs"]["shown_round"] == index + 1
     race = values["race"]
-    note = render.render_race(race["lanes"], str, at=0.0, clock=race["clock"], stretch=1, shown=race["shown"])
+    note = race_panel.render_race(race["lanes"], str, at=0.0, clock=race["clock"], stretch=1, shown=race["shown"])
     assert f"Replay of round {index + 1} of 3, the one closest to the medians at its recorded pace" in note
     assert values["summary"]["speedup_projected"] == snap.stats().ratio("ar", "ppsd")  # the API's, the medians'
 
@@ -209,7 +209,7 @@ def test_the_race_ends_at_the_wall_the_table_shows(tiny_run, tiny_threads_run):
             assert lane.total == runs[lane.method].wall()  # the run's wall on the page's clock
             assert max(lane.times) <= lane.total  # every token still commits within its lane
         row = re.search(re.escape(row_name) + r"</th>(.*?)<td class", values["metrics"]).group(1)
-        shown = [render.duration_text(lane.total) for lane in race["lanes"] if lane.method != PLAIN]
+        shown = [words.duration_text(lane.total) for lane in race["lanes"] if lane.method != PLAIN]
         assert row == "".join(f"<td>{s}</td>" for s in shown)
 
 
@@ -244,7 +244,7 @@ def test_a_run_above_the_ideal_is_explained_or_flagged_beside_the_ideal():
     assert "slowest round took 2.80 times its fastest" in wide and "<summary>⚠" in wide
 
     # measured 1.33x, ideal 1.25x by layers (a = 0.5, s = 0.6), 1.33x at the measured costs (s = 0.5)
-    stages = numbers.Stages(layers=(18, 12), utilization=(0.6, 0.7), costs=(2.0, 2.0))
+    stages = analysis.Stages(layers=(18, 12), utilization=(0.6, 0.7), costs=(2.0, 2.0))
     costs = headline.render_headline(comparison((1.31, 1.33, 1.34), stages=stages))
     assert "The median (1.33× faster) is above the ideal 1.25× faster, which counts layers" in costs
     assert "⚠" not in costs and "at those costs the ideal is 1.33× faster" in costs
@@ -281,7 +281,7 @@ def test_the_plain_ar_kept_is_the_faster_of_one_thread_and_every_core(tiny_threa
     kept = "1 thread" if snap.plain.threads == 1 else "2 threads"
     assert f"AR in this one process on {kept} with no pipeline, the faster of 1 thread (" in out
     for threads, wall, done in snap.plain.trials:  # a way that had lost by PLAIN_CUT was cut, and says so
-        said = f"({render.duration_text(wall)})" if done else f"(cut after {render.duration_text(wall)}"
+        said = f"({words.duration_text(wall)})" if done else f"(cut after {words.duration_text(wall)}"
         assert f"{threads} thread{'s' * (threads != 1)} {said}" in out
 
 
@@ -299,7 +299,7 @@ def test_a_way_of_plain_ar_that_has_lost_is_cut_and_said_so(tiny_cache, monkeypa
     assert (one, every, done, finished) == (1, 2, True, False) and snap.plain.threads == 1
     assert snap.stats().runs(PLAIN) == (first,) and cut_at == pytest.approx(first * 1e-9)
     out = text(view.snapshot(snap)["headline"])
-    assert f"the faster of 1 thread ({render.duration_text(first)}) and 2 threads (cut after " in out
+    assert f"the faster of 1 thread ({words.duration_text(first)}) and 2 threads (cut after " in out
     assert "still decoding)" in out
 
 

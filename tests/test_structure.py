@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-SOURCES = sorted([*ROOT.glob("ppsd/**/*.py"), *ROOT.glob("app/*.py"), *ROOT.glob("tools/*.py"), ROOT / "app.py"])
+SOURCES = sorted([*ROOT.glob("ppsd/**/*.py"), *ROOT.glob("app/**/*.py"), *ROOT.glob("tools/*.py"), ROOT / "app.py"])
 MAX_MODULE_LINES = 400
 MAX_FUNCTION_LINES = 60
 

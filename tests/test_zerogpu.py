@@ -55,12 +55,11 @@ def zerogpu_state(request):
                     child.kill()
 
 
-def _form(model: str, **settings):
-    from app.request import FORM, RunRequest
+def _request(model: str, **settings):
+    from app.request import RunRequest
 
     settings = {"max_new_tokens": 16, "repeats": 1, "workers": True, "pipeline": "processes", **settings}
-    request = RunRequest(prompt="def fibonacci(n):", model=model, exit_layer=None, **settings)
-    return tuple(getattr(request, name) for name in FORM)
+    return RunRequest(prompt="def fibonacci(n):", model=model, exit_layer=None, **settings)
 
 
 def test_a_forked_call_decodes_though_the_thread_that_forked_used_two_cpu_threads(zerogpu_state):
@@ -76,7 +75,7 @@ def test_a_forked_call_decodes_though_the_thread_that_forked_used_two_cpu_thread
     decode = zerogpu.gpu_call(partial(on_decode, state), duration=lambda *args: 10)
     outputs: list = []
     with state.stops.running("forked") as stop:
-        worker = threading.Thread(target=lambda: outputs.extend(decode(stop.slot, *_form(model))), daemon=True)
+        worker = threading.Thread(target=lambda: outputs.extend(decode(stop.slot, _request(model))), daemon=True)
         worker.start()
         worker.join(FORK_SECONDS)
         stop.set()
@@ -111,7 +110,7 @@ def test_a_call_forked_while_another_model_loads_still_decodes(zerogpu_state, mo
     outputs: list = []
     try:
         with busy.stops.running("busy") as stop:
-            worker = threading.Thread(target=lambda: outputs.extend(decode(stop.slot, *_form(model))), daemon=True)
+            worker = threading.Thread(target=lambda: outputs.extend(decode(stop.slot, _request(model))), daemon=True)
             worker.start()
             worker.join(FORK_SECONDS)
             stop.set()
@@ -149,7 +148,7 @@ def test_the_lease_follows_the_run_and_the_default_run_on_a_gpu_asks_for_at_most
     import types
 
     from app import AppState, create_demo, lease
-    from app.request import FORM, RunRequest
+    from app.request import RunRequest
 
     leases = []
     fake = types.ModuleType("spaces")
@@ -158,17 +157,17 @@ def test_the_lease_follows_the_run_and_the_default_run_on_a_gpu_asks_for_at_most
     monkeypatch.setenv("SPACES_ZERO_GPU", "true")
     create_demo(AppState(run_seconds=120))
     (duration,) = leases
-    form = lambda **kw: tuple(getattr(RunRequest(prompt="hi", **kw), name) for name in FORM)  # noqa: E731
-    short, long_ = duration(0, *form(max_new_tokens=16, repeats=1)), duration(0, *form(max_new_tokens=256))
+    form = lambda **kw: RunRequest(prompt="hi", **kw)  # noqa: E731
+    short, long_ = duration(0, form(max_new_tokens=16, repeats=1)), duration(0, form(max_new_tokens=256))
     assert lease.SETUP_SECONDS < short < long_ <= lease.SETUP_SECONDS + 120 + 1
-    assert duration(0, *form(max_new_tokens=float("nan"))) == math.ceil(lease.SETUP_SECONDS)  # refused later, in words
+    assert duration(0, form(max_new_tokens=float("nan"))) == math.ceil(lease.SETUP_SECONDS)  # refused later, in words
     space_default = form(workers=True, pipeline="auto")  # a GPU's defaults: the stages at once, captured
-    assert duration(0, *space_default) <= 30 and lease.charged(duration(0, *space_default)) * 2 <= 120
-    assert duration(0, *form(workers=True, pipeline="threads")) > duration(0, *space_default)  # eager costs more
+    assert duration(0, space_default) <= 30 and lease.charged(duration(0, space_default)) * 2 <= 120
+    assert duration(0, form(workers=True, pipeline="threads")) > duration(0, space_default)  # eager costs more
     more_buckets = form(workers=True, pipeline="auto", max_new_tokens=1000)
-    assert duration(0, *more_buckets) >= lease.SETUP_SECONDS + 5 * lease.CAPTURE_SECONDS_PER_BUCKET  # 64..1024
-    note = lease.note(duration(0, *space_default))
-    assert f"asks ZeroGPU for {duration(0, *space_default)} s" in note and "120 s a day" in note
+    assert duration(0, more_buckets) >= lease.SETUP_SECONDS + 5 * lease.CAPTURE_SECONDS_PER_BUCKET  # 64..1024
+    note = lease.note(duration(0, space_default))
+    assert f"asks ZeroGPU for {duration(0, space_default)} s" in note and "120 s a day" in note
 
 
 def test_a_refusal_by_the_package_reaches_the_page_in_its_words_and_what_to_do(monkeypatch):
@@ -316,6 +315,7 @@ def test_on_zerogpu_the_page_says_before_run_what_the_run_will_ask_for(monkeypat
     import types
 
     from app import AppState, create_demo
+    from app.request import RunRequest
 
     leases = []
     fake = types.ModuleType("spaces")
@@ -329,7 +329,8 @@ def test_on_zerogpu_the_page_says_before_run_what_the_run_will_ask_for(monkeypat
     assert {"load", "change"} <= {event for fn in sayers for _, event in fn.targets}
     form = [component.value for component in sayers[0].inputs]  # the page's defaults
     said = sayers[0].fn(*form)
-    assert said["visible"] and f"asks ZeroGPU for {duration(0, *form)} s of GPU" in said["value"]
+    request = RunRequest.from_form(*form)
+    assert said["visible"] and f"asks ZeroGPU for {duration(0, request)} s of GPU" in said["value"]
 
 
 def test_a_reused_worker_keeps_the_executor_for_the_next_call_with_the_same_model_and_stages(monkeypatch):

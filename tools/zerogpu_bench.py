@@ -33,7 +33,7 @@ def main() -> None:
     import spaces_standin
     from app import AppState, view, zerogpu
     from app.handlers import on_decode
-    from app.request import FORM, RunRequest
+    from app.request import RunRequest
 
     with pytest.MonkeyPatch.context() as monkeypatch:
         spaces_standin.install(monkeypatch)
@@ -42,15 +42,14 @@ def main() -> None:
         state.cache.get(ppsd.DEFAULT_MODEL, warm=True)  # this thread has now used two CPU threads
         request = RunRequest(prompt="Write a Python function that checks whether a word is a palindrome.",
                              max_new_tokens=args.tokens, repeats=1, workers=True, pipeline="threads")
-        form = tuple(getattr(request, name) for name in FORM)
         ways = {"in-process": partial(on_decode, state),
                 "forked": zerogpu.gpu_call(partial(on_decode, state), duration=lambda *a: 60)}
         walls: dict[str, dict[str, list[float]]] = {way: {"ar": [], "ppsd": []} for way in ways}
-        list(ways["in-process"](0, *form))  # warm-up, untimed
+        list(ways["in-process"](0, request))  # warm-up, untimed
         for round_ in range(args.repeats):
             for way, decode in ways.items():
                 with state.stops.running(way) as stop:
-                    summary = dict(zip(view.OUTPUTS, list(decode(stop.slot, *form))[-1]))["summary"]
+                    summary = dict(zip(view.OUTPUTS, list(decode(stop.slot, request))[-1]))["summary"]
                 for method in ("ar", "ppsd"):
                     walls[way][method].append(summary[method]["measured"]["wall_seconds"])
                 print(f"round {round_ + 1} {way}: AR {walls[way]['ar'][-1]:.2f} s, PPSD {walls[way]['ppsd'][-1]:.2f} s",

@@ -9,20 +9,23 @@ from typing import Any, Callable
 
 import gradio as gr
 
-from .. import lease, view
+from .. import lease
 from ..request import FORM
+from .run_message import render
 
 # The fields that change what a Run asks for.
 CHANGES = ("prompt", "model", "num_stages", "draft_len", "max_new_tokens", "repeats", "eesd", "workers", "pipeline")
 
 
 def create() -> gr.HTML:
-    return gr.HTML(view.message(), visible=False, elem_id="gpu-lease")
+    return gr.HTML(render(), visible=False, elem_id="gpu-lease")
 
 
 def wire(shown: gr.HTML, demo: gr.Blocks, c: dict[str, Any], duration: Callable[..., int], quiet: dict) -> None:
-    """Say `duration(0, *form)` in `shown` on load and whenever a field in `CHANGES` changes."""
-    say = lambda *form: gr.update(value=view.message(lease.note(duration(0, *form)), "status"), visible=True)  # noqa: E731
+    """Say `duration(0, request)` of the form's request in `shown` on load and whenever a field in
+    `CHANGES` changes."""
+    say = lambda *form: gr.update(value=render(lease.note(duration(0, lease.of_form(*form))), "status"),  # noqa: E731
+                                  visible=True)
     form = [c[name] for name in FORM]
     demo.load(say, form, shown, **quiet)
     for name in CHANGES:

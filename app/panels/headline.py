@@ -1,18 +1,56 @@
-"""The headline panel: the headline's lines (PPSD against the fastest AR measured here, then
-against AR on the same pipeline) and a fold with everything else, or, for an answer too short
-to time, the answer and no speedup. The analysis and its sentences are `app.numbers`'s; this
-module lays them out as HTML.
+"""The headline panel, at the top of the results: the headline's lines (PPSD against the fastest AR
+measured here, then against AR on the same pipeline) and a fold with everything else, or, for an
+answer too short to time, the answer and no speedup; while a run is in flight, its status and
+phases. The analysis and its sentences are `app.analysis`'s; this module lays them out as HTML.
 """
 
 from __future__ import annotations
 
 import html
+from dataclasses import dataclass
+from typing import Any
+
+import gradio as gr
 
 from ppsd.executors.kinds import KINDS
 
-from ..numbers import (MIN_TIMED_TOKENS, Comparison, above_ideal, busy_sentence, compared_sentence, ideal_line,
-                       pipeline_threads, plain_sentence, speedup_headline, walls_sentence)
-from ..words import PROJECTED_MEANING, duration_text, ratio_text
+from ..analysis import (MIN_TIMED_TOKENS, Comparison, above_ideal, busy_sentence, compared_sentence, ideal_line,
+                        pipeline_threads, plain_sentence, speedup_headline, walls_sentence)
+from ..run_view import RunView
+from ..words import PROJECTED_MEANING, agreement_note, duration_text, ratio_text
+from .progress import render_progress
+
+
+OUTPUTS = ("headline",)
+
+
+@dataclass(frozen=True)
+class HeadlinePanel:
+    box: gr.HTML
+
+    def outputs(self) -> dict[str, Any]:
+        return {"headline": self.box}
+
+
+def create() -> HeadlinePanel:
+    return HeadlinePanel(gr.HTML(render_headline(None), elem_id="headline"))
+
+
+def idle() -> dict[str, Any]:
+    return {"headline": render_headline(None)}
+
+
+def show(view: RunView) -> dict[str, Any]:
+    """The headline of `view`: its comparison once AR and PPSD are done, its status until it ends."""
+    snap, c = view.snap, view.comparison
+    progress = "" if view.ended else render_progress(snap.request.phases(), snap.phase)
+    if c is not None and not view.teaches:
+        return {"headline": short_headline(c.ar.tokens, status=view.status, progress=progress)}
+    if c is None:
+        return {"headline": render_headline(None, status=view.status, progress=progress)}
+    done = {m: r.result.token_ids for m, r in snap.runs.items() if r.done}
+    agreement = agreement_note(done, greedy=snap.request.temperature == 0) if snap.done else ""
+    return {"headline": render_headline(c, status=view.status, agreement=agreement, progress=progress)}
 
 
 def short_headline(tokens: int, *, status: str = "", progress: str = "") -> str:

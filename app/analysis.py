@@ -21,7 +21,7 @@ from ppsd.executors.kinds import KINDS
 from ppsd.metrics import (DEFINITIONS, Stalls, break_even_acceptance, cost_slot_fraction,
                           ideal_ppsd_speedup_slowest_stage)
 
-from .words import PROJECTED_MEANING, duration_text, ratio_text
+from .words import duration_text, ratio_text
 
 
 @dataclass(frozen=True)

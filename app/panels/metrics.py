@@ -1,50 +1,43 @@
-"""Pure render functions for each method's numbers: the stats card at the top of its column and
-the metrics table, every metric beside its definition and the clock it reads. Records in, HTML
-out; ratios and durations are written as `app.words` writes them everywhere.
+"""The metrics panel, beside the theory: every metric of every finished run of the round shown, each
+beside its definition and the clock it reads (`ppsd.metrics.DEFINITIONS`).
 """
 
 from __future__ import annotations
 
 import html
-from typing import Mapping
+from dataclasses import dataclass
+from typing import Any, Mapping
 
-from ppsd import Metrics
+import gradio as gr
+
 from ppsd.executors.kinds import KINDS, ExecutorKind
 from ppsd.metrics import DEFINITIONS
 
-from .numbers import Clocks
-from .words import METHOD_NAMES, duration_text, ratio_text
+from ..analysis import Clocks
+from ..run_view import RunView, shown_note
+from ..words import METHOD_NAMES, duration_text, ratio_text
+
+OUTPUTS = ("metrics",)
 
 
-def render_stats(method: str, projected: Metrics | None, measured: Metrics | None, *, live: str = "",
-                 workers: bool = False, shown: str = "", median: float | None = None, against: str = "") -> str:
-    """The small card at the top of a method's column; `workers`: measured with the stages at once
-    (the measured clock leads), else on one device (the projected clock leads); `shown`: which
-    round it is, when there were several; `median`: the method's median wall over the rounds
-    (the time the headline uses), `against`: the headline's ratio for this method."""
-    if projected is None or measured is None:
-        return f'<div class="stats"><span class="stats-live">{html.escape(live or "waiting")}</span></div>'
-    rate = "—" if projected.acceptance_rate is None else f"{projected.acceptance_rate:.2f}"
-    clocks = Clocks(measured, projected, workers)
-    lead, other = clocks.lead, clocks.other
-    lead_name, other_name = ("measured, K workers", "projected") if workers else ("projected", "measured")
-    cells = [("tokens", f"{lead.tokens}"),
-             *([(f"wall, median of rounds ({lead_name})", duration_text(median))] if median is not None else []),
-             (f"wall, this round ({lead_name})" if median is not None else f"wall ({lead_name})",
-              duration_text(lead.wall_seconds)),
-             (f"tok/s, this round ({lead_name})", f"{lead.tokens_per_second:.1f}"),
-             (f"wall ({other_name})", duration_text(other.wall_seconds)),
-             ("acceptance", rate)]
-    if method == "ar":
-        cells[-1] = ("acceptance (no drafts)", "—")
-    body = "".join(f'<div class="stat"><div class="stat-value">{v}</div><div class="stat-name">{k}</div></div>'
-                   for k, v in cells)
-    ratio = f'<div class="stats-ratio">{html.escape(against)}</div>' if against else ""
-    return f'<div class="stats">{ratio}{body}{_shown(shown)}</div>'
+@dataclass(frozen=True)
+class MetricsPanel:
+    table: gr.HTML
+
+    def outputs(self) -> dict[str, Any]:
+        return {"metrics": self.table}
 
 
-def _shown(shown: str) -> str:
-    return f'<div class="shown-run">{html.escape(shown)}</div>' if shown else ""
+def create() -> MetricsPanel:
+    return MetricsPanel(gr.HTML(elem_id="metrics"))
+
+
+def idle() -> dict[str, Any]:
+    return {"metrics": render_metrics_table({})}
+
+
+def show(view: RunView) -> dict[str, Any]:
+    return {"metrics": render_metrics_table(view.finished, on=KINDS[view.snap.pipeline], shown=view.shown)}
 
 
 # (row name, which run's Metrics it reads, DEFINITIONS key or own definition, format). "measured":
@@ -96,5 +89,5 @@ def render_metrics_table(runs: Mapping[str, Clocks], *, on: ExecutorKind = KINDS
         cells = "".join(f"<td>{html.escape(v)}</td>" for v in values)
         rows.append(f'<tr><th scope="row">{html.escape(name)}</th>{cells}'
                     f'<td class="definition">{html.escape(definition)}</td></tr>')
-    return (f'{_shown(shown)}<table class="metrics-table"><thead><tr><th>metric</th>{head}<th>definition</th>'
+    return (f'{shown_note(shown)}<table class="metrics-table"><thead><tr><th>metric</th>{head}<th>definition</th>'
             f'</tr></thead><tbody>{"".join(rows)}</tbody></table>')

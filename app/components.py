@@ -1,0 +1,37 @@
+"""Gradio components as the page makes them: a refusal of a bad value sent through the API is one
+line in the log and words to the caller, not Gradio's traceback. Used by the layout and the panels.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import gradio as gr
+
+
+def Slider(*args: Any, **kwargs: Any) -> gr.Slider:  # noqa: N802 - stands where gr.Slider would
+    """A gr.Slider that refuses a bad value quietly (`refusing_quietly`)."""
+    return refusing_quietly(gr.Slider(*args, **kwargs))
+
+
+def refusing_quietly(component: Any) -> Any:
+    """`component`, whose refusal of a value sent through the API (out of range, not a number, not
+    a choice) logs one line, not Gradio's traceback: a visitor's bad value is no fault of the
+    server's. (Patched on the instance: a subclass of a Gradio component makes Gradio write a .pyi
+    beside this module.)"""
+    checked = component.preprocess
+
+    def preprocess(payload: Any) -> Any:
+        try:
+            return checked(payload)
+        except gr.Error as error:
+            message = error.message
+        except (TypeError, ValueError):  # "abc" or null for a slider: Gradio compares it with its range
+            text = repr(payload)
+            message = f"Value {text if len(text) <= 40 else text[:40] + '…'} is not a number"
+        print(f"refused {component.label!r}: {message[:300]}", file=sys.stderr, flush=True)
+        raise gr.Error(message, print_exception=False) from None
+
+    component.preprocess = preprocess
+    return component

@@ -1,0 +1,49 @@
+"""The intro panel, in the side column: what PPSD is, in words, and the pipeline picture for the
+sliders' E and K (`app.teach.pipeline_diagram`), redrawn as they move.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import gradio as gr
+
+import ppsd
+from ppsd.config import DEFAULTS
+from ppsd.heads import default_exit_layer
+
+from .. import teach
+from ..page_text import INTRO
+
+
+@dataclass(frozen=True)
+class IntroPanel:
+    diagram: gr.HTML
+
+
+def create(num_layers: int) -> IntroPanel:
+    """Open at first: the words, then the picture of the default model's default E and K."""
+    with gr.Accordion("What PPSD is: the picture, the trick, why it is safe", open=True, elem_id="intro-fold"):
+        gr.Markdown(INTRO, elem_id="intro")
+        k = DEFAULTS.num_stages
+        e = default_exit_layer(ppsd.DEFAULT_MODEL, num_layers, k)
+        return IntroPanel(gr.HTML(diagram(num_layers, e, k), elem_id="diagram"))
+
+
+def wire(panel: IntroPanel, c: dict[str, Any], quiet: dict[str, Any]) -> None:
+    inputs = [c["exit_layer"], c["num_stages"], c["layers"]]
+    for name in ("exit_layer", "num_stages", "layers"):
+        c[name].change(on_diagram, inputs, panel.diagram, **quiet)
+
+
+def on_diagram(exit_layer: float, num_stages: float, layers: int) -> str:
+    return diagram(layers, exit_layer, num_stages)
+
+
+def diagram(num_layers: int, exit_layer: int, num_stages: int) -> str:
+    """The pipeline picture for the sliders' E and K ("" while they do not fit the model)."""
+    try:
+        return teach.pipeline_diagram(int(num_layers), int(exit_layer), int(num_stages))
+    except ValueError:
+        return ""

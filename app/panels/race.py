@@ -1,0 +1,163 @@
+"""The race panel, under the columns: once a run is done, its methods' streams replayed side by
+side, each committing its tokens at the times it recorded (never faster: a race shorter than
+`REPLAY_SECONDS` is slowed down, and says so), ending with the finishing order. Its state, the
+finished run as plain data, also feeds the step-through (`app.panels.steps`).
+"""
+
+from __future__ import annotations
+
+import html
+import time
+from dataclasses import dataclass
+from typing import Any, Iterator, Sequence
+
+import gradio as gr
+
+from ppsd import Token, Trace
+from ppsd.compare import PLAIN
+
+from .. import teach
+from ..run_view import RunView
+from ..token_stream import Piece, deciding_events, render_tokens
+from ..words import METHOD_NAMES, duration_text
+
+OUTPUTS = ("race",)
+REPLAY_SECONDS = 3.0  # least screen time of the slowest lane: a faster race is slowed down, never sped up
+REPLAY_FPS = 12
+WAITING = '<div class="race-note">Run a comparison; its race replays here.</div>'
+
+
+@dataclass(frozen=True)
+class RacePanel:
+    lanes: gr.HTML
+    replay: gr.Button
+    state: gr.State  # the finished run (`race_state`), None before one
+
+    def outputs(self) -> dict[str, Any]:
+        return {"race": self.state}
+
+
+def create() -> RacePanel:
+    with gr.Accordion("Race replay: the finished streams side by side at their recorded pace", open=True,
+                      elem_id="race-fold"):
+        lanes = gr.HTML(WAITING, elem_id="race")
+        replay = gr.Button("↻ Replay the race", size="sm")
+    return RacePanel(lanes, replay, gr.State(None))
+
+
+def wire(panel: RacePanel, run: Any, quiet: dict[str, Any]) -> list:
+    """The race replays after each successful `run` event and on its button; returns the two
+    replay events, for Stop to cancel."""
+    after_run = run.success(on_replay, panel.state, panel.lanes, **quiet)
+    again = panel.replay.click(on_replay, panel.state, panel.lanes, api_name="replay", show_progress="hidden")
+    return [after_run, again]
+
+
+def idle() -> dict[str, Any]:
+    return {"race": None}
+
+
+def show(view: RunView) -> dict[str, Any]:
+    return {"race": race_state(view) if view.snap.done else None}
+
+
+def race_state(view: RunView) -> dict:
+    """What the race replay needs, as plain data: lanes on the page's clock and token text."""
+    snap = view.snap
+    lanes = []
+    pieces: dict[int, str] = {}
+    plain = [(PLAIN, snap.plain_run)] if snap.plain_run is not None else []
+    for method, run in [*snap.runs.items(), *plain]:
+        trace = run.shown()
+        tokens = run.result.tokens
+        # A lane ends at its run's wall on the page's clock, the value the stats card and the
+        # metrics table show (the last event ends a little before the stopwatch stops).
+        lanes.append(Lane(method, tokens, commit_times(tokens, trace), run.wall()))
+        for token in tokens:
+            for token_id in (token.id, token.draft):
+                if token_id is not None:
+                    pieces[token_id] = snap.loaded.piece(token_id)
+    ppsd_run = snap.runs["ppsd"]
+    steps = teach.slots(ppsd_run.result.trace)  # the same trace the timeline draws
+    return {"lanes": lanes, "pieces": pieces, "clock": "measured" if snap.concurrent else "projected",
+            "shown": view.shown, "steps": steps, "ppsd_tokens": ppsd_run.result.tokens}
+
+
+def on_replay(race: dict | None) -> Iterator[str]:
+    """Replay the finished run: every lane commits its tokens at its recorded times, on the page's
+    clock, at their pace (a race shorter than REPLAY_SECONDS is slowed down to it, and says so)."""
+    if not race:
+        yield '<div class="race-note">Run a comparison first; its race replays here.</div>'
+        return
+    lanes, pieces = race["lanes"], race["pieces"]
+    piece = lambda token_id: pieces.get(token_id, "?")  # noqa: E731
+    longest = max(lane.total for lane in lanes) or 1e-3
+    stretch = max(1.0, REPLAY_SECONDS / longest)
+    started = time.perf_counter()
+    while True:
+        at = (time.perf_counter() - started) / stretch
+        yield render_race(lanes, piece, at=min(at, longest), clock=race["clock"], stretch=stretch,
+                          shown=race.get("shown", ""))
+        if at >= longest:
+            return
+        time.sleep(1 / REPLAY_FPS)
+
+
+@dataclass(frozen=True)
+class Lane:
+    """One method in the race: its committed tokens and the time (s) each became final."""
+
+    method: str
+    tokens: tuple[Token, ...]
+    times: tuple[float, ...]
+    total: float
+
+
+def commit_times(tokens: Sequence[Token], trace: Trace) -> tuple[float, ...]:
+    """When each token was decided on `trace`'s clock: the end of its final-stage work."""
+    deciders = deciding_events(trace.events, trace.num_stages)
+    times, last = [], 0.0
+    for token in tokens:
+        event = deciders.get(token.position)
+        last = max(last, event.end) if event is not None else last
+        times.append(last)
+    return tuple(times)
+
+
+def render_race(lanes: Sequence[Lane], piece: Piece, *, at: float, clock: str, stretch: float,
+                shown: str = "") -> str:
+    """The race at time `at` (seconds on the recorded clock): each lane shows what it had
+    committed by then, with a progress bar and its own finishing time; `shown`: which round it
+    replays, in the panels' words."""
+    longest = max((lane.total for lane in lanes), default=0.0) or 1.0
+    rows = []
+    for lane in lanes:
+        done = sum(t <= at for t in lane.times)
+        finished = at >= lane.total
+        committed = render_tokens(lane.tokens[:done], piece)
+        clock_text = f"{duration_text(min(at, lane.total))}" + (" ✓ finished" if finished else "")
+        rows.append(
+            f'<div class="race-lane"><div class="race-head"><span class="race-name">'
+            f'{METHOD_NAMES.get(lane.method, lane.method)}</span><span class="race-clock">{clock_text} · '
+            f'{done}/{len(lane.tokens)} tokens</span></div><div class="race-track"><div class="race-bar '
+            f'race-{lane.method}" style="width:{100 * min(at, lane.total) / longest:.1f}%"></div></div>'
+            f'{committed}</div>')
+    which = f"{shown[0].lower()}{shown[1:].split(';')[0]}" if shown else "this run"  # the round, as the panels say
+    note = (f"Replay of {which}, slowed {stretch:.0f}× from its recorded pace ({clock} clock) so the "
+            "eye can follow." if stretch >= 1.5 else
+            f"Replay of {which} at its recorded pace ({clock} clock).")
+    verdict = race_verdict(lanes) if at >= longest else ""
+    verdict = f'<div class="race-verdict">{html.escape(verdict)}</div>' if verdict else ""
+    return f'<div class="race"><div class="race-note">{html.escape(note)}</div>{verdict}{"".join(rows)}</div>'
+
+
+def race_verdict(lanes: Sequence[Lane]) -> str:
+    """Every lane in the order it finished, with its time and how far behind the first it was
+    (the replay's last frame)."""
+    if len(lanes) < 2:
+        return ""
+    first, *rest = sorted(lanes, key=lambda lane: lane.total)
+    name = lambda lane: METHOD_NAMES.get(lane.method, lane.method)  # noqa: E731
+    behind = "; ".join(f"{name(lane)} {duration_text(lane.total)}, {duration_text(lane.total - first.total)} behind"
+                       for lane in rest)
+    return f"{name(first)} finished first, in {duration_text(first.total)}; then {behind}."

@@ -1,0 +1,44 @@
+"""The message box beside Run, where a visitor looks when they press it: empty, a refusal in
+words, the run's status while it runs, or at the end what the run did otherwise than asked (a
+pipeline that could not run where it ran). The stages warning and the GPU lease note use its look.
+"""
+
+from __future__ import annotations
+
+import html
+from dataclasses import dataclass
+from typing import Any
+
+import gradio as gr
+
+from ..run_view import RunView
+
+OUTPUTS = ("message",)
+
+
+@dataclass(frozen=True)
+class MessagePanel:
+    box: gr.HTML
+
+    def outputs(self) -> dict[str, Any]:
+        return {"message": self.box}
+
+
+def create() -> MessagePanel:
+    return MessagePanel(gr.HTML(render(), elem_id="run-message"))
+
+
+def render(text: str = "", kind: str = "error") -> str:
+    """Empty, or one error (or notice, status, warning) in words."""
+    if not text:
+        return '<div class="run-message run-message-empty"></div>'
+    return f'<div class="run-message run-message-{kind}" role="status">{html.escape(text)}</div>'
+
+
+def idle() -> dict[str, Any]:
+    return {"message": render()}
+
+
+def show(view: RunView) -> dict[str, Any]:
+    snap = view.snap
+    return {"message": render(snap.note, "notice") if view.ended else render(view.status, "status")}

@@ -1,0 +1,67 @@
+"""The step-through panel, under the analysis: the finished PPSD run one pipeline slot at a time,
+what every stage computed, the draft accepted or corrected, the work flushed, and the text
+committed so far (`app.teach`). It reads the race's state (`app.panels.race`), set by each Run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+import gradio as gr
+
+from .. import teach
+from ..components import Slider
+
+WAITING = '<div class="race-note">Run a comparison; then step through its PPSD run slot by slot here.</div>'
+
+
+@dataclass(frozen=True)
+class StepsPanel:
+    previous: gr.Button
+    slot: gr.Slider  # 1-based
+    next: gr.Button
+    view: gr.HTML
+
+
+def create() -> StepsPanel:
+    with gr.Accordion("Step through PPSD, slot by slot", open=True, elem_id="steps"):
+        with gr.Row():
+            previous = gr.Button("◀ Previous", size="sm", scale=1, elem_id="step-previous")
+            slot = Slider(1, 2, value=1, step=1, label="Slot", scale=6, elem_id="step-slot")
+            next_ = gr.Button("Next ▶", size="sm", scale=1, elem_id="step-next")
+        view = gr.HTML(step(None, 0), elem_id="step-view")
+    return StepsPanel(previous, slot, next_, view)
+
+
+def wire(panel: StepsPanel, race: gr.State, run: Any, quiet: dict[str, Any]) -> None:
+    """After each successful `run` event the slider spans its slots; the buttons and the slider move."""
+    shown = [panel.slot, panel.view]
+    run.success(on_steps_ready, race, shown, **quiet)
+    panel.previous.click(partial(on_step, move=-1), [race, panel.slot], shown, **quiet)
+    panel.next.click(partial(on_step, move=+1), [race, panel.slot], shown, **quiet)
+    panel.slot.input(on_step, [race, panel.slot], shown, **quiet)
+
+
+def step(race: dict | None, index: int) -> str:
+    """Slot `index` (0-based) of the finished PPSD run in `race` (`app.panels.race.race_state`)."""
+    if not race or not race.get("steps"):
+        return WAITING
+    steps = race["steps"]
+    index = max(0, min(int(index), len(steps) - 1))
+    piece = lambda token_id: race["pieces"].get(token_id, "?")  # noqa: E731
+    return teach.render_slot(steps, index, race["ppsd_tokens"], piece)  # its caption says which slot, once
+
+
+def on_step(race: dict | None, slot: float, move: int = 0) -> tuple:
+    """Show slot `slot` + `move` (1-based on the slider), kept inside the run's slots."""
+    count = len(race["steps"]) if race and race.get("steps") else 1
+    slot = max(1, min(int(slot) + move, count))
+    return gr.update(value=slot), step(race, slot - 1)
+
+
+def on_steps_ready(race: dict | None) -> tuple:
+    """After a run: the slider spans its slots, and shows the first."""
+    count = len(race["steps"]) if race and race.get("steps") else 1
+    return gr.update(maximum=max(count, 2), value=1), step(race, 0)

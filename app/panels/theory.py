@@ -1,0 +1,138 @@
+"""The theory panel, beside the metrics: the ideal speedup against the acceptance rate (PPSD at the
+run's own slot, EESD when it runs, the 1× line), with this run's measured speedups placed on it.
+Before any run it follows the sliders (a formula: no run needed).
+"""
+
+from __future__ import annotations
+
+import html
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import gradio as gr
+import plotly.graph_objects as go
+
+import ppsd
+from ppsd.config import fit_stages
+from ppsd.metrics import exit_fraction, ideal_eesd_speedup, ideal_ppsd_speedup_slowest_stage, slot_fraction
+
+from ..plots import CORRECTION_COLOR, FONT, KIND_COLORS, style
+from ..run_view import RunView
+from ..words import ratio_text
+
+OUTPUTS = ("theory",)
+
+
+@dataclass(frozen=True)
+class TheoryPanel:
+    plot: gr.Plot
+
+    def outputs(self) -> dict[str, Any]:
+        return {"theory": self.plot}
+
+
+def create() -> TheoryPanel:
+    return TheoryPanel(gr.Plot(label="Theory", elem_id="theory", show_label=False))
+
+
+def wire(panel: TheoryPanel, c: dict[str, Any], quiet: dict[str, Any]) -> None:
+    """Redrawn as E, K or g are let go and as EESD is ticked."""
+    settings = [c["exit_layer"], c["num_stages"], c["draft_len"], c["layers"], c["eesd"]]
+    for name in ("exit_layer", "num_stages", "draft_len"):
+        c[name].release(on_settings, settings, panel.plot, **quiet)
+    c["eesd"].change(on_settings, settings, panel.plot, **quiet)
+
+
+def on_settings(exit_layer: float, num_stages: float, draft_len: float, layers: int, eesd: bool = False):
+    """The curves for the sliders' E, K and g (EESD's only when EESD will run), on the partition a
+    run of them would use."""
+    exit_layer, num_stages = fit_stages(int(layers), int(exit_layer), int(num_stages))
+    partition = ppsd.stage_layers(int(layers), exit_layer, num_stages)  # the run's own, as after a run
+    return render_theory(num_stages=num_stages, slot_fraction=slot_fraction(partition), draft_len=int(draft_len),
+                         exit_fraction=exit_fraction(partition), eesd=bool(eesd))
+
+
+def idle() -> dict[str, Any]:
+    return {"theory": render_theory(num_stages=2, slot_fraction=0.5, draft_len=4, exit_fraction=0.5, eesd=False)}
+
+
+def show(view: RunView) -> dict[str, Any]:
+    """The curves of the run's own partition, from the trace its metrics came from (so the curve
+    passes through the ideal the headline and the metrics table quote), and its measured points."""
+    snap, c = view.snap, view.comparison
+    first = next(iter(snap.runs.values()))
+    config = first.config
+    points = []
+    if view.teaches and c.ppsd.acceptance_rate is not None:
+        clock = "measured clock, K workers" if snap.concurrent else "projected clock"
+        label = f"PPSD measured ({clock}{', medians of %d rounds' % c.rounds if c.rounds > 1 else ''})"
+        points.append(TheoryPoint(label, c.ppsd.acceptance_rate, c.speedup))
+    if view.teaches and c.eesd is not None and c.eesd.acceptance_rate is not None:
+        points.append(TheoryPoint("EESD measured (measured clock, medians)", c.eesd.acceptance_rate, c.eesd_speedup))
+    partition = first.trace().partition
+    return {"theory": render_theory(num_stages=config.num_stages, slot_fraction=slot_fraction(partition),
+                                    draft_len=config.draft_len, exit_fraction=exit_fraction(partition), points=points,
+                                    eesd=snap.request.eesd)}
+
+
+@dataclass(frozen=True)
+class TheoryPoint:
+    """A measured run placed on the theory plot: its acceptance and its speedup over AR (the
+    value the headline reports, written by `ratio_text` as the headline writes it)."""
+
+    label: str
+    acceptance: float
+    speedup: float
+
+
+def eesd_break_even(draft_len: int, exit_fraction: float, steps: int = 2000) -> float | None:
+    """Smallest acceptance at which ideal EESD reaches 1x (None when it never does)."""
+    for i in range(steps + 1):
+        if ideal_eesd_speedup(i / steps, draft_len, exit_fraction) >= 1.0:
+            return i / steps
+    return None
+
+
+def render_theory(
+    *, num_stages: int, draft_len: int, exit_fraction: float, slot_fraction: float | None = None,
+    points: Sequence[TheoryPoint] = (), eesd: bool = True,
+) -> go.Figure:
+    """Ideal speedup against acceptance rate: PPSD at the run's slot (`slot_fraction`, the largest
+    stage's share of the layers, the s its metrics used), the 1x line and the measured points of
+    this run; with `eesd` (only when EESD runs) also EESD(g, E/L) and where it loses to AR.
+    Without `slot_fraction` the stages are taken as equal (s = 1/K): only for a caller that has
+    no partition to pass, as the curve then misses a run on uneven stages."""
+    slot_fraction = 1 / num_stages if slot_fraction is None else slot_fraction
+    # The points' own acceptances are on the grid, so the curve passes exactly through the ideal
+    # the headline quotes for them, not through a neighbour's.
+    grid = sorted({i / 200 for i in range(201)} | {p.acceptance for p in points})
+    fig = go.Figure()
+    lose = eesd_break_even(draft_len, exit_fraction)
+    if eesd and (lose is None or lose > 0):
+        fig.add_vrect(x0=0, x1=1 if lose is None else lose, fillcolor=CORRECTION_COLOR, opacity=0.08,
+                      line_width=0, annotation_text="EESD slower than AR", annotation_position="top left",
+                      annotation_font=dict(color=CORRECTION_COLOR, size=14))
+    equal = abs(slot_fraction * num_stages - 1) < 1e-9  # then K alone says what s is
+    name = f"ideal PPSD, K={num_stages}" + ("" if equal else f", largest stage {slot_fraction:.0%} of the layers")
+    fig.add_trace(go.Scatter(x=grid, y=[ideal_ppsd_speedup_slowest_stage(a, slot_fraction) for a in grid],
+                             mode="lines", name=name, line=dict(color=KIND_COLORS["verify"], width=3)))
+    if eesd:
+        fig.add_trace(go.Scatter(x=grid, y=[ideal_eesd_speedup(a, draft_len, exit_fraction) for a in grid],
+                                 mode="lines", name=f"ideal EESD, g={draft_len}, E/L={exit_fraction:.2f}",
+                                 line=dict(color=KIND_COLORS["draft"], width=3, dash="dash")))
+    fig.add_hline(y=1.0, line=dict(color=FONT, width=1, dash="dot"), annotation_text="1× (AR)",
+                  annotation_position="bottom left")
+    symbols = {"PPSD": "star", "EESD": "diamond"}
+    for point in points:
+        fig.add_trace(go.Scatter(
+            x=[point.acceptance], y=[point.speedup], mode="markers+text", name=point.label,
+            text=[ratio_text(point.speedup)], textposition="top center",
+            marker=dict(size=14, symbol=symbols.get(point.label.split()[0], "circle"),
+                        color=KIND_COLORS["verify"] if point.label.startswith("PPSD") else KIND_COLORS["draft"],
+                        line=dict(width=1.5, color="#111827")),
+            hovertemplate=f"{html.escape(point.label)}<br>a=%{{x:.2f}}, {ratio_text(point.speedup)}<extra></extra>"))
+    fig.update_xaxes(title_text="acceptance rate a", range=[-0.02, 1.06])
+    fig.update_yaxes(title_text="speedup over AR", rangemode="tozero")
+    style(fig, "Theory: ideal speedup vs acceptance rate", height=420)
+    fig.update_layout(margin_b=100, legend=dict(y=-55 / (420 - 160)))
+    return fig

@@ -1,0 +1,133 @@
+"""The timeline panel, under the first screen: each method's pipeline work as one bar per stage
+and event, on the page's clock (PPSD on top, then AR and EESD), the corrections marked, with its
+caption; live while a run decodes (redrawn at most once a second, `app.handlers`).
+"""
+
+from __future__ import annotations
+
+import html
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import gradio as gr
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from ppsd import Event, Trace
+
+from ..page_text import TIMELINE_CAPTION
+from ..plots import CORRECTION_COLOR, KIND_COLORS, KIND_LABELS, empty_figure, style
+from ..run_view import RunView
+from ..token_stream import Piece
+
+OUTPUTS = ("timeline",)
+EMPTY = "The pipeline timeline appears here once a run starts."
+NAMES = {"ppsd": "PPSD: verify while drafting", "ar": "AR on the same pipeline", "eesd": "EESD: draft, then verify"}
+PROJECTED_NOTE = "projected: the measured per-stage costs replayed on K concurrent workers"
+WORKERS_NOTE = "measured on K worker processes, one per stage, all stamping one clock"
+
+
+@dataclass(frozen=True)
+class TimelinePanel:
+    plot: gr.Plot
+
+    def outputs(self) -> dict[str, Any]:
+        return {"timeline": self.plot}
+
+
+def create() -> TimelinePanel:
+    plot = gr.Plot(label="Pipeline timeline", elem_id="timeline", show_label=False)
+    gr.Markdown(TIMELINE_CAPTION, elem_classes=["caption"])
+    return TimelinePanel(plot)
+
+
+def idle() -> dict[str, Any]:
+    return {"timeline": empty_figure(EMPTY)}
+
+
+def show(view: RunView) -> dict[str, Any]:
+    """Every method that has done work, the round shown; its title says the clock and the round."""
+    snap = view.snap
+    panels = [(NAMES[m], snap.runs[m].shown()) for m in ("ppsd", "ar", "eesd")
+              if m in snap.runs and snap.runs[m].recorder.events]
+    if not panels:
+        return {"timeline": empty_figure(EMPTY)}
+    live = "" if snap.done else (" · stopped" if snap.stopped else " · live")
+    _, top = panels[0]
+    title = timeline_title(top, snap.num_stages) + live + (f"<br><sub>{view.shown}</sub>" if view.shown else "")
+    return {"timeline": render_timeline(panels, snap.loaded.piece, title=title)}
+
+
+def stage_label(k: int, layers: range, utilization: float) -> str:
+    """Row label: "stage k · layers a–b · util NN%" (layers inclusive, 0-based)."""
+    return f"stage {k} · layers {layers.start}–{layers.stop - 1} · util {utilization:.0%}"
+
+
+def timeline_title(trace: Trace, num_stages: int) -> str:
+    if trace.clock == "projected":
+        return f"Pipeline timeline · {PROJECTED_NOTE} (K={num_stages}, {trace.device})"
+    if trace.concurrent:
+        return f"Pipeline timeline · {WORKERS_NOTE} (K={num_stages}, {trace.device})"
+    return f"Pipeline timeline · measured clock ({trace.device})"
+
+
+def render_timeline(
+    panels: Sequence[tuple[str, Trace]], piece: Piece | None = None, *, title: str | None = None
+) -> go.Figure:
+    """One subplot per (name, trace), stacked with a shared time axis in milliseconds.
+
+    Rows are stages (stage 1 on top), one horizontal bar per event, one trace per kind so the
+    legend is the key; final-stage corrections are marked with a red cross at the bar's end.
+    """
+    panels = [(name, trace) for name, trace in panels if trace is not None]
+    if not panels:
+        return empty_figure(EMPTY)
+    fig = make_subplots(rows=len(panels), cols=1, shared_xaxes=True, vertical_spacing=0.12,
+                        subplot_titles=[name for name, _ in panels])
+    shown: set[str] = set()
+    for row, (name, trace) in enumerate(panels, start=1):
+        labels = [stage_label(k, r, u) for k, (r, u) in
+                  enumerate(zip(trace.partition, trace.utilization()), start=1)]
+        for kind in KIND_COLORS:
+            events = [e for e in trace.events if e.kind == kind]
+            if not events:
+                continue
+            fig.add_trace(go.Bar(
+                name=KIND_LABELS[kind], legendgroup=kind, showlegend=kind not in shown,
+                orientation="h", base=[e.start * 1e3 for e in events], x=[e.duration * 1e3 for e in events],
+                y=[labels[e.stage - 1] for e in events], marker=dict(color=KIND_COLORS[kind], line_width=0),
+                customdata=[_hover(e, piece) for e in events],
+                hovertemplate="%{customdata}<extra>" + name + "</extra>",
+            ), row=row, col=1)
+            shown.add(kind)
+        corrections = [e for e in trace.events if e.decision == "corrected" and e.stage == trace.num_stages]
+        if corrections:
+            fig.add_trace(go.Scatter(
+                name="correction (flush behind it)", legendgroup="correction",
+                showlegend="correction" not in shown, mode="markers",
+                x=[e.end * 1e3 for e in corrections], y=[labels[e.stage - 1] for e in corrections],
+                marker=dict(symbol="x-thin", size=11, color=CORRECTION_COLOR, line=dict(width=2.5,
+                                                                                      color=CORRECTION_COLOR)),
+                customdata=[_hover(e, piece) for e in corrections],
+                hovertemplate="correction<br>%{customdata}<extra>" + name + "</extra>",
+            ), row=row, col=1)
+            shown.add("correction")
+        fig.update_yaxes(categoryorder="array", categoryarray=list(reversed(labels)), row=row, col=1)
+    fig.update_xaxes(title_text="time (ms)", row=len(panels), col=1)
+    height = 170 + sum(60 + 34 * t.num_stages for _, t in panels)
+    style(fig, title or timeline_title(panels[0][1], panels[0][1].num_stages), height=height)
+    # Legend below the time axis: about 55 px under the plot area, inside a 100 px bottom margin.
+    fig.update_layout(barmode="overlay", bargap=0.25, margin_b=100, legend=dict(y=-55 / (height - 160)))
+    return fig
+
+
+def _hover(e: Event, piece: Piece | None) -> str:
+    token = "" if piece is None else f" {piece(e.token_id)!r}"
+    positions = f"{e.position}" if e.width == 1 else f"{e.position}–{e.position + e.width - 1}"
+    parts = [f"{e.kind} · stage {e.stage} · position {positions}{html.escape(token)}",
+             f"{e.start * 1e3:.2f}–{e.end * 1e3:.2f} ms ({e.duration * 1e3:.2f} ms)"]
+    if e.slot is not None:
+        parts.append(f"slot {e.slot}")
+    if e.decision:
+        parts.append(f"decision: {e.decision}")
+    return "<br>".join(parts)

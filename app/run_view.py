@@ -1,0 +1,104 @@
+"""One snapshot of a run, read once for every panel (`RunView`): its finished methods on both
+clocks, the comparison the headline reports (`app.analysis.Comparison`), which round the panels
+show, and the run's status in words. Every panel's `show` reads this one value, so no two panels
+compute a number two ways. Pure: no Gradio; HTML only for the shown round's label.
+"""
+
+from __future__ import annotations
+
+import html
+from dataclasses import dataclass
+from typing import Mapping
+
+from ppsd.executors.kinds import KINDS
+from ppsd.metrics import decode_costs, stalls
+
+from . import analysis
+from .analysis import MIN_TIMED_TOKENS, Clocks
+from .runner import Snapshot
+from .words import METHOD_NAMES
+
+
+@dataclass(frozen=True)
+class RunView:
+    """`snap` as the panels read it: `finished` (method -> its clocks, once done), `comparison`
+    (once AR and PPSD are done), `shown` (which round the panels show, in words; "" with one)
+    and `status` (the run's status line)."""
+
+    snap: Snapshot
+    finished: Mapping[str, Clocks]
+    comparison: analysis.Comparison | None
+    shown: str
+    status: str
+
+    @classmethod
+    def of(cls, snap: Snapshot) -> "RunView":
+        finished = {m: Clocks(r.result.metrics("measured"), r.result.metrics("projected"), snap.concurrent)
+                    for m, r in snap.runs.items() if r.done}
+        return cls(snap, finished, _comparison(snap, finished), shown_run(snap), status_line(snap))
+
+    @property
+    def teaches(self) -> bool:
+        """AR and PPSD are done and the answer is long enough to time (`MIN_TIMED_TOKENS`)."""
+        return self.comparison is not None and self.comparison.ar.tokens >= MIN_TIMED_TOKENS
+
+    @property
+    def ended(self) -> bool:
+        return self.snap.done or self.snap.stopped
+
+
+def shown_note(shown: str) -> str:
+    """The shown round's label, the same under the cards and over the metrics table."""
+    return f'<div class="shown-run">{html.escape(shown)}</div>' if shown else ""
+
+
+def shown_run(snap: Snapshot) -> str:
+    """Which round the panels show, when there are several: the first while it decodes live,
+    then the one closest to the medians, whose times the headline gives."""
+    rounds, index = snap.request.rounds(), snap.state.shown_index()
+    if rounds == 1:
+        return ""
+    if index is None:
+        return f"Round 1 of {rounds}, decoded live; the headline will give each method's median of the {rounds} rounds"
+    return (f"Round {index + 1} of {len(snap.state.rounds)}, the one closest to the medians; the headline gives each "
+            "method's median")
+
+
+def status_line(snap: Snapshot) -> str:
+    """The run's status in words: what it is doing, or why it ended early."""
+    ended = ("Stopped" if snap.time_limit is None else
+             f"Ended by the time limit (a run may hold the device {snap.time_limit:g} s)")
+    if snap.stopped:
+        run = snap.runs.get(snap.active or "")
+        where = (f" during {METHOD_NAMES[snap.active]}, after {len(run.recorder.tokens)} tokens"
+                 if run is not None else " before decoding began")
+        return f"{ended}{where}. " + ("Press Run to start again." if snap.time_limit is None else
+                                      "Ask for fewer new tokens or fewer timed runs.")
+    timed, rounds = len(snap.stats().runs("ppsd")), snap.request.rounds()
+    if snap.done and timed < rounds:
+        return f"{ended} while timing again: the medians are over {timed} round{'s' * (timed != 1)}."
+    if snap.active == "workers":
+        return snap.status or f"Starting the {KINDS[snap.pipeline].choice}…"
+    if snap.phase == "repeats":
+        return f"Timing again for the medians: {snap.status}"
+    if snap.active in snap.runs and not snap.done:
+        run = snap.runs[snap.active]
+        return (f"Running {METHOD_NAMES[snap.active]}… {len(run.recorder.tokens)}/"
+                f"{run.config.max_new_tokens} tokens")
+    return snap.status
+
+
+def _comparison(snap: Snapshot, finished: Mapping[str, Clocks]) -> analysis.Comparison | None:
+    """What the headline reports, once AR and PPSD have finished; None before."""
+    if "ar" not in finished or "ppsd" not in finished:
+        return None
+    ar, ppsd_ = finished["ar"], finished["ppsd"]
+    shown = snap.runs["ppsd"].shown()  # the trace the timeline draws on top: its rows' "util" are these
+    stages = analysis.Stages(layers=tuple(len(r) for r in shown.partition), utilization=tuple(shown.utilization()),
+                             costs=tuple(decode_costs(snap.runs["ar"].shown())))
+    return analysis.Comparison(
+        ar=ar.lead, ppsd=ppsd_.lead, ar_other=ar.other, ppsd_other=ppsd_.other, num_stages=snap.num_stages,
+        device=snap.device, workers=snap.concurrent, stats=snap.stats(),
+        eesd=finished["eesd"].measured if "eesd" in finished else None, plain=snap.plain,
+        pipeline=snap.pipeline, stalls={m: stalls(snap.runs[m].trace()) for m in ("ar", "ppsd")}, stages=stages,
+        shown=snap.state.shown_index())
