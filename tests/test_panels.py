@@ -1,0 +1,63 @@
+"""The page's panels as modules (`app/panels/`): each results panel gives its components as a
+frozen dataclass, and its values before a run and for a snapshot under exactly its own output
+names; the run's outputs are the panels' in turn; the Run handler works on a parsed request."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import inspect
+import pkgutil
+
+import gradio as gr
+
+import app.panels
+from app import handlers, view
+from app.request import RunRequest
+
+
+def test_every_panel_module_says_its_boundary():
+    names = [m.name for m in pkgutil.iter_modules(app.panels.__path__)]
+    assert {"headline", "columns", "race", "timeline", "theory", "metrics", "steps", "summary"} <= set(names)
+    for name in names:
+        module = importlib.import_module(f"app.panels.{name}")
+        assert (module.__doc__ or "").strip(), f"app.panels.{name} has no docstring"
+
+
+def test_the_runs_outputs_are_the_panels_own_in_turn():
+    assert view.OUTPUTS == tuple(name for panel in view.PANELS for name in panel.OUTPUTS)
+    assert len(set(view.OUTPUTS)) == len(view.OUTPUTS)
+    assert view.OUTPUTS[0] == "headline" and view.OUTPUTS[-2:] == ("summary", "race")  # the API's last: the JSON
+
+
+def test_each_results_panel_is_a_dataclass_of_its_components_named_as_its_outputs():
+    with gr.Blocks():
+        for panel in view.PANELS:
+            made = panel.create()
+            assert dataclasses.is_dataclass(made) and made.__dataclass_params__.frozen, panel.__name__
+            components = made.outputs()
+            assert tuple(components) == panel.OUTPUTS, panel.__name__
+            assert all(isinstance(c, gr.components.Component) for c in components.values()), panel.__name__
+
+
+def test_each_panels_values_before_a_run_are_under_its_own_names():
+    for panel in view.PANELS:
+        assert tuple(panel.idle()) == panel.OUTPUTS, panel.__name__
+    assert tuple(view.idle()) == view.OUTPUTS
+
+
+def test_the_run_handler_takes_a_parsed_request_not_the_forms_values():
+    for handler in (handlers.on_run, handlers.on_decode):
+        parameters = inspect.signature(handler).parameters.values()
+        assert not any(p.kind is p.VAR_POSITIONAL for p in parameters), handler.__name__
+        assert [p.name for p in parameters if p.annotation in (RunRequest, "RunRequest")] == ["run"], handler.__name__
+
+
+def test_a_form_that_does_not_parse_is_refused_in_words_before_any_work():
+    """`on_run_form` parses; a box sent as the string "false" is refused, nothing runs."""
+    form = [getattr(RunRequest(prompt="hi"), name) for name in ("prompt", "model", "exit_layer", "num_stages")]
+    ran = []
+    outputs = list(handlers.on_run_form(None, lambda *a: ran.append(a), None, *form, "false"))
+    (values,) = outputs
+    summary = dict(zip(view.OUTPUTS, values))["summary"]
+    assert summary == {"error": "eesd must be true or false, not 'false'"} and not ran
