@@ -11,7 +11,7 @@ from ..config import DecodeConfig, balanced_exit_layer
 # Presets; flags override each entry. QUICK is a smoke check (its cost is measured in
 # docs/benchmarks.md): one prompt, greedy, K = 2 at its default E, 16 tokens, one warm-up and one
 # timed round. Like FULL it checks every greedy decoder's tokens against HF generate(); it leaves
-# out HF's early exit, each of whose decodes (drafting with the model's own head) took 4 to 6
+# out HF's early exit, each of whose decodes (drafting with the model's own head) took 3 to 6
 # times AR's. FULL is the sweep the docs report. Exit layers None: each K's default E. The full
 # sweep adds the early and late exits L/4 and 3L/4, where EESD's drafting costs most.
 QUICK = {"max_new_tokens": 16, "repeats": 1, "warmup": 1, "stages": (2,), "draft_lens": (4,),

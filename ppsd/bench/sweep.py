@@ -49,8 +49,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "busy 2-core CPU, load average 4: docs/benchmarks.md)")
     parser.add_argument("--hf-early-exit", action=argparse.BooleanOptionalAction, default=None,
                         help="also time HF generate(assistant_early_exit=E) beside each greedy EESD setting and "
-                             "check its tokens against ours (default: on; off with --quick, whose time it would "
-                             "double: each of its decodes takes 4 to 6 times AR's)")
+                             "check its tokens against ours (default: on; off with --quick: each of its decodes took "
+                             "3 to 6 times AR's)")
     parser.add_argument("--json", action="store_true", help="print the JSON report on stdout (table on stderr)")
     parser.add_argument("--out", default="benchmarks", help="folder for bench.json/.csv/.html/.md (default benchmarks)")
     parser.add_argument("--repeats", type=whole(1), default=None, help="timed runs per setting and prompt (median kept)")
