@@ -45,8 +45,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quick", action="store_true",
                         help="a smoke check: 1 prompt, greedy, K = 2 at its default E, 16 tokens, one warm-up "
                              "and one timed round, our decoders' tokens checked against HF generate(), no HF "
-                             "early exit: 10 decodes in all, with a progress bar (28 s measured twice on a busy "
-                             "2-core CPU, load averages 3.6 and 5.4: docs/benchmarks.md)")
+                             "early exit: 10 decodes in all, with a progress bar (28 to 40 s in three runs on a "
+                             "busy 2-core CPU at load averages 3.6 to 5.4: docs/benchmarks.md)")
     parser.add_argument("--hf-early-exit", action=argparse.BooleanOptionalAction, default=None,
                         help="also time HF generate(assistant_early_exit=E) beside each greedy EESD setting and "
                              "check its tokens against ours (default: on; off with --quick: each of its decodes took "
