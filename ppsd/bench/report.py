@@ -20,7 +20,7 @@ CSV_COLUMNS = (
     "ar_projected_tokens_per_second", "speedup_projected", "speedup_projected_min", "speedup_projected_max",
     "speedup_measured_distributed", "ideal_speedup", "ideal_ppsd_speedup", "ideal_eesd_speedup",
     "ideal_eesd_draft_len", "efficiency", "efficiency_clock", "bubble_fraction", "stage_utilization",
-    "wasted_stage_slots", "hf_tokens_per_second", "matches_hf",
+    "wasted_stage_slots", "hf_tokens_per_second", "matches_hf", "matches_hf_generate",
 )
 # Columns of the terminal and Markdown tables: (header, row key, format).
 TABLE = (
@@ -64,8 +64,13 @@ def _baseline_lines(report: dict) -> list[str]:
                      f"tok/s: ratio {b['ar_vs_hf_speed_ratio']:.3f} (>= 0.95 required: "
                      f"{'ok' if b['ar_within_5_percent_or_faster'] else 'FAILS'}); "
                      f"same tokens: {b['ar_matches_hf_generate']}")
-    lines.append(f"EESD == HF assistant_early_exit (greedy, {b.get('eesd_hf_settings_checked', 0)} settings): "
-                 f"{b.get('eesd_matches_hf_assistant_early_exit')}")
+    lines.append(f"Our decoders == HF generate() (greedy, {b.get('hf_generate_settings_checked', 0)} settings): "
+                 f"{b.get('greedy_matches_hf_generate')}")
+    if report["method"]["hf_early_exit"]:
+        lines.append(f"EESD == HF assistant_early_exit (greedy, {b.get('eesd_hf_settings_checked', 0)} settings): "
+                     f"{b.get('eesd_matches_hf_assistant_early_exit')}")
+    else:
+        lines.append("HF assistant_early_exit: not run (--quick leaves it out)")
     return lines
 
 
@@ -86,7 +91,8 @@ def table(report: dict) -> str:
              for r in rows]
     lines.insert(1, "-" * len(lines[0]))
     m = report["machine"]
-    head = (f"{report['model']['name']} on {m['device']} ({m['dtype']}), {m['cpu']}, {m['torch_threads']} threads; "
+    head = (f"{'--quick (a smoke check): ' if report['method']['quick'] else ''}"
+            f"{report['model']['name']} on {m['device']} ({m['dtype']}), {m['cpu']}, {m['torch_threads']} threads; "
             f"{report['method']['repeats']} repeats after {report['method']['warmup']} warm-up, "
             f"{report['method']['max_new_tokens']} tokens; meas = measured on one device, proj = projected on K workers")
     tail = _baseline_lines(report) + _central_lines(report)

@@ -54,9 +54,12 @@ class Run:
     tick: Callable[[], None]
     pipeline: Callable | None = None  # ppsd.executors.pool.shared_pipeline when K-worker runs are wanted
     exit_head: str = "auto"  # per E: the shipped head when one fits ("auto"), "shared", or a directory
+    hf_early_exit: bool = True  # also time greedy EESD's HF twin, generate(assistant_early_exit=E)
     cells: dict = field(default_factory=dict)  # Setting -> list[Cell], settings done on every prompt
     pipeline_cells: dict = field(default_factory=dict)  # Setting -> list[Cell], AR and PPSD on K workers
     hf_assisted: dict = field(default_factory=dict)  # Setting -> {"tokens_per_second", "matches"}
+    hf_tokens: list = field(default_factory=list)  # per prompt, HF generate()'s greedy tokens (`baselines`)
+    matches_generate: dict = field(default_factory=dict)  # greedy Setting -> its tokens equal hf_tokens
     heads: dict = field(default_factory=dict)  # E -> (fixed-length model drafting with its head, head label)
 
     def staged(self, exit_layer: int) -> StagedModel:
@@ -74,7 +77,7 @@ class Run:
 
     def baselines(self) -> dict:
         """Our AR against HF greedy `generate()`, interleaved run by run so that load on the machine
-        hits both alike."""
+        hits both alike. Keeps HF's tokens, against which `measure` checks every greedy setting."""
         from ..generate import generate
 
         eos = hf_eos_ids(self.model)  # the bench's own model ignores EOS; HF's generation config knows it
@@ -87,6 +90,7 @@ class Run:
             ours.append([r.measured_wall_seconds for r, _ in pairs])
             theirs.append([hf[1] for _, hf in pairs])
             matches &= same_output(pairs[0][0].token_ids, pairs[0][1][0], eos)
+            self.hf_tokens.append(pairs[0][1][0])
         tokens = self.max_new_tokens * len(self.prompts)
         ar = tokens / sum(statistics.median(w) for w in ours)
         hf = tokens / sum(statistics.median(w) for w in theirs)
@@ -102,13 +106,15 @@ class Run:
     def measure(self, group: Sequence[Setting]) -> None:
         """Run a group (its AR baseline first) on every prompt, interleaved: each round runs every
         setting once, so load on the machine hits the baseline and the methods alike. A group is
-        recorded only when every prompt has finished."""
+        recorded only when every prompt has finished. Runs after `baselines`, whose HF tokens
+        every greedy setting's must equal (greedy speculative decoding changes no token)."""
         from ..generate import generate
 
         eos = hf_eos_ids(self.model)
         model = self.staged(group[0].exit_layer)
         configs = [s.config(self.max_new_tokens) for s in group]
-        checked = [s.method == "eesd" and s.temperature == 0.0 for s in group]  # HF has greedy EESD only
+        checked = [self.hf_early_exit and s.method == "eesd" and s.temperature == 0.0
+                   for s in group]  # HF has greedy EESD only
         cells: dict[Setting, list[Cell]] = {s: [] for s in group}
         # AR and PPSD again on K worker processes: the only measured (not projected) overlap.
         on_pipeline = [s for s in group if s.method in ("ar", "ppsd")] if self.pipeline else []
@@ -117,7 +123,8 @@ class Run:
         pipeline_cells: dict[Setting, list[Cell]] = {s: [] for s in on_pipeline}
         hf_walls: dict[Setting, list[list[float]]] = {s: [] for s, c in zip(group, checked) if c}
         matches = dict.fromkeys(hf_walls, True)
-        for p in self.prompts:
+        matches_generate = {s: True for s in group if s.temperature == 0.0}
+        for p, hf_tokens in zip(self.prompts, self.hf_tokens, strict=True):
             def one_round():
                 found = []
                 for s, config, check in zip(group, configs, checked):
@@ -135,10 +142,13 @@ class Run:
                 if s in hf_walls:
                     hf_walls[s].append([r[i][1][1] for r in rounds])
                     matches[s] &= same_output(rounds[0][i][0].token_ids, rounds[0][i][1][0], eos)
+                if s in matches_generate:
+                    matches_generate[s] &= same_output(rounds[0][i][0].token_ids, hf_tokens, eos)
             for i, s in enumerate(on_pipeline, start=len(group)):
                 pipeline_cells[s].append(cell_from_results(p["name"], p["category"], [r[i][0] for r in rounds]))
         self.cells.update(cells)
         self.pipeline_cells.update(pipeline_cells)
+        self.matches_generate.update(matches_generate)
         tokens = self.max_new_tokens * len(self.prompts)
         for s, walls in hf_walls.items():
             self.hf_assisted[s] = {"tokens_per_second": tokens / sum(statistics.median(w) for w in walls),
@@ -150,8 +160,11 @@ class Run:
         `command` is the command line that reproduces the run."""
         rows = self.rows()
         hf_checks = [v["matches"] for v in self.hf_assisted.values()]
+        generate_checks = list(self.matches_generate.values())
         baselines = dict(baselines, eesd_matches_hf_assistant_early_exit=all(hf_checks) if hf_checks else None,
-                         eesd_hf_settings_checked=len(hf_checks))
+                         eesd_hf_settings_checked=len(hf_checks),
+                         greedy_matches_hf_generate=all(generate_checks) if generate_checks else None,
+                         hf_generate_settings_checked=len(generate_checks))
         info = self.model.info
         return {
             "machine": machine,
@@ -159,7 +172,8 @@ class Run:
                       "vocab_size": info.vocab_size, "weights_sha256": weights_digest(info.name)},
             "method": {
                 "warmup": self.warmup, "repeats": self.repeats, "max_new_tokens": self.max_new_tokens,
-                "quick": quick, "prompts_source": prompts_source, "command": command,
+                "quick": quick, "hf_early_exit": self.hf_early_exit, "prompts_source": prompts_source,
+                "command": command,
                 "prompts": [{"name": p["name"], "category": p["category"], "prompt_tokens": len(p["ids"])}
                             for p in self.prompts],
                 "clocks": {"measured": "wall time on this one device, stages run in turn",
@@ -186,6 +200,7 @@ class Run:
             if setting in self.pipeline_cells and setting.baseline() in self.pipeline_cells:
                 row.update(distributed_fields(row, self.pipeline_cells[setting],
                                               self.pipeline_cells[setting.baseline()], base))
+            row["matches_hf_generate"] = self.matches_generate.get(setting)
             if setting in self.hf_assisted:
                 row["hf_tokens_per_second"] = self.hf_assisted[setting]["tokens_per_second"]
                 row["matches_hf"] = self.hf_assisted[setting]["matches"]

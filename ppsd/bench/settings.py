@@ -8,13 +8,16 @@ from typing import Callable, Iterable
 
 from ..config import DecodeConfig, balanced_exit_layer
 
-# Presets; flags override each entry. QUICK is a smoke check: two prompts, greedy, K = 2 and 4, one
-# timed round (measured in docs/benchmarks.md); FULL is the sweep the docs report. Exit layers None: the balanced E = L/K of each K. The full
+# Presets; flags override each entry. QUICK is a smoke check (its cost is measured in
+# docs/benchmarks.md): one prompt, greedy, K = 2 at its default E, 16 tokens, one warm-up and one
+# timed round. Like FULL it checks every greedy decoder's tokens against HF generate(); it leaves
+# out HF's early exit, each of whose decodes (drafting with the model's own head) took 3 to 6
+# times AR's. FULL is the sweep the docs report. Exit layers None: each K's default E. The full
 # sweep adds the early and late exits L/4 and 3L/4, where EESD's drafting costs most.
-QUICK = {"max_new_tokens": 24, "repeats": 1, "warmup": 1, "stages": (2, 4), "draft_lens": (4,),
-         "temperatures": (0.0,), "exit_fractions": None, "prompts": 2}
+QUICK = {"max_new_tokens": 16, "repeats": 1, "warmup": 1, "stages": (2,), "draft_lens": (4,),
+         "temperatures": (0.0,), "exit_fractions": None, "prompts": 1, "hf_early_exit": False}
 FULL = {"max_new_tokens": 64, "repeats": 5, "warmup": 2, "stages": (2, 3, 4), "draft_lens": (1, 2, 4),
-        "temperatures": (0.0, 0.8), "exit_fractions": (0.25, 0.5, 0.75), "prompts": None}
+        "temperatures": (0.0, 0.8), "exit_fractions": (0.25, 0.5, 0.75), "prompts": None, "hf_early_exit": True}
 
 
 @dataclass(frozen=True)

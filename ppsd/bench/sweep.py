@@ -43,9 +43,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--chat", action=argparse.BooleanOptionalAction, default=None,
                         help="prompts through the chat template (default: on when the model has one)")
     parser.add_argument("--quick", action="store_true",
-                        help="a smoke check: 2 prompts, greedy, K = 2 and 4, 24 tokens, one timed round; 12 "
-                             "rounds of at most 4 decodes each, with a progress bar (11 min measured on a shared "
-                             "2-core CPU under load 7, AR at 3.4 tok/s: docs/benchmarks.md)")
+                        help="a smoke check: 1 prompt, greedy, K = 2 at its default E, 16 tokens, one warm-up "
+                             "and one timed round, our decoders' tokens checked against HF generate(), no HF "
+                             "early exit: 10 decodes in all, with a progress bar (28 to 40 s in three runs on a "
+                             "busy 2-core CPU at load averages 3.6 to 5.4: docs/benchmarks.md)")
+    parser.add_argument("--hf-early-exit", action=argparse.BooleanOptionalAction, default=None,
+                        help="also time HF generate(assistant_early_exit=E) beside each greedy EESD setting and "
+                             "check its tokens against ours (default: on; off with --quick: each of its decodes took "
+                             "3 to 6 times AR's)")
     parser.add_argument("--json", action="store_true", help="print the JSON report on stdout (table on stderr)")
     parser.add_argument("--out", default="benchmarks", help="folder for bench.json/.csv/.html/.md (default benchmarks)")
     parser.add_argument("--repeats", type=whole(1), default=None, help="timed runs per setting and prompt (median kept)")
@@ -79,6 +84,7 @@ class Plan:
     max_new_tokens: int
     warmup: int
     repeats: int
+    hf_early_exit: bool  # greedy EESD also against generate(assistant_early_exit=E)
 
 
 @dataclass
@@ -129,6 +135,8 @@ def _plan(args: argparse.Namespace) -> Plan:
     repeats, warmup, new_tokens = pick("repeats"), pick("warmup"), pick("max_new_tokens")
     if repeats < 1 or warmup < 0:
         raise ValueError(f"repeats={repeats} must be >= 1 and warmup={warmup} >= 0")
+    # Said first: loading takes seconds (minutes for a hub download) before the progress bar.
+    print(f"bench: loading the model {args.model} ...", file=sys.stderr, flush=True)
     loaded, tokenizer = load_model(args.model, device=args.device)
     chat = use_chat(tokenizer, args.chat)
     prompts, source = load_prompts(args.prompts or (CHAT_PROMPTS_FILE if chat else None))
@@ -147,7 +155,7 @@ def _plan(args: argparse.Namespace) -> Plan:
         raise ValueError(f"no valid (exit layer, stages) pair for a {model.num_layers}-layer model")
     for s in itertools.chain(*groups):
         s.config(new_tokens).resolved(model.num_layers)  # bad values fail before any timing
-    return Plan(model, prompts, source, groups, new_tokens, warmup, repeats)
+    return Plan(model, prompts, source, groups, new_tokens, warmup, repeats, pick("hf_early_exit"))
 
 
 def _measure(plan: Plan, args: argparse.Namespace) -> Measured:
@@ -156,7 +164,8 @@ def _measure(plan: Plan, args: argparse.Namespace) -> Measured:
 
     bar = tqdm(total=0, desc="bench", unit="round", file=sys.stderr, dynamic_ncols=True)
     bench = Run(plan.model, plan.prompts, plan.groups, plan.max_new_tokens, plan.warmup, plan.repeats,
-                tick=lambda: bar.update(), pipeline=_pipeline(args), exit_head=args.exit_head)
+                tick=lambda: bar.update(), pipeline=_pipeline(args), exit_head=args.exit_head,
+                hf_early_exit=plan.hf_early_exit)
     bar.total = bench.total_runs()
     baselines, interrupted = {}, False
     machine = machine_info(plan.model)  # before timing: the load average and date of the start
@@ -205,6 +214,8 @@ def command_line(args: argparse.Namespace) -> str:
         flag = "--" + name.replace("_", "-")
         if value is True:
             parts.append(flag)
+        elif value is False:  # only a BooleanOptionalAction (default None) gets here False
+            parts.append("--no-" + flag[2:])
         else:
             values = value if isinstance(value, (list, tuple)) else [value]
             parts.append(" ".join([flag] + [f"{v:g}" if isinstance(v, float) else str(v) for v in values]))
