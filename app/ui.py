@@ -29,8 +29,8 @@ from .components import Slider, refusing_quietly
 from .handlers import (DEFAULT_LAYERS, after_run, idle_outputs, max_tokens_update, model_status, on_decode, on_exit,
                        on_load, on_page_load, on_run_form, on_stages, on_stages_warning, on_stop, ordered)
 from .page_text import STAGES_LABEL, TITLE, WORKERS_LABEL, load_examples
-from .panels import (columns, exit_head, gpu_lease, headline, intro, metrics, race, run_message, steps, summary,
-                     theory, timeline)
+from .panels import (Single, columns, exit_head, gpu_lease, headline, intro, metrics, race, run_message, steps,
+                     summary, theory, timeline)
 from .request import DEFAULT_REPEATS, FORM, MAX_REPEATS
 from .sessions import sweep_sessions
 from .state import AppState
@@ -40,7 +40,7 @@ ROOT = Path(__file__).resolve().parent.parent
 CSS = ROOT / "assets" / "styles" / "app.css"
 
 
-def create_controls() -> tuple[dict[str, Any], run_message.MessagePanel]:
+def create_controls() -> tuple[dict[str, Any], Single]:
     """Prompt (a default one filled in, so Run works with nothing typed), examples, Run and Stop
     with the message box beside them, and Chat: the top of the side column, always on the first
     screen. Returns the form's controls by name (`request.FORM`'s) and the message box."""

@@ -7,7 +7,6 @@ phases. The analysis and its sentences are `app.analysis`'s; this module lays th
 from __future__ import annotations
 
 import html
-from dataclasses import dataclass
 from typing import Any
 
 import gradio as gr
@@ -18,22 +17,15 @@ from ..analysis import (MIN_TIMED_TOKENS, Comparison, above_ideal, busy_sentence
                         pipeline_threads, plain_sentence, speedup_headline, walls_sentence)
 from ..run_view import RunView
 from ..words import PROJECTED_MEANING, agreement_note, duration_text, ratio_text
+from . import Single
 from .progress import render_progress
 
 
 OUTPUTS = ("headline",)
 
 
-@dataclass(frozen=True)
-class HeadlinePanel:
-    box: gr.HTML
-
-    def outputs(self) -> dict[str, Any]:
-        return {"headline": self.box}
-
-
-def create() -> HeadlinePanel:
-    return HeadlinePanel(gr.HTML(render_headline(None), elem_id="headline"))
+def create() -> Single:
+    return Single(OUTPUTS[0], gr.HTML(render_headline(None), elem_id="headline"))
 
 
 def idle() -> dict[str, Any]:

@@ -5,7 +5,6 @@ beside its definition and the clock it reads (`ppsd.metrics.DEFINITIONS`).
 from __future__ import annotations
 
 import html
-from dataclasses import dataclass
 from typing import Any, Mapping
 
 import gradio as gr
@@ -16,20 +15,13 @@ from ppsd.metrics import DEFINITIONS
 from ..analysis import Clocks
 from ..run_view import RunView, shown_note
 from ..words import METHOD_NAMES, duration_text, ratio_text
+from . import Single
 
 OUTPUTS = ("metrics",)
 
 
-@dataclass(frozen=True)
-class MetricsPanel:
-    table: gr.HTML
-
-    def outputs(self) -> dict[str, Any]:
-        return {"metrics": self.table}
-
-
-def create() -> MetricsPanel:
-    return MetricsPanel(gr.HTML(elem_id="metrics"))
+def create() -> Single:
+    return Single(OUTPUTS[0], gr.HTML(elem_id="metrics"))
 
 
 def idle() -> dict[str, Any]:

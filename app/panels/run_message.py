@@ -6,26 +6,18 @@ pipeline that could not run where it ran). The stages warning and the GPU lease 
 from __future__ import annotations
 
 import html
-from dataclasses import dataclass
 from typing import Any
 
 import gradio as gr
 
 from ..run_view import RunView
+from . import Single
 
 OUTPUTS = ("message",)
 
 
-@dataclass(frozen=True)
-class MessagePanel:
-    box: gr.HTML
-
-    def outputs(self) -> dict[str, Any]:
-        return {"message": self.box}
-
-
-def create() -> MessagePanel:
-    return MessagePanel(gr.HTML(render(), elem_id="run-message"))
+def create() -> Single:
+    return Single(OUTPUTS[0], gr.HTML(render(), elem_id="run-message"))
 
 
 def render(text: str = "", kind: str = "error") -> str:

@@ -6,7 +6,6 @@ why and what had finished.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import gradio as gr
@@ -14,21 +13,14 @@ import gradio as gr
 from ppsd.executors.kinds import KINDS
 
 from ..run_view import RunView
+from . import Single
 
 OUTPUTS = ("summary",)
 
 
-@dataclass(frozen=True)
-class SummaryPanel:
-    json: gr.JSON
-
-    def outputs(self) -> dict[str, Any]:
-        return {"summary": self.json}
-
-
-def create() -> SummaryPanel:
+def create() -> Single:
     with gr.Accordion("Raw numbers (JSON; also the last output of the `run` API)", open=False):
-        return SummaryPanel(gr.JSON(show_label=False, elem_id="summary"))
+        return Single(OUTPUTS[0], gr.JSON(show_label=False, elem_id="summary"))
 
 
 def idle() -> dict[str, Any]:

@@ -19,28 +19,21 @@ from ppsd.metrics import exit_fraction, ideal_eesd_speedup, ideal_ppsd_speedup_s
 from ..plots import CORRECTION_COLOR, FONT, KIND_COLORS, style
 from ..run_view import RunView
 from ..words import ratio_text
+from . import Single
 
 OUTPUTS = ("theory",)
 
 
-@dataclass(frozen=True)
-class TheoryPanel:
-    plot: gr.Plot
-
-    def outputs(self) -> dict[str, Any]:
-        return {"theory": self.plot}
+def create() -> Single:
+    return Single(OUTPUTS[0], gr.Plot(label="Theory", elem_id="theory", show_label=False))
 
 
-def create() -> TheoryPanel:
-    return TheoryPanel(gr.Plot(label="Theory", elem_id="theory", show_label=False))
-
-
-def wire(panel: TheoryPanel, c: dict[str, Any], quiet: dict[str, Any]) -> None:
+def wire(panel: Single, c: dict[str, Any], quiet: dict[str, Any]) -> None:
     """Redrawn as E, K or g are let go and as EESD is ticked."""
     settings = [c["exit_layer"], c["num_stages"], c["draft_len"], c["layers"], c["eesd"]]
     for name in ("exit_layer", "num_stages", "draft_len"):
-        c[name].release(on_settings, settings, panel.plot, **quiet)
-    c["eesd"].change(on_settings, settings, panel.plot, **quiet)
+        c[name].release(on_settings, settings, panel.component, **quiet)
+    c["eesd"].change(on_settings, settings, panel.component, **quiet)
 
 
 def on_settings(exit_layer: float, num_stages: float, draft_len: float, layers: int, eesd: bool = False):

@@ -6,7 +6,6 @@ caption; live while a run decodes (redrawn at most once a second, `app.handlers`
 from __future__ import annotations
 
 import html
-from dataclasses import dataclass
 from typing import Any, Sequence
 
 import gradio as gr
@@ -19,6 +18,7 @@ from ..page_text import TIMELINE_CAPTION
 from ..plots import CORRECTION_COLOR, KIND_COLORS, KIND_LABELS, empty_figure, style
 from ..run_view import RunView
 from ..token_stream import Piece
+from . import Single
 
 OUTPUTS = ("timeline",)
 EMPTY = "The pipeline timeline appears here once a run starts."
@@ -27,18 +27,10 @@ PROJECTED_NOTE = "projected: the measured per-stage costs replayed on K concurre
 WORKERS_NOTE = "measured on K worker processes, one per stage, all stamping one clock"
 
 
-@dataclass(frozen=True)
-class TimelinePanel:
-    plot: gr.Plot
-
-    def outputs(self) -> dict[str, Any]:
-        return {"timeline": self.plot}
-
-
-def create() -> TimelinePanel:
+def create() -> Single:
     plot = gr.Plot(label="Pipeline timeline", elem_id="timeline", show_label=False)
     gr.Markdown(TIMELINE_CAPTION, elem_classes=["caption"])
-    return TimelinePanel(plot)
+    return Single(OUTPUTS[0], plot)
 
 
 def idle() -> dict[str, Any]:
