@@ -173,9 +173,8 @@ def plain_sentence(c: Comparison) -> str:
     said only where it is defined. Every ratio is of the medians, so they multiply."""
     p, stats = c.plain, c.stats
     seconds = stats.median("plain", clock="measured")
-    on = (f"the {c.num_stages} worker processes" if c.pipeline == "processes" else
-          f"the {c.num_stages} stage threads" if c.pipeline == "threads" else
-          f"the {c.num_stages}-stage pipeline ({KINDS[c.pipeline].where})")
+    kind = KINDS[c.pipeline]
+    on = kind.words(kind.stages, c.num_stages, c.device)
     kept = ""
     if len(p.trials) > 1:
         tried = " and ".join(f"{_threads(t)} ({duration_text(w)})" if done else
@@ -198,12 +197,6 @@ def plain_sentence(c: Comparison) -> str:
                        f"matches it at acceptance a* = {a_star:.2f}{rate}, the measured pipeline at somewhat more.")
     return text + (f" Plain AR is {ratio_text(need)} than AR on the pipeline; by the ideal model no acceptance "
                    f"makes PPSD beat it here (even a = 1 gives {ratio_text(1 / slot)} than AR on the pipeline).")
-
-
-def pipeline_threads(num_stages: int, device: str) -> str:
-    """How K stage threads in one process ran, in words."""
-    return (f"{num_stages} threads in one process, a CUDA stream each" if device.startswith("cuda") else
-            f"{num_stages} threads in one process, a core each")
 
 
 def _fastest_name(c: Comparison) -> tuple[str, str]:
@@ -304,10 +297,8 @@ def above_ideal(c: Comparison) -> str:
 
 def compared_sentence(c: Comparison) -> str:
     """In one sentence, what was compared with what, and which round the panels show."""
-    where = (f"one process, the measured stage costs replayed on {c.num_stages} workers" if not c.workers else
-             f"{c.num_stages} worker processes running at once" if c.pipeline == "processes" else
-             f"{pipeline_threads(c.num_stages, c.device)} running at once" if c.pipeline == "threads" else
-             KINDS[c.pipeline].where)
+    where = (KINDS[c.pipeline].where if c.workers else
+             f"one process, the measured stage costs replayed on {c.num_stages} workers")
     timed = (f"each timed in {c.rounds} interleaved rounds; each method's time is the median of its rounds, and "
              "every ratio is of those medians" if c.rounds > 1 else "each timed once")
     return (f"Compared: AR and PPSD decoding the same prompt to the same {c.ar.tokens} tokens on the same "

@@ -493,7 +493,7 @@ def test_the_stages_on_threads_in_one_process_are_measured_identical_and_named(s
     assert summary["executor"] == "K threads in one process"
     for method in ("ar", "ppsd", "eesd"):
         assert summary[method]["token_ids"] == local[method]["token_ids"]
-    assert "2 threads in one process, a core each running at once" in outputs[0]  # the headline names it
+    assert "(each stage on its own thread in one process, at once)" in outputs[0]  # the headline names it
     assert "PPSD on the 2 stage threads: " in outputs[0]  # against plain AR, measured in the same run
     assert re.search(r"PPSD on the 2 stage threads: \d+\.\d\d× (faster|slower) than plain AR", outputs[0])
     with pytest.raises(Exception, match="not in the list of choices"):  # the radio refuses it by itself

@@ -173,7 +173,7 @@ def test_headline_gives_ratios_of_the_medians_and_every_rounds_wall():
     assert "PPSD 1.18× faster than AR on the same pipeline" in out and "1.20×" not in out
     assert "(measured clock, median of 3 rounds, cpu)" in out and "every ratio is of those medians" in out
     assert "AR 2.08 s, 1.87 s, 2.00 s; PPSD 1.60 s, 1.70 s, 1.70 s; the panels show round 3" in out
-    assert "2 worker processes running at once" in out and "above the ideal" not in out
+    assert "(each stage in its own worker process, at once)" in out and "above the ideal" not in out
 
 
 def test_headline_leads_with_the_fastest_ar_and_says_why_the_pipelines_ar_differs():

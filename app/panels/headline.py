@@ -14,7 +14,7 @@ import gradio as gr
 from ppsd.executors.kinds import KINDS
 
 from ..analysis import (MIN_TIMED_TOKENS, Comparison, above_ideal, busy_sentence, compared_sentence, ideal_line,
-                        pipeline_threads, plain_sentence, speedup_headline, walls_sentence)
+                        plain_sentence, speedup_headline, walls_sentence)
 from ..run_view import RunView
 from ..words import PROJECTED_MEANING, agreement_note, duration_text, ratio_text
 from . import Single
@@ -92,28 +92,13 @@ def _how_it_ran(c: Comparison) -> list[str]:
     """Where the stages ran and what the other clock gives, in words (HTML)."""
     other = ratio_text(c.other_speedup)
     notes: list[str] = []
-    if c.workers and c.pipeline == "threads":
-        notes.append(
-            f"Measured: each of the K={c.num_stages} stages ran on its own thread in this one process "
-            f"({pipeline_threads(c.num_stages, c.device)}), at the same time, sharing the weights and the KV cache; "
-            f"AR ran on the same threads. The same stage costs replayed (projected clock) give PPSD {other} than AR: "
-            "the difference is what the threads lose to each other (on a CPU, Python's lock between short kernels).")
-    elif c.workers and c.pipeline == "graphed":
-        notes.append(
-            f"Measured: each of the K={c.num_stages} stages ran as one captured step in this one process "
-            f"({KINDS[c.pipeline].where}), sharing the weights and a static KV cache; AR ran on the same steps. "
-            f"The same stage costs replayed (projected clock) give PPSD {other} than AR.")
-    elif c.workers and c.pipeline == "stacked":
-        notes.append(
-            f"Measured: the K={c.num_stages} stages ran as one stacked chain in this one process "
-            f"({KINDS[c.pipeline].where}): each slot runs layer j of every stage as one batched step over the K "
-            "stages' tokens, on one KV cache; AR ran on the same engine.")
-    elif c.workers:
-        notes.append(
-            f"Measured: each of the K={c.num_stages} stages ran in its own worker process (pinned to its own cores or "
-            f"GPU), at the same time; AR ran on the same pipeline. The same stage costs replayed with no messages "
-            f"between the stages (projected clock) give PPSD {other} than AR: the difference is the cost of moving "
-            "hidden states and logits between processes.")
+    if c.workers:
+        kind = KINDS[c.pipeline]
+        note = f"Measured: {kind.words(kind.ran, c.num_stages, c.device)}."
+        if kind.overhead is not None:
+            note += f" The same stage costs replayed (projected clock) give PPSD {other} than AR"
+            note += f": the difference is {kind.overhead}." if kind.overhead else "."
+        notes.append(note)
     else:
         measured = lambda m: duration_text(c.stats.median(m, clock="measured") or 0.0)  # noqa: E731
         notes.append(f"Projected clock: {PROJECTED_MEANING} (K={c.num_stages}), as if each stage had its own device.")

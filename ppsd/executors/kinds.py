@@ -8,8 +8,8 @@ Boundary: choosing and readying executors; the executors themselves live in `loc
 torch.distributed are imported only when a kind needs them.
 
 Adding a kind: write its executor in a module of its own (the `Executor` protocol of `base`,
-with `close()`), then add one `ExecutorKind` to `KINDS`: its name and words, whether its stages
-run at once, why it cannot run somewhere (`unavailable`), and `build`, which constructs it and
+with `close()`), then add one `ExecutorKind` to `KINDS`: its name and words (a concurrent kind
+also says how a run of it ran, for the page's headline), whether its stages run at once, why it cannot run somewhere (`unavailable`), and `build`, which constructs it and
 warms it up untimed (`ready` checks `unavailable` before it calls `build`). "stacked" is the
 newest such entry: `_stacked_unavailable`, `_stacked` and one line in `KINDS`.
 
@@ -59,6 +59,17 @@ class ExecutorKind:
     unavailable: Callable[[str, int], str | None]  # (model device, K) -> None, or why it cannot run here
     build: Callable[[RunSetup, Progress, WorkerOptions], Executor | None]  # warmed up; None: in-process, one per run
     shared: bool = False  # one per process, reused run after run: a run leaves it open, a command closes it
+    # The page's words for a run of K stages on it ({k}: K; {each}: "a core" or "a CUDA stream"; {where}):
+    ran: str = ""  # how the stages and AR ran, after "Measured: "
+    stages: str = ""  # the stages as one thing, after "PPSD on "
+    # What the measured clock pays that the projected one (the same stage costs replayed) does not:
+    # "" when there is nothing to name; None when a projection says nothing of this kind.
+    overhead: str | None = ""
+
+    def words(self, text: str, num_stages: int, device: str) -> str:
+        """`text` (`ran` or `stages`) for K = `num_stages` stages on `device`."""
+        each = "a CUDA stream" if device.startswith("cuda") else "a core"
+        return text.format(k=num_stages, each=each, where=self.where)
 
     def ready(self, setup: RunSetup, *, progress: Progress | None = None,
               options: WorkerOptions = WorkerOptions()) -> Executor | None:
@@ -167,16 +178,31 @@ KINDS: dict[str, ExecutorKind] = {kind.name: kind for kind in (
                  "1 process", concurrent=False, unavailable=_nowhere, build=_in_process),
     ExecutorKind("processes", "K worker processes", "worker processes, one per stage",
                  "each stage in its own worker process, at once", "{k}-worker pipeline", concurrent=True,
-                 unavailable=_processes_unavailable, build=_processes, shared=True),
+                 unavailable=_processes_unavailable, build=_processes, shared=True,
+                 ran="each of the K={k} stages ran in its own worker process (pinned to its own cores or GPU), at the "
+                     "same time; AR ran on the same pipeline",
+                 stages="the {k} worker processes",
+                 overhead="the cost of moving hidden states and logits between processes"),
     ExecutorKind("threads", "K threads in one process", "threads in this process",
                  "each stage on its own thread in one process, at once", "{k} threads in 1 process", concurrent=True,
-                 unavailable=_threads_unavailable, build=_threads),
+                 unavailable=_threads_unavailable, build=_threads,
+                 ran="each of the K={k} stages ran on its own thread in this one process ({each} each), at the same "
+                     "time, sharing the weights and the KV cache; AR ran on the same threads",
+                 stages="the {k} stage threads",
+                 overhead="what the threads lose to each other (on a CPU, Python's lock between short kernels)"),
     ExecutorKind("graphed", "K captured steps in one process", "captured steps, one per stage",
                  "each stage a captured step (a CUDA graph on its stream, or a compiled step on its thread), at once",
-                 "{k} captured steps", concurrent=True, unavailable=_graphed_unavailable, build=_graphed),
+                 "{k} captured steps", concurrent=True, unavailable=_graphed_unavailable, build=_graphed,
+                 ran="each of the K={k} stages ran as one captured step in this one process ({where}), sharing the "
+                     "weights and a static KV cache; AR ran on the same steps",
+                 stages="the {k}-stage pipeline ({where})"),
     ExecutorKind("stacked", "K stages stacked in one chain", "stacked stages, one chain a slot",
                  "every stage at once in one chain of stacked layers (a CUDA graph a slot, or eager on a CPU)",
-                 "{k} stacked stages", concurrent=True, unavailable=_stacked_unavailable, build=_stacked),
+                 "{k} stacked stages", concurrent=True, unavailable=_stacked_unavailable, build=_stacked,
+                 ran="the K={k} stages ran as one stacked chain in this one process ({where}): each slot runs layer "
+                     "j of every stage as one batched step over the K stages' tokens, on one KV cache; AR ran on the "
+                     "same engine",
+                 stages="the {k}-stage pipeline ({where})", overhead=None),
 )}
 # On a GPU "auto" takes the first of these that can run: the fastest PPSD measured on a GPU first
 # (docs/benchmarks.md). Only "graphed" has been measured there so far; "stacked" joins this order
