@@ -34,6 +34,19 @@ def _preload(state: AppState) -> str:
     return f"{ppsd.DEFAULT_MODEL} loaded" + (f", {started} started" if started else "")
 
 
+def _load_for_zerogpu(state: AppState) -> str:
+    """ZeroGPU's documented pattern: the default model loaded at start-up, on this thread (the one
+    that imported `spaces`), and every GPU call reusing it. What is ready, in words; a load that
+    fails (a full disk, say) is one line, and the page comes up anyway: a Run loads the model
+    again and says why it cannot, in words."""
+    try:
+        state.cache.get(ppsd.DEFAULT_MODEL)
+    except Exception as error:  # noqa: BLE001 - one line, as the preload's; the page still serves
+        print(f"loading {ppsd.DEFAULT_MODEL} failed: {error}", file=sys.stderr, flush=True)
+        return "no model loaded yet"
+    return f"{ppsd.DEFAULT_MODEL} loaded"
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--host", default=os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1"))
@@ -56,9 +69,7 @@ def main(argv: list[str] | None = None) -> None:
     # Started from a background job, a process inherits SIGINT ignored: Ctrl-C must still stop it.
     signal.signal(signal.SIGINT, signal.default_int_handler)
     state = AppState.from_environment()
-    if zerogpu.active():  # its documented pattern: the model loaded at start-up, and every call reuses it
-        state.cache.get(ppsd.DEFAULT_MODEL)
-    ready: list[str] = []
+    ready: list[str] = [_load_for_zerogpu(state)] if zerogpu.active() else []
     preload = None
     if not zerogpu.active() and state.cache.offers(ppsd.DEFAULT_MODEL):
         # A cold start's first Run waited ~40 s for the conversion, load and warm-up (tools/cold_start.py),
@@ -74,7 +85,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         while preload is not None and preload.is_alive():
             preload.join(0.5)  # in slices: Ctrl-C meanwhile ends the server as it does after
-        model = (ready or [""])[0] or (f"{ppsd.DEFAULT_MODEL} loaded" if zerogpu.active() else "no model loaded yet")
+        model = (ready or [""])[0] or "no model loaded yet"
         print(f"PPSD demo ready at {demo.local_url} ({model})", flush=True)
     except KeyboardInterrupt:
         demo.close()

@@ -287,22 +287,34 @@ def test_the_page_shows_a_full_disk_as_it_is(tmp_path):
         ModelCache(loader=full, key=lambda name: name, warm=False).get(str(tmp_path / "m.gguf"))
 
 
-def test_the_start_up_preload_thread_reports_a_failure_in_one_line_and_ends(capsys):
+def _app_main():
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("app_main", Path(__file__).parents[1] / "app.py")
     app_main = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(app_main)
+    return app_main
 
-    class State:
-        class cache:  # noqa: N801 - stands in for AppState.cache
-            @staticmethod
-            def get(name, **_):  # prestart asks for it warmed up
-                raise OSError(28, "No space left on device")
 
-    app_main._preload(State)  # returns: the thread ends
+class FullDisk:
+    class cache:  # noqa: N801 - stands in for AppState.cache
+        @staticmethod
+        def get(name, **_):  # prestart asks for it warmed up
+            raise OSError(28, "No space left on device")
+
+
+def test_the_start_up_preload_thread_reports_a_failure_in_one_line_and_ends(capsys):
+    _app_main()._preload(FullDisk)  # returns: the thread ends
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "preloading" in err and "No space left" in err
+
+
+def test_on_zerogpu_a_failed_start_up_load_is_one_line_and_the_page_still_comes_up(capsys):
+    """ZeroGPU loads the default model before launch, on the main thread: a full disk there is one
+    line, not a traceback that ends the server before its page is up."""
+    assert _app_main()._load_for_zerogpu(FullDisk) == "no model loaded yet"
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "loading" in err and "No space left" in err
 
 
 def test_a_full_disk_while_saving_the_downloaded_gguf_is_one_message(tmp_path, cache, conversions, monkeypatch):
