@@ -24,13 +24,13 @@ from ppsd.executors.pool import usable_cores
 from ppsd.model import model_config, resolve_device
 from ppsd.model_source import needs_preparing
 
-from . import view
+from . import lease, view, zerogpu
 from .line import Background
 from .panels import run_message
 from .page_text import STAGES_LABEL, WORKERS_LABEL
 from .models import ModelCache
 from .request import RunRequest, unicode_text
-from .runner import Snapshot, run_comparison
+from .runner import Limit, Snapshot, run_comparison
 from .state import AppState
 from .visitors import visitor
 
@@ -206,7 +206,9 @@ def on_decode(state: AppState, stop_slot: int, run: RunRequest) -> Iterator[tupl
     server's memory, its Stop by `stop_slot` (`app.line.StopRegistry.flag`), and chooses the
     pipeline there (`app.runner`); what it refuses reaches the page in words. A model it lacks (a
     reused ZeroGPU worker forked before the server loaded it) it loads and warms up here first,
-    saying so twice a second."""
+    saying so twice a second. On ZeroGPU the run ends, with what it has, `lease.MARGIN_SECONDS`
+    before the lease this call asked for runs out, and says so."""
+    started = time.monotonic()
     stop = state.stops.flag(stop_slot)
     try:
         if not state.cache.ready(run.model):
@@ -216,9 +218,19 @@ def on_decode(state: AppState, stop_slot: int, run: RunRequest) -> Iterator[tupl
                 yield ordered(view.stopped_before())
                 return
         yield from _updates(run_comparison(run, state.cache, stop=stop, time_limit=state.run_seconds,
-                                         shared_limit=state.shared_seconds))
+                                           shared_limit=state.shared_seconds, lease=_lease_left(state, run, started)))
     except ValueError as error:
         yield ordered(view.failed(str(error)))
+
+
+def _lease_left(state: AppState, run: RunRequest, started: float) -> Limit | None:
+    """On ZeroGPU's GPU, what is left of the lease the call that started at `started` asked for."""
+    loaded = state.cache.find(run.model)
+    if loaded is None or not zerogpu.leases_gpu(loaded.model.info.device):
+        return None
+    leased = state.gpu_lease()(0, run)
+    left = leased - lease.MARGIN_SECONDS - (time.monotonic() - started)
+    return Limit(left, f"its GPU lease (this Run asked ZeroGPU for {leased} s of GPU)")
 
 
 def on_stop(state: AppState, request: gr.Request | None = None) -> None:

@@ -37,6 +37,9 @@ CAPTURE_SECONDS_PER_BUCKET = 1.0
 # `duration_factor`): 1.0 on an H200, 1.5 on an RTX PRO 6000 Blackwell (the current fleet). The
 # product is both the time granted and the quota charged; the page assumes the larger.
 DURATION_FACTOR = 1.5
+# A run in a ZeroGPU call ends this long before its lease does (`app.handlers.on_decode`): its last
+# snapshot and the call's close fit in it, and the package has no lease past it to abort.
+MARGIN_SECONDS = 2.0
 ANONYMOUS_DAILY_SECONDS = 120  # a visitor not signed in, a day (Hugging Face's ZeroGPU page)
 PROMPT_CHARS_PER_TOKEN = 1  # a prompt's tokens when its model's tokenizer is not at hand: at most one a character
 

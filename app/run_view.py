@@ -66,13 +66,12 @@ def shown_run(snap: Snapshot) -> str:
 
 def status_line(snap: Snapshot) -> str:
     """The run's status in words: what it is doing, or why it ended early."""
-    ended = ("Stopped" if snap.time_limit is None else
-             f"Ended by the time limit (a run may hold the device {snap.time_limit:g} s)")
+    ended = "Stopped" if snap.limit is None else f"Ended by {snap.limit.words}"
     if snap.stopped:
         run = snap.runs.get(snap.active or "")
         where = (f" during {METHOD_NAMES[snap.active]}, after {len(run.recorder.tokens)} tokens"
                  if run is not None else " before decoding began")
-        return f"{ended}{where}. " + ("Press Run to start again." if snap.time_limit is None else
+        return f"{ended}{where}. " + ("Press Run to start again." if snap.limit is None else
                                       "Ask for fewer new tokens or fewer timed runs.")
     timed, rounds = len(snap.stats().runs("ppsd")), snap.request.rounds()
     if snap.done and timed < rounds:

@@ -31,6 +31,18 @@ __all__ = ["MethodRun", "Snapshot", "prestart", "run_comparison"]
 
 
 @dataclass(frozen=True)
+class Limit:
+    """What may end a run by time: `seconds` after it starts, said as `words` after "Ended by "."""
+
+    seconds: float
+    words: str
+
+    @classmethod
+    def device(cls, seconds: float) -> "Limit":
+        return cls(seconds, f"the time limit (a run may hold the device {seconds:g} s)")
+
+
+@dataclass(frozen=True)
 class Snapshot:
     """A comparison's state (`ppsd.compare.State`) with what the page adds: the request, the model,
     which exit head drafted, and how the run went against what was asked."""
@@ -41,7 +53,7 @@ class Snapshot:
     num_stages: int  # K, validated
     head: str = "shared"  # which exit head drafted, in words
     note: str = ""  # what the page must say of how the run went against what was asked
-    time_limit: float | None = None  # the seconds a run may hold the device, when it was what stopped it
+    limit: Limit | None = None  # what ended it by time, when something did
 
     @property
     def runs(self) -> Mapping[str, MethodRun]:
@@ -100,20 +112,23 @@ class Snapshot:
 def run_comparison(request: RunRequest, cache: ModelCache, *, throttle: float = THROTTLE_SECONDS,
                    stop: threading.Event | None = None,
                    time_limit: float | None = MAX_RUN_SECONDS,
-                   shared_limit: float | None = None) -> Iterator[Snapshot]:
+                   shared_limit: float | None = None, lease: Limit | None = None) -> Iterator[Snapshot]:
     """Validate everything first, then the comparison, yielding snapshots at most every
     `throttle` seconds of its first round and once when each method finishes. Once `stop` is
-    set, or `time_limit` seconds have passed since this call, the running method ends at its
-    next step and a last snapshot says so (`stopped`, and `time_limit` when it was the limit; a
-    `stop` that was `handed_over` to a waiting visitor ended it at `shared_limit`, and says so)."""
+    set, or `time_limit` seconds have passed since this call (or the `lease` of a ZeroGPU call,
+    if it ends first), the running method ends at its next step and a last snapshot says so
+    (`stopped`, and the `limit` when one ended it; a `stop` that was `handed_over` to a waiting
+    visitor ended it at `shared_limit`, and says so)."""
     stop = stop or threading.Event()
-    expired = threading.Event()  # the limit, not a user, stopped it
+    expired = threading.Event()  # a limit, not a user, stopped it
+    limits = [limit for limit in (None if time_limit is None else Limit.device(time_limit), lease) if limit]
+    first = min(limits, key=lambda limit: limit.seconds, default=None)
 
     def expire() -> None:
         expired.set()
         stop.set()
 
-    timer = threading.Timer(time_limit, expire) if time_limit is not None else None
+    timer = threading.Timer(max(first.seconds, 0.0), expire) if first is not None else None
     if timer is not None:
         timer.daemon = True
         timer.start()
@@ -130,9 +145,9 @@ def run_comparison(request: RunRequest, cache: ModelCache, *, throttle: float = 
                                 releaser=zerogpu.release_pipeline)
         try:
             for state in comparison.run():
-                limit, said = time_limit if expired.is_set() else None, note
+                limit, said = first if expired.is_set() else None, note
                 if getattr(stop, "handed_over", False):
-                    limit, said = shared_limit, _joined(note, f"Another visitor was waiting for the device: while "
+                    limit, said = Limit.device(shared_limit), _joined(note, f"Another visitor was waiting for the device: while "
                                                               f"others wait, a run may hold it {shared_limit:g} s.")
                 if state.aborted:
                     said = _joined(said, "A worker process did not answer within a second of Stop, so the worker "

@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from typing import Callable
 
 import ppsd
 from ppsd.executors.pool import on_zerogpu
 
+from . import lease
 from .line import DeviceLine, StopRegistry
 from .models import ModelCache
-from .request import MAX_RUN_SECONDS, SHARED_RUN_SECONDS
+from .request import MAX_RUN_SECONDS, SHARED_RUN_SECONDS, RunRequest
 from .sessions import SESSION_IDLE_SECONDS
 from .visitors import proxy_hops_from_environment
 from .zerogpu import on_import_thread
@@ -57,6 +59,11 @@ class AppState:
     shared_seconds: float = SHARED_RUN_SECONDS  # how long, while another visitor waits
     proxy_hops: int = 0  # proxies in front that append to X-Forwarded-For (`app.visitors.visitor`)
     session_seconds: float = SESSION_IDLE_SECONDS  # a visitor's session unused this long is forgotten (`app.sessions`)
+
+    def gpu_lease(self) -> Callable[[int, RunRequest], int]:
+        """The GPU seconds a Run asks ZeroGPU for (`app.lease.duration`), from its request: what
+        the call's `spaces.GPU` asks, what the page says before Run and what cuts the run."""
+        return lease.duration(self.run_seconds, lease.counter(self.cache.find))
 
     @classmethod
     def from_environment(cls) -> AppState:

@@ -24,7 +24,7 @@ from ppsd.executors.kinds import choose, concurrent_by_default, concurrent_kinds
 from ppsd.heads import default_exit_layer
 from ppsd.model import resolve_device
 
-from . import lease, view, zerogpu
+from . import view, zerogpu
 from .components import Slider, refusing_quietly
 from .handlers import (DEFAULT_LAYERS, after_run, idle_outputs, max_tokens_update, model_status, on_decode, on_exit,
                        on_load, on_page_load, on_run_form, on_stages, on_stages_warning, on_stop, ordered)
@@ -220,7 +220,7 @@ def create_demo(state: AppState | None = None) -> gr.Blocks:
         outputs = [shown[name] for name in view.OUTPUTS]
         run_event = _wire_runs(state, c, outputs, race_panel, steps_panel)
         if zerogpu.active():
-            gpu_lease.wire(c["lease"], demo, c, _lease(state), QUIET)
+            gpu_lease.wire(c["lease"], demo, c, state.gpu_lease(), QUIET)
         _wire_settings(state, c)
         exit_head.wire(c["exit_panel"], c, QUIET)
         intro.wire(picture, c, QUIET)
@@ -248,7 +248,7 @@ def _wire_runs(state: AppState, c: dict[str, Any], outputs: list, race_panel: ra
     # The state is bound before `spaces.GPU` wraps it: ZeroGPU pickles the call's arguments to its
     # forked process, and the state (locks, loaded models) reaches it by the fork instead.
     decode = zerogpu.gpu_call(_bind(on_decode, state), heartbeat=ordered({}),  # every output as it is
-                              duration=_lease(state))
+                              duration=state.gpu_lease())
     run_event = c["run"].click(
         _bind(on_run_form, state, decode), [c[name] for name in FORM], outputs, api_name="run",
         concurrency_limit=run_handlers, concurrency_id="run", show_progress="hidden", trigger_mode="once",
@@ -265,11 +265,6 @@ def _wire_runs(state: AppState, c: dict[str, Any], outputs: list, race_panel: ra
                     [c["model_status"], c["exit_layer"], c["num_stages"], c["layers"], c["load"]],
                     api_name="load", concurrency_limit=2, concurrency_id="load", show_progress="hidden")
     return run_handlers
-
-
-def _lease(state: AppState) -> Callable[..., int]:
-    """The GPU seconds a Run's form asks ZeroGPU for (`app.lease.duration`)."""
-    return lease.duration(state.run_seconds, lease.counter(state.cache.find))
 
 
 def _wire_settings(state: AppState, c: dict[str, Any]) -> None:

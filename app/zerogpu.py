@@ -50,6 +50,13 @@ _END = object()
 T = TypeVar("T")
 
 
+def leases_gpu(device: str) -> bool:
+    """Whether a run decoding on `device` here holds a GPU lease it can outlast: on ZeroGPU, on its
+    GPU. A model kept on the CPU (`--device cpu`, as the tests serve the page under the package)
+    is not timed by a lease sized for a GPU."""
+    return active() and device.startswith("cuda")
+
+
 @dataclass(frozen=True)
 class Heartbeat:
     """An item a GPU call yields when its work has yielded nothing for `HEARTBEAT_SECONDS`; the

@@ -87,6 +87,28 @@ def test_a_forked_call_decodes_though_the_thread_that_forked_used_two_cpu_thread
     assert "this process is daemonic" in summary["note"] and "ran on threads" in last["message"]
 
 
+def test_a_run_in_a_call_ends_before_its_lease_with_what_it_has_and_says_so(zerogpu_state, monkeypatch):
+    """ZeroGPU frees the card when a call's lease is over: a run that would outlast it (a slower
+    card, a longer capture than projected) ends `lease.MARGIN_SECONDS` before, as at the time
+    limit, with the tokens it has, and says which limit ended it."""
+    from app import lease, view, zerogpu
+    from app.handlers import on_decode
+
+    state, model, _ = zerogpu_state
+    assert zerogpu.leases_gpu("cuda:0") and not zerogpu.leases_gpu("cpu")  # a CPU run (the tests') holds none
+    monkeypatch.setattr(zerogpu, "leases_gpu", lambda device: True)  # this CPU decodes as a Space's GPU would
+    state.cache.get(model, warm=True)  # warmed as a reused worker's would be: the lease is the run's own
+    monkeypatch.setattr(lease, "gpu_seconds", lambda *args, **kwargs: 4)
+    run = _request(model, max_new_tokens=240, repeats=9, eesd=True, workers=False)
+    started = time.monotonic()
+    with state.stops.running("lease") as stop:
+        last = dict(zip(view.OUTPUTS, list(on_decode(state, stop.slot, run))[-1]))
+    assert time.monotonic() - started < 4 + 10  # a step or two past the cut, on a busy CPU
+    said = "Ended by its GPU lease (this Run asked ZeroGPU for 4 s of GPU)"
+    assert last["summary"]["stopped"].startswith(said) and said in last["headline"], last["summary"]
+    assert "error" not in last["summary"]
+
+
 def test_a_call_forked_while_another_model_loads_still_decodes(zerogpu_state, monkeypatch):
     """A visitor's Load holds the model cache's load lock; a Run forked meanwhile gets a copy of
     the cache whose locks are its own and open, so it warms up and decodes."""
