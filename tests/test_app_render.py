@@ -649,8 +649,9 @@ def test_a_run_in_flight_shows_its_phases_done_now_and_to_come(tiny_cache):
     assert label.replace("'", "&#x27;") in final["stats_ar"] and label.replace("'", "&#x27;") in final["stats_ppsd"]
     assert label.replace("'", "&#x27;") in final["metrics"] and label in final["timeline"].layout.title.text
     assert "median of 2 rounds" in final["headline"]
-    first = steps_panel.step(final["race"], 0)  # the step-through says which slot it shows, once
+    first = steps_panel.step(final["race"], 0)  # the step-through says which slot it shows, once, and which round
     assert first.count("Slot 1 of") == 1 and 'class="teach-caption step-caption"' in first
+    assert label.replace("'", "&#x27;") in first
     loading = view.status("Loading tiny… 3 s", request, "model")
     assert '<span class="phase phase-now">load the model</span>' in loading["headline"]
     assert "phase-todo" in loading["headline"] and "Loading tiny… 3 s" in loading["message"]

@@ -13,6 +13,7 @@ import gradio as gr
 
 from .. import teach
 from ..components import Slider
+from ..run_view import shown_note
 
 WAITING = '<div class="race-note">Run a comparison; then step through its PPSD run slot by slot here.</div>'
 
@@ -45,13 +46,15 @@ def wire(panel: StepsPanel, race: gr.State, run: Any, quiet: dict[str, Any]) -> 
 
 
 def step(race: dict | None, index: int) -> str:
-    """Slot `index` (0-based) of the finished PPSD run in `race` (`app.panels.race.race_state`)."""
+    """Slot `index` (0-based) of the finished PPSD run in `race` (`app.panels.race.race_state`),
+    under the label of the round it is (the one closest to the medians, when there were several)."""
     if not race or not race.get("steps"):
         return WAITING
     steps = race["steps"]
     index = max(0, min(int(index), len(steps) - 1))
     piece = lambda token_id: race["pieces"].get(token_id, "?")  # noqa: E731
-    return teach.render_slot(steps, index, race["ppsd_tokens"], piece)  # its caption says which slot, once
+    slot = teach.render_slot(steps, index, race["ppsd_tokens"], piece)  # its caption says which slot, once
+    return shown_note(race.get("shown", "")) + slot
 
 
 def on_step(race: dict | None, slot: float, move: int = 0) -> tuple:
