@@ -58,10 +58,11 @@ def show(view: RunView) -> dict[str, Any]:
     points = []
     if view.teaches and c.ppsd.acceptance_rate is not None:
         clock = "measured clock, K workers" if snap.concurrent else "projected clock"
-        label = f"PPSD measured ({clock}{', medians of %d rounds' % c.rounds if c.rounds > 1 else ''})"
+        # Two lines: a horizontal legend does not wrap, and one line is clipped at the panel's width.
+        label = f"PPSD measured<br>({clock}{', medians of %d rounds' % c.rounds if c.rounds > 1 else ''})"
         points.append(TheoryPoint(label, c.ppsd.acceptance_rate, c.speedup))
     if view.teaches and c.eesd is not None and c.eesd.acceptance_rate is not None:
-        points.append(TheoryPoint("EESD measured (measured clock, medians)", c.eesd.acceptance_rate, c.eesd_speedup))
+        points.append(TheoryPoint("EESD measured<br>(measured clock, medians)", c.eesd.acceptance_rate, c.eesd_speedup))
     partition = first.trace().partition
     return {"theory": render_theory(num_stages=config.num_stages, slot_fraction=slot_fraction(partition),
                                     draft_len=config.draft_len, exit_fraction=exit_fraction(partition), points=points,
@@ -123,7 +124,7 @@ def render_theory(
             marker=dict(size=14, symbol=symbols.get(point.label.split()[0], "circle"),
                         color=KIND_COLORS["verify"] if point.label.startswith("PPSD") else KIND_COLORS["draft"],
                         line=dict(width=1.5, color="#111827")),
-            hovertemplate=f"{html.escape(point.label)}<br>a=%{{x:.2f}}, {ratio_text(point.speedup)}<extra></extra>"))
+            hovertemplate=f"{html.escape(point.label.replace('<br>', ' '))}<br>a=%{{x:.2f}}, {ratio_text(point.speedup)}<extra></extra>"))
     fig.update_xaxes(title_text="acceptance rate a", range=[-0.02, 1.06])
     fig.update_yaxes(title_text="speedup over AR", rangemode="tozero")
     style(fig, "Theory: ideal speedup vs acceptance rate", height=420)

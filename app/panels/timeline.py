@@ -47,7 +47,10 @@ def show(view: RunView) -> dict[str, Any]:
     live = "" if snap.done else (" · stopped" if snap.stopped else " · live")
     _, top = panels[0]
     title = timeline_title(top, snap.num_stages) + live + (f"<br><sub>{view.shown}</sub>" if view.shown else "")
-    return {"timeline": render_timeline(panels, snap.loaded.piece, title=title)}
+    figure = render_timeline(panels, snap.loaded.piece, title=title)
+    if view.shown:  # the round's line under the title: room for it above the first subplot's title
+        figure.update_layout(margin_t=95)
+    return {"timeline": figure}
 
 
 def stage_label(k: int, layers: range, utilization: float) -> str:
