@@ -159,8 +159,9 @@ def _session(request: gr.Request | None) -> str:
 
 def on_run_form(state: AppState, decode: Callable[..., Iterator[tuple]], request: gr.Request | None,
                 *form: Any) -> Iterator[tuple]:
-    """The Run button and the `run` API: the page's run inputs, in the order of `request.FORM`,
-    parsed into a `RunRequest` for `on_run`; a form that does not parse is refused in words."""
+    """Run AR, then PPSD (then EESD) on the prompt and time them, the page's Run button and the `run`
+    API: the inputs, in the order of `app.request.FORM`, parsed into a `RunRequest` for `on_run`;
+    a form that does not parse is refused in words. The last output is the run as JSON."""
     try:
         run = RunRequest.from_form(*form).check_texts()
     except ValueError as error:
