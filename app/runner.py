@@ -20,7 +20,7 @@ from ppsd.compare import PLAIN, Comparison, MethodRun, PlainWay, State, Stats, r
 from ppsd.compare import THROTTLE_SECONDS
 from ppsd.config import DEFAULTS
 from ppsd.executors.kinds import KINDS, ExecutorKind, choose, concurrent_by_default, concurrent_kinds
-from ppsd.executors.wire import PipelineError
+from ppsd.executors.distributed.wire import PipelineError
 from ppsd.setup import RunSetup
 
 from . import zerogpu

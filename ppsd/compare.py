@@ -26,7 +26,7 @@ import torch
 from .compare_stats import Stats
 from .executors import Executor
 from .executors.kinds import ExecutorKind, PlainAR, fastest_ar
-from .executors.wire import PipelineError
+from .executors.distributed.wire import PipelineError
 from .generate import Recording, Result
 from .setup import RunSetup, device_sync
 from .stop_guard import StopGuard

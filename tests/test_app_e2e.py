@@ -233,7 +233,7 @@ def test_a_call_with_no_values_is_one_line_without_object_reprs(server, capfd):
 
 @pytest.mark.parametrize("field", ["exit_layer", "seed", "draft_len"])
 def test_nan_through_the_raw_api_is_named_and_the_workers_stay(server, field):
-    from ppsd.executors.pool import current_pool
+    from ppsd.executors.distributed.pool import current_pool
 
     client, model = server
     before = current_pool()
@@ -454,7 +454,7 @@ def test_a_run_on_k_worker_processes_is_measured_and_identical(server, decodes):
     clock on the page, pool reused by the next run, also after Stop."""
     import time
 
-    from ppsd.executors.pool import current_pool
+    from ppsd.executors.distributed.pool import current_pool
 
     client, model = server
     local = client.predict(*run_args(model, eesd=True), api_name="/run")[-1]
@@ -700,7 +700,7 @@ def test_a_killed_worker_is_a_message_within_seconds_and_the_next_run_starts_fre
     import signal
     import time
 
-    from ppsd.executors.pool import current_pool
+    from ppsd.executors.distributed.pool import current_pool
 
     client, model = server
     client.predict(*run_args(model, max_new_tokens=2, workers=True), api_name="/run")
@@ -736,7 +736,7 @@ def test_stop_ends_a_run_whose_worker_is_frozen_within_seconds_and_says_so(serve
     import signal
     import time
 
-    from ppsd.executors.pool import current_pool
+    from ppsd.executors.distributed.pool import current_pool
 
     client, model = server
     client.predict(*run_args(model, max_new_tokens=2, workers=True), api_name="/run")

@@ -474,7 +474,7 @@ def test_runner_on_k_workers_gives_the_same_tokens_on_a_measured_concurrent_cloc
     from dataclasses import replace
 
     from app import view
-    from ppsd.executors.processes import close_all
+    from ppsd.executors.distributed.processes import close_all
 
     request = RunRequest(prompt="def fibonacci(n):", model="tiny", max_new_tokens=12, workers=True)
     first = []

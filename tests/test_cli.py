@@ -229,7 +229,7 @@ def test_pipeline_timeout_is_checked_like_every_flag(saved_model, capsys, timeou
 
 def test_a_pipeline_that_fails_is_one_line_and_status_1(saved_model, capsys, monkeypatch):
     from ppsd.cli import pipeline
-    from ppsd.executors.wire import PipelineError
+    from ppsd.executors.distributed.wire import PipelineError
 
     def hung(*args, **kwargs):
         raise PipelineError("a pipeline worker did not answer within 1 s")

@@ -105,7 +105,7 @@ def test_bench_pipeline_runs_the_comparison_and_says_what_runs(monkeypatch, caps
 
     from ppsd import compare
     from ppsd.bench import pipeline
-    from ppsd.executors.processes import close_all
+    from ppsd.executors.distributed.processes import close_all
 
     ran = []
     real = compare.Comparison.run

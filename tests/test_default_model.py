@@ -81,7 +81,7 @@ def test_greedy_ar_eesd_and_ppsd_commit_exactly_hf_generate_tokens(default, ques
 
 
 def test_ppsd_on_two_worker_processes_commits_hf_generate_tokens(default):
-    from ppsd.executors.pool import shared_pipeline
+    from ppsd.executors.distributed.pool import shared_pipeline
 
     model, tokenizer, exit_layer, choice = default
     ids = encode_prompt(tokenizer, QUESTIONS[1], chat=True)

@@ -24,10 +24,10 @@ import ppsd
 from ppsd import DecodeConfig, StagedModel
 from ppsd.config import stage_layers
 from ppsd.executors import InProcessExecutor
-from ppsd.executors.pipeline import DistributedExecutor
-from ppsd.executors.pool import current_pool, shared_pipeline, workers_unavailable
-from ppsd.executors.processes import close_all
-from ppsd.executors.wire import PipelineBusy, PipelineError, PipelineSpec
+from ppsd.executors.distributed.pipeline import DistributedExecutor
+from ppsd.executors.distributed.pool import current_pool, shared_pipeline, workers_unavailable
+from ppsd.executors.distributed.processes import close_all
+from ppsd.executors.distributed.wire import PipelineBusy, PipelineError, PipelineSpec
 from ppsd.trace import Stopwatch
 
 from conftest import tiny_llama
@@ -153,7 +153,7 @@ def test_while_a_run_pins_the_threads_every_thread_still_counts_the_processs_cor
     holds the pipeline: the process's, not the 1 core its pinned threads keep to."""
     import threading
 
-    from ppsd.executors.placement import process_cores, usable_cores
+    from ppsd.executors.distributed.placement import process_cores, usable_cores
 
     cores, before = os.sched_getaffinity(0), usable_cores()
     steps = ppsd.stream(model, PROMPTS["short"], DecodeConfig(method="ppsd", max_new_tokens=40), executor=pool)
@@ -278,7 +278,7 @@ def test_workers_exit_when_the_coordinator_is_killed(checkpoint):
     """No orphans even when the caller dies without cleaning up (SIGKILL skips atexit)."""
     script = (
         "import sys, time, ppsd\n"
-        "from ppsd.executors.pool import shared_pipeline\n"
+        "from ppsd.executors.distributed.pool import shared_pipeline\n"
         "from conftest import tiny_llama\n"
         "if __name__ == '__main__':\n"
         f"    model = ppsd.StagedModel(tiny_llama(), name={checkpoint!r})\n"
@@ -328,7 +328,7 @@ def _running(pid: int) -> bool:
 def test_usable_cores_is_the_affinity_capped_by_a_cgroup_quota(tmp_path, files, expected):
     import os
 
-    from ppsd.executors.placement import usable_cores
+    from ppsd.executors.distributed.placement import usable_cores
 
     for name, text in files.items():
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)

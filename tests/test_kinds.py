@@ -11,7 +11,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from ppsd.executors import kinds, pool
+from ppsd.executors import kinds
+from ppsd.executors.distributed import pool
 from ppsd.executors.kinds import KINDS, choose, concurrent_by_default, concurrent_kinds, kind_named
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -148,7 +148,7 @@ def test_worker_processes_and_gpu_calls_are_for_zerogpu_not_wherever_spaces_is_i
     import sys
     import types
 
-    from ppsd.executors.pool import workers_unavailable
+    from ppsd.executors.distributed.pool import workers_unavailable
 
     from app import zerogpu
 

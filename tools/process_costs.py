@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from ppsd import DEFAULT_MODEL, DecodeConfig, generate, load_model  # noqa: E402
 from ppsd.chat import encode_prompt  # noqa: E402
-from ppsd.executors.pool import shared_pipeline  # noqa: E402
+from ppsd.executors.distributed.pool import shared_pipeline  # noqa: E402
 from ppsd.model import KVCache  # noqa: E402
 from ppsd.setup import set_up  # noqa: E402
 

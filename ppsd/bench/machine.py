@@ -29,7 +29,7 @@ def machine_info(model: StagedModel) -> dict:
         "device": device, "dtype": model.info.dtype,
         "torch": torch.__version__, "transformers": transformers.__version__,
         "python": platform.python_version(), "platform": platform.platform(),
-        "distributed_executor": "available",  # ppsd.executors.pool ships with the package
+        "distributed_executor": "available",  # ppsd.executors.distributed.pool ships with the package
         "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
 

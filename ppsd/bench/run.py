@@ -52,7 +52,7 @@ class Run:
     warmup: int
     repeats: int
     tick: Callable[[], None]
-    pipeline: Callable | None = None  # ppsd.executors.pool.shared_pipeline when K-worker runs are wanted
+    pipeline: Callable | None = None  # ppsd.executors.distributed.pool.shared_pipeline when K-worker runs are wanted
     exit_head: str = "auto"  # per E: the shipped head when one fits ("auto"), "shared", or a directory
     hf_early_exit: bool = True  # also time greedy EESD's HF twin, generate(assistant_early_exit=E)
     cells: dict = field(default_factory=dict)  # Setting -> list[Cell], settings done on every prompt

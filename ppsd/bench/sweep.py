@@ -179,7 +179,7 @@ def _measure(plan: Plan, args: argparse.Namespace) -> Measured:
         interrupted = True
     finally:
         if bench.pipeline is not None:
-            from ..executors.processes import close_all
+            from ..executors.distributed.processes import close_all
 
             close_all()
     bar.close()
@@ -187,11 +187,11 @@ def _measure(plan: Plan, args: argparse.Namespace) -> Measured:
 
 
 def _pipeline(args: argparse.Namespace) -> Callable | None:
-    """`ppsd.executors.pool.shared_pipeline` when K-worker runs are asked for (or auto)."""
+    """`ppsd.executors.distributed.pool.shared_pipeline` when K-worker runs are asked for (or auto)."""
     mode = args.distributed or ("off" if args.quick else "auto")
     if mode == "off":
         return None
-    from ..executors.pool import shared_pipeline
+    from ..executors.distributed.pool import shared_pipeline
 
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 

@@ -141,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def guarded(run: Callable[..., int], *args) -> int:
     """`run(*args)`, with bad input (ValueError) as one `error: ...` line and status 2, and Ctrl-C
-    as status 130: the one error path of every entry point (`ppsd.executors.pipeline` too)."""
+    as status 130: the one error path of every entry point (`ppsd.executors.distributed.pipeline` too)."""
     try:
         return run(*args)
     except ValueError as error:

@@ -12,7 +12,7 @@ import transformers
 from . import check_output_file, options, thread_count
 from ..chat import check_text
 from ..executors.kinds import ALIASES, KINDS, ExecutorKind
-from ..executors.wire import PipelineError
+from ..executors.distributed.wire import PipelineError
 from ..generate import Result, decode
 from ..model import load_model, model_config
 from ..setup import set_up_text

@@ -12,10 +12,10 @@ import sys
 
 from . import options, seconds, thread_count
 from ..chat import check_text
-from ..executors.pipeline import DistributedExecutor
-from ..executors.pool import shared_pipeline, workers_unavailable
-from ..executors.wire import PipelineError, PipelineSpec
-from ..executors.worker import run_worker
+from ..executors.distributed.pipeline import DistributedExecutor
+from ..executors.distributed.pool import shared_pipeline, workers_unavailable
+from ..executors.distributed.wire import PipelineError, PipelineSpec
+from ..executors.distributed.worker import run_worker
 from ..generate import Result, decode
 from ..model import load_model, model_config
 from ..setup import set_up_text

@@ -97,7 +97,7 @@ def _threads_unavailable(device: str, num_stages: int) -> str | None:
 
 
 def _processes_unavailable(device: str, num_stages: int) -> str | None:
-    from .pool import workers_unavailable  # brings torch.distributed: imported when asked
+    from .distributed.pool import workers_unavailable  # brings torch.distributed: imported when asked
 
     return workers_unavailable(num_stages, device)
 
@@ -167,7 +167,7 @@ def _stacked(setup: RunSetup, tell: Progress, options: WorkerOptions) -> Executo
 
 
 def _processes(setup: RunSetup, tell: Progress, options: WorkerOptions) -> Executor:
-    from .pool import ready_pipeline
+    from .distributed.pool import ready_pipeline
 
     return ready_pipeline(setup.model, setup.config, progress=tell, threads_per_worker=options.threads_per_worker,
                           timeout=options.timeout)
@@ -241,7 +241,7 @@ def choose(requested: str, num_stages: int, device: str) -> ExecutorKind:
 def concurrent_by_default(num_stages: int, device: str) -> bool:
     """Whether a front end should run the K stages at once by default: on a GPU (worker processes
     or CUDA streams), or where K cores are there for them."""
-    from .pool import usable_cores  # where workers_unavailable counts them
+    from .distributed.pool import usable_cores  # where workers_unavailable counts them
 
     return device.startswith("cuda") or usable_cores() >= num_stages
 
@@ -266,7 +266,7 @@ def fastest_ar(setup: RunSetup, kind: str, pipeline: Executor | None) -> tuple[P
     and on every core: on a busy 2-core machine torch on 2 threads ran 3.5x slower than on 1
     (issue 34), on a quiet one faster. The caller closes what it did not pass in, and gives the
     process its threads back."""
-    from .pool import usable_cores
+    from .distributed.pool import usable_cores
 
     graphed, cores = KINDS["graphed"], usable_cores()
     if setup.model.info.device.startswith("cuda"):

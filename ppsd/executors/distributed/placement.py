@@ -13,7 +13,7 @@ import threading
 
 import torch
 
-from ..model import StagedModel, default_dtype, load_weights
+from ...model import StagedModel, default_dtype, load_weights
 from .wire import PipelineSpec
 
 

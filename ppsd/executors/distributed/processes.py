@@ -138,7 +138,7 @@ def _process_context():
     (not from the caller, whose threads make fork unsafe): a new pool starts in the time it
     takes to load the weights, not K times the imports."""
     context = torch.multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(["ppsd.executors.worker", "torch.distributed",
+    context.set_forkserver_preload(["ppsd.executors.distributed.worker", "torch.distributed",
                                     "transformers.models.llama.modeling_llama", "transformers.models.auto.modeling_auto"])
     return context
 

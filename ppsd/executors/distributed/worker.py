@@ -21,10 +21,10 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from ..model import KVCache
-from .base import final_logits
+from ...model import KVCache
+from ..base import final_logits
 from .placement import keep_stage, load_stage_weights, place, sync_device, weights_fingerprint
-from .schedule import ITEM_KINDS
+from ..schedule import ITEM_KINDS
 from .wire import (GROUPS, PING, ROLLBACK, SHUTDOWN, Control, Header, PipelineSpec, Sent, init_group,
                    wire_tensor)
 

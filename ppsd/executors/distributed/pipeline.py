@@ -43,10 +43,10 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from ..model import KVCache, StagedModel
-from ..trace import Stopwatch
-from . import schedule
-from .base import Feed, Output, final_position, first_stage, logit_width
+from ...model import KVCache, StagedModel
+from ...trace import Stopwatch
+from .. import schedule
+from ..base import Feed, Output, final_position, first_stage, logit_width
 from .placement import StageOnePinning, sync_device, weights_fingerprint
 from .processes import OPEN, WorkerProcesses
 from .wire import (GROUPS, PING, ROLLBACK, SHUTDOWN, Control, Header, Outbox, PipelineBusy, PipelineError,

@@ -13,8 +13,8 @@ import os
 import multiprocessing
 from typing import Callable
 
-from ..config import DecodeConfig
-from ..model import StagedModel
+from ...config import DecodeConfig
+from ...model import StagedModel
 from .pipeline import DistributedExecutor
 from .placement import usable_cores
 from .wire import PipelineBusy, PipelineError, PipelineSpec
@@ -76,7 +76,7 @@ def ready_pipeline(model: StagedModel, config: DecodeConfig, *, progress: Callab
                    threads_per_worker: int = 1, timeout: float = 30.0) -> DistributedExecutor:
     """`shared_pipeline`, started and warmed up (untimed) on first use, saying what it does to
     `progress` (it takes seconds). ValueError says why it cannot run here or failed to start."""
-    from ..generate import warm_up  # generate decodes on executors: imported when first needed
+    from ...generate import warm_up  # generate decodes on executors: imported when first needed
 
     reason = workers_unavailable(config.num_stages, model.info.device)
     if reason is not None:

@@ -24,7 +24,7 @@ from typing import NamedTuple
 import torch
 import torch.distributed as dist
 
-from .schedule import ITEM_KINDS, Item, WorkerPart
+from ..schedule import ITEM_KINDS, Item, WorkerPart
 
 WORK, ROLLBACK, PING, SHUTDOWN = 1, 2, 3, 4
 FOREVER = timedelta(days=365)  # an idle worker waits for its next request as long as it takes
