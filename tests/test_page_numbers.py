@@ -410,3 +410,11 @@ def test_an_answer_too_short_to_time_shows_no_speedup(tiny_cache):
     assert not RATIO.search(text(values["headline"])) and "than AR (medians)" not in values["stats_ppsd"]
     assert not [t for t in values["theory"].data if t.name.startswith("PPSD measured")]
     assert 'class="tok tok-' in values["stream_ppsd"]  # the answer itself still shows
+
+
+def test_a_card_of_one_timed_round_says_so_not_medians(tiny_cache):
+    """Present mode times one round: its card gives the headline's ratio of that round."""
+    request = RunRequest(prompt="def fibonacci(n):", model="tiny", max_new_tokens=16, repeats=1)
+    values = view.snapshot(list(run_comparison(request, tiny_cache, throttle=0.0))[-1])
+    label = pipeline_ratio(values["headline"])
+    assert f"PPSD {label} than AR (one round)" in values["stats_ppsd"] and "medians" not in values["stats_ppsd"]

@@ -121,10 +121,11 @@ def _ratio_line(method: str, view: RunView) -> str:
     c = view.comparison
     if not view.teaches:
         return ""
+    timed = "medians" if c.rounds > 1 else "one round"
     if method == "ppsd":
-        return f"PPSD {ratio_text(c.speedup)} than AR (medians)"
+        return f"PPSD {ratio_text(c.speedup)} than AR ({timed})"
     if method == "eesd" and c.eesd is not None:
-        return f"EESD {ratio_text(c.eesd_speedup)} than AR (medians, measured)"
+        return f"EESD {ratio_text(c.eesd_speedup)} than AR ({timed}, measured)"
     return ""
 
 
