@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 import ppsd
-from ppsd.executors.distributed.pool import on_zerogpu
+from ppsd.executors.host import on_zerogpu
 
 from . import lease
 from .line import DeviceLine, StopRegistry

@@ -40,8 +40,7 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, Callable, Iterator, TypeVar
 
-from ppsd.executors.distributed.placement import usable_cores
-from ppsd.executors.distributed.pool import on_zerogpu as active  # the library's workers ask the same
+from ppsd.executors.host import on_zerogpu as active, usable_cores  # the library's workers ask the same
 
 from .lease import advice
 

@@ -220,7 +220,7 @@ def test_every_text_is_at_least_14_px_with_aa_contrast(page_url):
 
 
 def test_a_stages_count_past_the_cores_warns_before_run_and_names_the_controls(page_url):
-    from ppsd.executors.distributed.pool import usable_cores
+    from ppsd.executors.host import usable_cores
 
     with open_page(page_url) as page:
         page.wait_for_timeout(1000)

@@ -117,9 +117,9 @@ def test_an_exit_head_that_is_no_folder_says_what_it_is(saved_model, capsys, tmp
 
 
 def test_pipeline_and_generate_on_processes_refuse_too_many_stages_alike(saved_model, capsys, monkeypatch):
-    from ppsd.executors.distributed import pool
+    from ppsd.executors import host
 
-    monkeypatch.setattr(pool, "usable_cores", lambda: 2)
+    monkeypatch.setattr(host, "usable_cores", lambda: 2)
     base = ["--model", saved_model, "--prompt", "hi", "--max-new-tokens", "2", "--stages", "3"]
     code, _, generate_err = cli(capsys, "generate", "--executor", "processes", *base)
     one_line(code, generate_err, "K = 3 worker processes need 3 CPU cores, one each; this machine gives 2")

@@ -153,7 +153,7 @@ def test_while_a_run_pins_the_threads_every_thread_still_counts_the_processs_cor
     holds the pipeline: the process's, not the 1 core its pinned threads keep to."""
     import threading
 
-    from ppsd.executors.distributed.placement import process_cores, usable_cores
+    from ppsd.executors.host import process_cores, usable_cores
 
     cores, before = os.sched_getaffinity(0), usable_cores()
     steps = ppsd.stream(model, PROMPTS["short"], DecodeConfig(method="ppsd", max_new_tokens=40), executor=pool)
@@ -328,7 +328,7 @@ def _running(pid: int) -> bool:
 def test_usable_cores_is_the_affinity_capped_by_a_cgroup_quota(tmp_path, files, expected):
     import os
 
-    from ppsd.executors.distributed.placement import usable_cores
+    from ppsd.executors.host import usable_cores
 
     for name, text in files.items():
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from ppsd.executors import kinds
+from ppsd.executors import host, kinds
 from ppsd.executors.distributed import pool
 from ppsd.executors.kinds import KINDS, choose, concurrent_by_default, concurrent_kinds, kind_named
 
@@ -33,7 +33,7 @@ def test_an_unknown_name_is_refused_naming_the_choices():
 
 
 def test_auto_picks_processes_where_they_start_on_a_cpu_else_threads(monkeypatch):
-    monkeypatch.setattr(pool, "usable_cores", lambda: 2)
+    monkeypatch.setattr(host, "usable_cores", lambda: 2)
     assert choose("auto", 2, "cpu").name == "processes"
     assert choose("auto", 3, "cpu").name == "threads"  # too few cores for a process each
     assert choose("auto", 2, "cuda:0").name == "graphed"  # one GPU: captured steps, a CUDA stream each
@@ -46,7 +46,7 @@ def test_auto_picks_processes_where_they_start_on_a_cpu_else_threads(monkeypatch
 
 
 def test_every_kind_says_why_it_cannot_run_and_ready_refuses_with_that_reason(monkeypatch):
-    monkeypatch.setattr(pool, "usable_cores", lambda: 2)
+    monkeypatch.setattr(host, "usable_cores", lambda: 2)
     impossible = {"processes": ("cpu", 3, "K = 3 worker processes need 3 CPU cores, one each; this machine gives 2"),
                   "threads": ("mps", 2, "the threads executor runs on CPU or CUDA, not mps"),
                   "graphed": ("mps", 2, "the graphed executor runs on CPU or CUDA, not mps"),

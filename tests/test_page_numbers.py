@@ -259,10 +259,9 @@ def test_a_run_above_the_ideal_is_explained_or_flagged_beside_the_ideal():
 
 
 def test_plain_ar_may_run_on_one_thread_or_every_core(tiny_cache, monkeypatch):
-    from ppsd.executors import kinds
-    from ppsd.executors.distributed import pool
+    from ppsd.executors import host, kinds
 
-    monkeypatch.setattr(pool, "usable_cores", lambda: 2)
+    monkeypatch.setattr(host, "usable_cores", lambda: 2)
     setup = tiny_cache.set_up(tiny_cache.get("tiny"), "hi", ppsd.DecodeConfig(method="ar"), exit_head="",
                                  chat=False)
     ways = kinds.fastest_ar(setup, "processes", None)

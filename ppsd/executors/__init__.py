@@ -6,7 +6,8 @@ what in each call (as data), `local` the in-process executor (stages in turn), `
 same with a slot's stages at once on a thread each, `graphed` each stage as one pure step on a
 static KV cache (CUDA graphs on a stream each, or compiled steps on stage threads on a CPU),
 `stacked` a slot's stages as one chain of stacked layers (`ppsd.llama_step`), the next slot
-launched before this one is read, and `kinds` the registry every front end chooses from. The
+launched before this one is read, `kinds` the registry every front end chooses from, and `host`
+what the host gives (its usable cores, whether it is a ZeroGPU Space). The
 K-process pipeline is the package `distributed` (`pipeline`, the coordinator; `worker`, `wire`,
 `placement`, `processes`; and `pool`, what callers use); import it only when wanted (it brings
 torch.distributed).

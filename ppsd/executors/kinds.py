@@ -241,7 +241,7 @@ def choose(requested: str, num_stages: int, device: str) -> ExecutorKind:
 def concurrent_by_default(num_stages: int, device: str) -> bool:
     """Whether a front end should run the K stages at once by default: on a GPU (worker processes
     or CUDA streams), or where K cores are there for them."""
-    from .distributed.pool import usable_cores  # where workers_unavailable counts them
+    from .host import usable_cores  # where workers_unavailable counts them
 
     return device.startswith("cuda") or usable_cores() >= num_stages
 
@@ -266,7 +266,7 @@ def fastest_ar(setup: RunSetup, kind: str, pipeline: Executor | None) -> tuple[P
     and on every core: on a busy 2-core machine torch on 2 threads ran 3.5x slower than on 1
     (issue 34), on a quiet one faster. The caller closes what it did not pass in, and gives the
     process its threads back."""
-    from .distributed.pool import usable_cores
+    from .host import usable_cores
 
     graphed, cores = KINDS["graphed"], usable_cores()
     if setup.model.info.device.startswith("cuda"):

@@ -7,13 +7,12 @@ workers (`worker`) alike.
 
 from __future__ import annotations
 
-import math
 import os
-import threading
 
 import torch
 
 from ...model import StagedModel, default_dtype, load_weights
+from .. import host
 from .wire import PipelineSpec
 
 
@@ -36,41 +35,6 @@ def weights_fingerprint(model: StagedModel, layers: range) -> float:
     if layers.stop == model.num_layers:
         total += model.hf_model.lm_head.weight.detach().double().abs().sum().item()
     return total
-
-
-_pins = threading.Lock()
-_pinned: list[set[int]] = []  # while runs pin this process's threads (`StageOnePinning`): the cores it had
-
-
-def process_cores() -> set[int]:
-    """The cores this process was given. `sched_getaffinity(0)` is the calling thread's, and while
-    a run pins every thread to stage 1's core it says 1, on every thread of a server: the cores
-    from before the pinning are what the process has."""
-    with _pins:
-        if _pinned:
-            return set(_pinned[0])
-    return os.sched_getaffinity(0)
-
-
-def usable_cores(cgroup: str = "/sys/fs/cgroup") -> int:
-    """CPU cores this process may really use: its affinity (`process_cores`, not a pinned
-    thread's), capped by a cgroup CPU quota (a container on a big host sees every core but may be
-    given two)."""
-    cores = len(process_cores())
-    for quota_file, period_file in (("cpu.max", None), ("cpu/cpu.cfs_quota_us", "cpu/cpu.cfs_period_us")):
-        try:
-            with open(os.path.join(cgroup, quota_file)) as f:
-                fields = f.read().split()
-            if period_file is not None:
-                with open(os.path.join(cgroup, period_file)) as f:
-                    fields.append(f.read().strip())
-            quota, period = fields[0], float(fields[1])
-        except (OSError, IndexError, ValueError):
-            continue
-        if quota not in ("max", "-1") and period > 0:
-            return max(1, min(cores, math.ceil(float(quota) / period)))
-        return cores
-    return cores
 
 
 def cores_of(rank: int, threads: int, cores: list[int]) -> set[int]:
@@ -125,11 +89,10 @@ class StageOnePinning:
     def hold(self) -> None:
         if self._caller is not None:
             return
-        self._caller = torch.get_num_threads(), process_cores()
+        self._caller = torch.get_num_threads(), host.process_cores()
         torch.set_num_threads(self.spec.threads_per_worker)
         if self.spec.device == "cpu":
-            with _pins:
-                _pinned.append(self._caller[1])
+            host.pinning(self._caller[1])
             pin_threads(cores_of(0, self.spec.threads_per_worker, sorted(self._caller[1])))
 
     def release(self) -> None:
@@ -140,5 +103,4 @@ class StageOnePinning:
         torch.set_num_threads(threads)
         if self.spec.device == "cpu":
             pin_threads(cores)
-            with _pins:
-                _pinned.remove(cores)
+            host.unpinned(cores)

@@ -9,18 +9,17 @@ runs, and how it gets one, is `kinds`.
 
 from __future__ import annotations
 
-import os
 import multiprocessing
 from typing import Callable
 
 from ...config import DecodeConfig
 from ...model import StagedModel
+from .. import host
 from .pipeline import DistributedExecutor
-from .placement import usable_cores
 from .wire import PipelineBusy, PipelineError, PipelineSpec
 
 __all__ = ["DistributedExecutor", "PipelineBusy", "PipelineError", "current_pool", "ready_pipeline", "shared_pipeline",
-           "usable_cores", "workers_unavailable"]
+           "workers_unavailable"]
 
 _current: DistributedExecutor | None = None  # the one `shared_pipeline` hands out
 
@@ -50,22 +49,16 @@ def shared_pipeline(model: StagedModel, config: DecodeConfig, *, threads_per_wor
     return _current
 
 
-def on_zerogpu() -> bool:
-    """Is this a Hugging Face ZeroGPU Space? (SPACES_ZERO_GPU, read as the `spaces` package reads
-    it: the package is installed on every Space, with or without ZeroGPU.)"""
-    return os.environ.get("SPACES_ZERO_GPU", "").lower() in ("1", "t", "true")
-
-
 def workers_unavailable(num_stages: int, device: str) -> str | None:
     """None when K worker processes can run here, else why not (said to the user)."""
     if multiprocessing.current_process().daemon:
         return "this process is daemonic (as a ZeroGPU call is) and cannot start worker processes"
     if device.startswith("cuda"):
-        if not on_zerogpu():
+        if not host.on_zerogpu():
             return None
         # ZeroGPU lends the GPU to one function call of one process, not to worker processes.
         return "on ZeroGPU the GPU is lent to one process for one call: worker processes cannot share it"
-    cores = usable_cores()
+    cores = host.usable_cores()
     if cores < num_stages:
         return (f"K = {num_stages} worker processes need {num_stages} CPU cores, one each; this machine gives "
                 f"{cores}: lower K, or run in one process (projected clock)")
