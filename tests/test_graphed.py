@@ -273,27 +273,38 @@ def test_on_cuda_every_replayed_call_returns_what_the_in_process_executor_return
 @pytest.mark.gpu
 @requires_cuda
 def test_on_cuda_greedy_replays_equal_hugging_face_across_a_bucket_and_sampling_draws_the_same(cuda_model):
+    check_replays_equal_hugging_face(cuda_model, GraphedExecutor)
+
+
+def check_replays_equal_hugging_face(model, make) -> None:
+    """On CUDA, with `make(model, partition)` (K = 2, E = 4): greedy AR, EESD and PPSD equal HF
+    `generate()` across a length bucket (graphs captured at 64 and 128), and sampled PPSD draws
+    what in-process PPSD draws. Shared by every executor that captures CUDA graphs."""
     prompt = list(range(2, 62))
-    ids = torch.tensor([prompt], device="cuda")
-    hf = cuda_model.hf_model.generate(ids, max_new_tokens=NEW_TOKENS, do_sample=False,
-                                      min_new_tokens=NEW_TOKENS)[0, len(prompt):].tolist()
+    hf = model.hf_model.generate(torch.tensor([prompt], device="cuda"), max_new_tokens=NEW_TOKENS, do_sample=False,
+                                 min_new_tokens=NEW_TOKENS)[0, len(prompt):].tolist()
     sampled = DecodeConfig(method="ppsd", exit_layer=4, max_new_tokens=NEW_TOKENS, temperature=0.9, top_p=0.95, seed=7)
-    with GraphedExecutor(cuda_model, stage_layers(cuda_model.num_layers, 4, 2)) as graphed:
+    with make(model, stage_layers(model.num_layers, 4, 2)) as executor:
         for method in ("ar", "eesd", "ppsd"):
             config = DecodeConfig(method=method, exit_layer=4, max_new_tokens=NEW_TOKENS)
-            assert ppsd.generate(cuda_model, prompt, config, executor=graphed).token_ids == hf, method
-        assert {key[1] for key in graphed._graphs} == {64, 128}
-        drawn = ppsd.generate(cuda_model, PROMPTS["short"], sampled, executor=graphed).token_ids
-    assert drawn == ppsd.generate(cuda_model, PROMPTS["short"], sampled).token_ids
+            assert ppsd.generate(model, prompt, config, executor=executor).token_ids == hf, method
+        assert {key[1] for key in executor._graphs} == {64, 128}
+        drawn = ppsd.generate(model, PROMPTS["short"], sampled, executor=executor).token_ids
+    assert drawn == ppsd.generate(model, PROMPTS["short"], sampled).token_ids
 
 
 @pytest.mark.gpu
 @requires_cuda
 def test_on_cuda_in_bf16_ar_eesd_and_ppsd_are_token_identical():
     model = with_layer_head(ppsd.StagedModel(tiny_llama().to("cuda", torch.bfloat16), name="tiny-bf16"), 4)
-    with GraphedExecutor(model, stage_layers(model.num_layers, 4, 2)) as graphed:
+    check_methods_agree(model, GraphedExecutor)
+
+
+def check_methods_agree(model, make) -> None:
+    """AR, EESD and PPSD on `make(model, partition)` (K = 2, E = 4) give the same tokens."""
+    with make(model, stage_layers(model.num_layers, 4, 2)) as executor:
         outputs = {method: ppsd.generate(model, PROMPTS["long"], DecodeConfig(
-            method=method, exit_layer=4, max_new_tokens=2 * NEW_TOKENS), executor=graphed).token_ids
+            method=method, exit_layer=4, max_new_tokens=2 * NEW_TOKENS), executor=executor).token_ids
             for method in ("ar", "eesd", "ppsd")}
     assert outputs["ar"] == outputs["eesd"] == outputs["ppsd"]
 

@@ -22,7 +22,7 @@ from ppsd.trace import Stopwatch
 from conftest import requires_cuda, tiny_llama
 from test_conformance import Checked
 from test_distributed import NEW_TOKENS, PROMPTS
-from test_graphed import HOST_READS, Ops, with_layer_head
+from test_graphed import HOST_READS, Ops, check_methods_agree, check_replays_equal_hugging_face, with_layer_head
 
 
 @pytest.fixture(scope="module")
@@ -199,28 +199,13 @@ def test_on_cuda_every_replayed_call_returns_what_the_in_process_executor_return
 @requires_cuda
 def test_on_cuda_greedy_replays_equal_hugging_face_across_a_bucket_and_sampling_draws_the_same():
     model = with_layer_head(ppsd.StagedModel(tiny_llama().to("cuda"), name="tiny-llama"), 4)
-    prompt = list(range(2, 62))
-    hf = model.hf_model.generate(torch.tensor([prompt], device="cuda"), max_new_tokens=NEW_TOKENS, do_sample=False,
-                                 min_new_tokens=NEW_TOKENS)[0, len(prompt):].tolist()
-    sampled = DecodeConfig(method="ppsd", exit_layer=4, max_new_tokens=NEW_TOKENS, temperature=0.9, top_p=0.95, seed=7)
-    with StackedExecutor(model, stage_layers(model.num_layers, 4, 2)) as stacked:
-        for method in ("ar", "eesd", "ppsd"):
-            config = DecodeConfig(method=method, exit_layer=4, max_new_tokens=NEW_TOKENS)
-            assert ppsd.generate(model, prompt, config, executor=stacked).token_ids == hf, method
-        assert {key[1] for key in stacked._graphs} == {64, 128}
-        drawn = ppsd.generate(model, PROMPTS["short"], sampled, executor=stacked).token_ids
-    assert drawn == ppsd.generate(model, PROMPTS["short"], sampled).token_ids
+    check_replays_equal_hugging_face(model, StackedExecutor)
 
 
 @pytest.mark.gpu
 @requires_cuda
 def test_on_cuda_in_bf16_ar_eesd_and_ppsd_are_token_identical():
-    model = ppsd.StagedModel(tiny_llama().to("cuda", torch.bfloat16), name="tiny-bf16")
-    with StackedExecutor(model, stage_layers(model.num_layers, 4, 2)) as stacked:
-        outputs = {method: ppsd.generate(model, PROMPTS["long"], DecodeConfig(
-            method=method, exit_layer=4, max_new_tokens=2 * NEW_TOKENS), executor=stacked).token_ids
-            for method in ("ar", "eesd", "ppsd")}
-    assert outputs["ar"] == outputs["eesd"] == outputs["ppsd"]
+    check_methods_agree(ppsd.StagedModel(tiny_llama().to("cuda", torch.bfloat16), name="tiny-bf16"), StackedExecutor)
 
 
 @pytest.mark.parametrize("acceptance", [0.0, 0.5, 1.0])
