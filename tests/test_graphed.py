@@ -50,7 +50,8 @@ def layer_model(model):
 
 
 class Poisoned(Checked):
-    """Before every call, every cache entry past its layer's committed length holds a large value."""
+    """Before every call, every cache entry past its layer's committed length holds a large value
+    (`_poison`, per cache layout: the graphed executor's keys and values here)."""
 
     def _poison(self):
         cache = self.candidate.cache

@@ -22,7 +22,8 @@ from ppsd.trace import Stopwatch
 from conftest import requires_cuda, tiny_llama
 from test_conformance import Checked
 from test_distributed import NEW_TOKENS, PROMPTS
-from test_graphed import HOST_READS, Ops, check_methods_agree, check_replays_equal_hugging_face, with_layer_head
+from test_graphed import (HOST_READS, Ops, Poisoned, check_methods_agree, check_replays_equal_hugging_face,
+                          with_layer_head)
 
 
 @pytest.fixture(scope="module")
@@ -76,7 +77,7 @@ def test_the_ops_are_the_same_at_every_position_and_verdict(model, monkeypatch):
         assert not HOST_READS & {name for name, *_ in sequences[0]}
 
 
-class Poisoned(Checked):
+class StackedPoisoned(Poisoned):
     """Before every call, every cache entry at or past its layer's length, and the scratch layer,
     hold a large value (the slot in flight is off: it writes past the lengths ahead of time)."""
 
@@ -85,18 +86,6 @@ class Poisoned(Checked):
         for layer in range(cache.num_layers if cache.capacity else 0):
             cache.kv[:, layer, :, cache.length(layer):] = 1e4
 
-    def slot(self, feed, *, slot):
-        self._poison()
-        return super().slot(feed, slot=slot)
-
-    def push(self, feed):
-        self._poison()
-        return super().push(feed)
-
-    def flow(self):
-        self._poison()
-        return super().flow()
-
 
 @pytest.mark.parametrize("method", ["ppsd", "eesd", "ar"])
 def test_a_poisoned_cache_changes_nothing(model, method):
@@ -104,7 +93,7 @@ def test_a_poisoned_cache_changes_nothing(model, method):
     partition = stage_layers(model.num_layers, 4, 2)
     config = DecodeConfig(method=method, exit_layer=4, max_new_tokens=NEW_TOKENS)
     with StackedExecutor(layer_model, partition, lookahead=False) as stacked:
-        twin = Poisoned(InProcessExecutor(layer_model, partition, Stopwatch()), stacked)
+        twin = StackedPoisoned(InProcessExecutor(layer_model, partition, Stopwatch()), stacked)
         ppsd.generate(layer_model, PROMPTS["long"], config, executor=twin)
     assert twin.calls > NEW_TOKENS
 
