@@ -227,14 +227,7 @@ def test_on_cuda_a_prepared_run_captures_nothing_inside_it(cuda_model):
 
 
 def test_in_bf16_ar_eesd_and_ppsd_are_token_identical_on_the_graphed_steps():
-    model = ppsd.StagedModel(tiny_llama().to(torch.bfloat16), name="tiny-llama-bf16")
-    partition = stage_layers(model.num_layers, 4, 2)
-    outputs = {}
-    with GraphedExecutor(model, partition) as graphed:
-        for method in ("ar", "eesd", "ppsd"):
-            config = DecodeConfig(method=method, exit_layer=4, max_new_tokens=2 * NEW_TOKENS)
-            outputs[method] = ppsd.generate(model, PROMPTS["long"], config, executor=graphed).token_ids
-    assert outputs["ar"] == outputs["eesd"] == outputs["ppsd"]
+    check_methods_agree(ppsd.StagedModel(tiny_llama().to(torch.bfloat16), name="tiny-llama-bf16"), GraphedExecutor)
 
 
 def test_it_refuses_a_single_stage_or_another_device_in_words(model, monkeypatch):

@@ -148,12 +148,7 @@ def test_a_layer_head_drafts_from_the_packed_cache_as_in_process(model, method):
 
 
 def test_in_bf16_ar_eesd_and_ppsd_are_token_identical_on_the_stacked_engine():
-    model = ppsd.StagedModel(tiny_llama().to(torch.bfloat16), name="tiny-llama-bf16")
-    with StackedExecutor(model, stage_layers(model.num_layers, 4, 2)) as stacked:
-        outputs = {method: ppsd.generate(model, PROMPTS["long"], DecodeConfig(
-            method=method, exit_layer=4, max_new_tokens=2 * NEW_TOKENS), executor=stacked).token_ids
-            for method in ("ar", "eesd", "ppsd")}
-    assert outputs["ar"] == outputs["eesd"] == outputs["ppsd"]
+    check_methods_agree(ppsd.StagedModel(tiny_llama().to(torch.bfloat16), name="tiny-llama-bf16"), StackedExecutor)
 
 
 def test_it_refuses_a_single_stage_or_another_device_in_words(model, monkeypatch):
