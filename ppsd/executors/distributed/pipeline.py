@@ -49,7 +49,7 @@ from .. import schedule
 from ..base import Feed, Output, final_position, first_stage, logit_width
 from .placement import StageOnePinning, sync_device, weights_fingerprint
 from .processes import OPEN, WorkerProcesses
-from .wire import (GROUPS, PING, ROLLBACK, SHUTDOWN, Control, Header, Outbox, PipelineBusy, PipelineError,
+from .wire import (GROUPS, PING, PING_SECONDS, ROLLBACK, SHUTDOWN, Control, Header, Outbox, PipelineBusy, PipelineError,
                    PipelineSpec, init_group, wire_tensor)
 
 
@@ -144,6 +144,29 @@ class DistributedExecutor:
         self.aborted = True
         self._workers.kill()
 
+    def check_workers(self, within: float = PING_SECONDS) -> str | None:
+        """Between runs: None when every worker answers a ping within `within` seconds; else why
+        not (frozen, dead, silent), and the pool is shut down, its workers killed (a frozen one
+        never exits by itself), so that the next run starts fresh ones rather than waiting the
+        call timeout on it. While a run holds the pipeline nothing is sent (its own calls watch
+        the workers: the call timeout, and a Stop's `abort`), and None is returned."""
+        if self._state != "open":
+            return "the pipeline is not running"
+        if not self._run_lock.acquire(blocking=False):
+            return None
+        try:
+            reason = self.frozen() or self._ping(within)
+        finally:
+            self._run_lock.release()
+        if reason is not None:
+            self._state = "broken"  # no polite SHUTDOWN: a frozen worker would take its whole grace
+            self.close()
+        return reason
+
+    def frozen(self) -> str | None:
+        """Which worker is frozen (stopped), if one is (`WorkerProcesses.frozen`); safe from any thread."""
+        return self._workers.frozen()
+
     @property
     def alive(self) -> bool:
         """Open, and every worker it started still running (one may die while the pool idles)."""
@@ -200,13 +223,16 @@ class DistributedExecutor:
         return self._run(self._plan(schedule.flow), None, None)
 
     def rollback(self, length: int) -> None:
+        self._guarded(lambda: self._rolled_back(length))
+
+    def _rolled_back(self, length: int) -> None:
         if self._ahead is not None:  # run-ahead work behind a correction: flushed, its reports dropped
             self._discarded.extend(self._ahead.reports.values())
             self._ahead = None
         self._queues = schedule.empty(len(self.partition))
         self._attached = []
         self.cache.truncate(length)
-        self._guarded(lambda: self._broadcast(Header(ROLLBACK, length=length)))
+        self._broadcast(Header(ROLLBACK, length=length))
 
     def _plan(self, step) -> _Call:
         """The workers' call `step(queues)` plans; the queues then hold what it leaves."""
@@ -327,6 +353,28 @@ class DistributedExecutor:
             self._state = "broken"
             self.close()
             raise PipelineError(f"{reason}; the pipeline was shut down") from error
+
+    def _ping(self, within: float) -> str | None:
+        """Every worker's answer to a PING within `within` seconds (None), else why not. The
+        workers answer in order, so the reports of run-ahead work a Stop left are awaited first,
+        and an answer proves every earlier message delivered. A wait that times out breaks
+        gloo's connection: the caller shuts the pool down."""
+        deadline = time.monotonic() + within
+        try:
+            self._rolled_back(0)  # as `begin` does: the run-ahead work a Stop left is dropped
+            waits = [(None, work) for work, _ in self._discarded]
+            self._discarded = []
+            for k in range(1, len(self.partition)):
+                self._outbox.post(self._control.pack(Header(PING)), k)
+                answer = torch.empty(1, dtype=torch.float64)
+                waits.append((k, dist.irecv(answer, src=k, group=GROUPS["calls"])))
+            for k, work in waits:
+                work.wait(timedelta(seconds=max(deadline - time.monotonic(), 0.001)))
+                if k is not None:
+                    self._outbox.delivered(k, self._outbox.posted[k])
+        except Exception:  # noqa: BLE001 - gloo raises RuntimeError subclasses; the pool goes either way
+            return self._workers.culprit() or f"a pipeline worker did not answer a ping within {within:g} s"
+        return None
 
     # Startup ---------------------------------------------------------------------------------
 

@@ -10,13 +10,14 @@ runs, and how it gets one, is `kinds`.
 from __future__ import annotations
 
 import multiprocessing
+import threading
 from typing import Callable
 
 from ...config import DecodeConfig
 from ...model import StagedModel
 from .. import host
 from .pipeline import DistributedExecutor
-from .wire import PipelineBusy, PipelineError, PipelineSpec
+from .wire import PING_SECONDS, PipelineBusy, PipelineError, PipelineSpec
 
 __all__ = ["DistributedExecutor", "PipelineBusy", "PipelineError", "current_pool", "ready_pipeline", "shared_pipeline",
            "workers_unavailable"]
@@ -30,19 +31,24 @@ def current_pool() -> DistributedExecutor | None:
 
 
 def shared_pipeline(model: StagedModel, config: DecodeConfig, *, threads_per_worker: int = 1,
-                    timeout: float = 30.0) -> DistributedExecutor:
+                    timeout: float = 30.0, progress: Callable[[str], None] | None = None) -> DistributedExecutor:
     """The process's pipeline for `model` and `config`'s stages: stage 1 runs here on `model`,
     stages 2..K in workers that load `model.info.name` (a local directory or hub id). Started
     once and reused while the settings and weights match (the exit head may change: only stage 1
-    uses it); otherwise the old pool is closed and a new one started."""
+    uses it) and every worker answers a ping within `wire.PING_SECONDS`; otherwise the old pool is
+    closed (a frozen or silent worker killed, said to `progress`) and a new one started."""
     spec = PipelineSpec(model=model.info.name, partition=config.partition(model.num_layers),
                         device=model.info.device.split(":")[0], dtype=model.info.dtype,
                         threads_per_worker=threads_per_worker, timeout=timeout)
     global _current
     current = current_pool()
     if current is not None and current.spec == spec and current.model.hf_model is model.hf_model:
-        current.model = model
-        return current
+        silent = current.check_workers()  # a run never waits the call timeout on a frozen worker
+        if silent is None:
+            current.model = model
+            return current
+        (progress or (lambda message: None))(f"A worker process did not answer within {PING_SECONDS:g} s "
+                                             "(frozen or hung): starting fresh ones")
     if _current is not None:
         _current.close()  # other settings, or a worker died while idle: its group goes too
     _current = DistributedExecutor(spec, model).start()
@@ -68,20 +74,73 @@ def workers_unavailable(num_stages: int, device: str) -> str | None:
 def ready_pipeline(model: StagedModel, config: DecodeConfig, *, progress: Callable[[str], None] | None = None,
                    threads_per_worker: int = 1, timeout: float = 30.0) -> DistributedExecutor:
     """`shared_pipeline`, started and warmed up (untimed) on first use, saying what it does to
-    `progress` (it takes seconds). ValueError says why it cannot run here or failed to start."""
-    from ...generate import warm_up  # generate decodes on executors: imported when first needed
-
+    `progress` (it takes seconds). A worker that freezes while it warms up, or does not answer a
+    ping after, is replaced (once): the run after never waits on it. ValueError says why it
+    cannot run here or failed to start."""
     reason = workers_unavailable(config.num_stages, model.info.device)
     if reason is not None:
         raise ValueError(reason)
     tell = progress or (lambda message: None)
+    options = {"threads_per_worker": threads_per_worker, "timeout": timeout}
     try:
-        if current_pool() is None or current_pool().runs == 0:
-            tell(f"Starting {config.num_stages} worker processes, one per stage, and loading the weights in each")
-        pipeline = shared_pipeline(model, config, threads_per_worker=threads_per_worker, timeout=timeout)
-        if pipeline.runs == 0:
-            tell("Warming up the worker processes (untimed)")
-            warm_up(model, [0], config, executor=pipeline)
+        pipeline, silent = _warm(model, config, tell, options)
+        if silent is not None:
+            tell("A worker process froze or fell silent while warming up: starting fresh ones")
+            pipeline, silent = _warm(model, config, tell, options)
+        if silent is not None:
+            raise PipelineError(silent)
     except PipelineError as error:
         raise ValueError(f"the worker processes failed: {error}") from None
     return pipeline
+
+
+def _warm(model: StagedModel, config: DecodeConfig, tell: Callable[[str], None],
+          options: dict) -> tuple[DistributedExecutor, str | None]:
+    """The shared pipeline, warmed up once, and None; or, when a worker froze during the warm-up
+    or does not answer after it, why (the pool is then shut down)."""
+    from ...generate import warm_up  # generate decodes on executors: imported when first needed
+
+    if current_pool() is None or current_pool().runs == 0:
+        tell(f"Starting {config.num_stages} worker processes, one per stage, and loading the weights in each")
+    pipeline = shared_pipeline(model, config, progress=tell, **options)
+    if pipeline.runs > 0:
+        return pipeline, None  # warm, and it has just answered its ping
+    tell("Warming up the worker processes (untimed)")
+    with FreezeWatch(pipeline) as watch:
+        try:
+            warm_up(model, [0], config, executor=pipeline)
+        except PipelineError:
+            if watch.frozen is None:
+                raise
+    if watch.frozen is not None:
+        pipeline.close()
+        return pipeline, watch.frozen
+    return pipeline, pipeline.check_workers()
+
+
+class FreezeWatch:
+    """While a warm-up runs (untimed, so no Stop watches it), a thread looks every `every` s
+    whether a worker is frozen (stopped); if one is, it kills the pool (`abort`), so the warm-up
+    fails at once instead of after the call timeout, and says which (`frozen`). A busy worker
+    cannot answer a ping, so its process state is what is watched."""
+
+    def __init__(self, pipeline: DistributedExecutor, every: float = 0.1) -> None:
+        self.pipeline, self.every = pipeline, every
+        self.frozen: str | None = None
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="ppsd-freeze-watch", daemon=True)
+
+    def _watch(self) -> None:
+        while not self._done.wait(self.every):
+            self.frozen = self.pipeline.frozen()
+            if self.frozen is not None:
+                self.pipeline.abort()
+                return
+
+    def __enter__(self) -> "FreezeWatch":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._done.set()
+        self._thread.join()

@@ -69,6 +69,15 @@ class WorkerProcesses:
                 except ProcessLookupError:
                     pass
 
+    def frozen(self) -> str | None:
+        """Which worker is stopped (SIGSTOP, a debugger), if one is: it answers nothing until it
+        is continued, however long a call waits, and it cannot be seen by waiting alone, since a
+        busy worker is silent too. Read from /proc (Linux); elsewhere None."""
+        for k, process in enumerate(self.processes, start=2):
+            if _state(process.pid) in ("T", "t"):
+                return f"pipeline worker for stage {k} (pid {process.pid}) is frozen (stopped)"
+        return None
+
     def culprit(self) -> str | None:
         """Which worker died, and how, if one did."""
         time.sleep(0.2)  # let a dying worker finish dying, so it is named rather than its neighbour
@@ -141,6 +150,16 @@ def _process_context():
     context.set_forkserver_preload(["ppsd.executors.distributed.worker", "torch.distributed",
                                     "transformers.models.llama.modeling_llama", "transformers.models.auto.modeling_auto"])
     return context
+
+
+def _state(pid: int | None) -> str | None:
+    """The process's state letter from /proc/PID/stat (R, S, T for stopped, Z, ...); None when
+    it cannot be read (gone, or no /proc)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return None
 
 
 def _exists(pid: int) -> bool:

@@ -27,6 +27,7 @@ import torch.distributed as dist
 from ..schedule import ITEM_KINDS, Item, WorkerPart
 
 WORK, ROLLBACK, PING, SHUTDOWN = 1, 2, 3, 4
+PING_SECONDS = 1.0  # an idle worker answers a PING in well under a millisecond; a frozen one never
 FOREVER = timedelta(days=365)  # an idle worker waits for its next request as long as it takes
 GROUPS: dict = {}  # this process's groups ("calls", "hidden") and whether GPU tensors go via host ("staged")
 
