@@ -20,7 +20,7 @@ from torch import nn
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from .assets import ASSETS
-from .model_source import DEFAULT_MODEL, UNREACHABLE, Progress, hub_reachable, resolve
+from .model_source import DEFAULT_MODEL, UNREACHABLE, Progress, config_source, gguf_shape, hub_reachable, resolve
 
 # Architectures whose decoder stacks expose model.model.{embed_tokens, layers, norm, rotary_emb}
 # and whose layers only need (hidden, mask, position_embeddings, cache): verified exact in tests.
@@ -299,6 +299,41 @@ def model_config(name: str, *, progress: Progress | None = None):
     return _config(name, resolve(name, progress=progress))
 
 
+@dataclass(frozen=True)
+class ModelShape:
+    """What checks made before a load need of a model: its decoder layers and usable context."""
+
+    num_layers: int
+    max_context: int
+
+
+def model_shape(name: str, *, progress: Progress | None = None) -> ModelShape:
+    """The shape of model `name` from its config alone, its weights never read, hashed or
+    converted (`ppsd.model_source.config_source`): cheap enough for every value's check before a
+    load (`progress` hears of a hub download of a model not here at all). Refused, as
+    `load_model` refuses, unless a supported architecture."""
+    source = config_source(name, progress=progress)
+    if source.lower().endswith(".gguf") and Path(source).is_file():
+        architecture, layers, context = gguf_shape(source)
+        _supported(name, architecture)
+        return ModelShape(layers, context)
+    config = _config(name, source)
+    return ModelShape(int(config.num_hidden_layers), _max_context(config))
+
+
+def shape_tokenizer(name: str):
+    """Model `name`'s tokenizer when it can be read without its weights being read or hashed (a
+    converted model, a directory, a hub id in the local cache), for a prompt's length checked
+    before a load; None when it cannot yet (a GGUF not converted)."""
+    source = config_source(name)
+    if source.lower().endswith(".gguf"):
+        return None
+    try:
+        return AutoTokenizer.from_pretrained(source, trust_remote_code=False, **_hub_options(source))
+    except Exception as error:  # noqa: BLE001 - every loader failure becomes one clear message
+        raise _load_error(name, source, error) from None
+
+
 def _weights(name: str, source: str, *, device: str, dtype: torch.dtype) -> StagedModel:
     """The model `name`, whose files `resolve` found at `source` (resolved once per load)."""
     _config(name, source)
@@ -316,12 +351,16 @@ def _config(name: str, source: str):
         config = AutoConfig.from_pretrained(source, trust_remote_code=False, **_hub_options(source))
     except Exception as error:  # noqa: BLE001 - every loader failure becomes one clear message
         raise _load_error(name, source, error) from None
-    if config.model_type not in SUPPORTED_MODEL_TYPES:
+    _supported(name, config.model_type)
+    return config
+
+
+def _supported(name: str, model_type: str) -> None:
+    if model_type not in SUPPORTED_MODEL_TYPES:
         raise ValueError(
-            f"model {name!r} has unsupported architecture {config.model_type!r}; "
+            f"model {name!r} has unsupported architecture {model_type!r}; "
             f"supported: {', '.join(SUPPORTED_MODEL_TYPES)}"
         )
-    return config
 
 
 def _hub_options(source: str) -> dict:

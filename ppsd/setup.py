@@ -127,13 +127,19 @@ def set_up_text(model: StagedModel, tokenizer, text: str, config: DecodeConfig |
 
 def check_prompt(model: StagedModel, prompt_ids: tuple[int, ...], config: DecodeConfig) -> None:
     """Raise ValueError when the prompt is empty or prompt plus output exceeds the context."""
-    if not prompt_ids:
+    check_prompt_length(len(prompt_ids), model.info.max_context, config.max_new_tokens)
+
+
+def check_prompt_length(tokens: int, max_context: int, max_new_tokens: int) -> None:
+    """`check_prompt` by numbers alone: an entry point checks a prompt against the model's config
+    before its weights load."""
+    if not tokens:
         raise ValueError("prompt is empty: give some text to continue")
-    room = model.info.max_context - config.max_new_tokens
-    if len(prompt_ids) > room:
+    room = max_context - max_new_tokens
+    if tokens > room:
         raise ValueError(
-            f"prompt of {len(prompt_ids)} tokens is too long: with max_new_tokens={config.max_new_tokens} "
-            f"the model's context of {model.info.max_context} allows at most {max(room, 0)}"
+            f"prompt of {tokens} tokens is too long: with max_new_tokens={max_new_tokens} "
+            f"the model's context of {max_context} allows at most {max(room, 0)}"
         )
 
 

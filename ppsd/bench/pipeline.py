@@ -29,7 +29,8 @@ from pathlib import Path
 import torch
 
 from ..chat import encode_prompt, use_chat
-from ..cli import check_output_file, options, thread_count, whole
+from ..cli import options
+from ..cli.values import check_input_file, check_output_file, thread_count, whole, write_result
 from ..compare import Comparison
 from ..model_source import resolve
 from ..config import DEFAULTS, DecodeConfig, balanced_exit_layer

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..chat import use_chat
-from ..cli import check_output_folder, thread_count, whole
+from ..cli.values import check_output_folder, thread_count, whole
 from ..config import DecodeConfig
 from ..heads import default_exit_layer
 from ..model import DEFAULT_MODEL, StagedModel

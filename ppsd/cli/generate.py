@@ -9,12 +9,12 @@ import sys
 import torch
 import transformers
 
-from . import check_output_file, options, thread_count
-from ..chat import check_text
+from . import options
+from .values import check_output_file, thread_count, write_result
 from ..executors.kinds import ALIASES, KINDS, ExecutorKind
 from ..executors.distributed.wire import PipelineError
 from ..generate import Result, decode
-from ..model import load_model, model_config
+from ..model import load_model
 from ..setup import set_up_text
 
 
@@ -34,11 +34,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    check_text(args.prompt)
+    config, _ = options.checked(args, unavailable=KINDS[args.executor].unavailable, progress=_tell)
     check_output_file(args.chrome_trace, "--chrome-trace")
-    # Settings are checked against the checkpoint's config before any weights load.
-    layers = model_config(args.model, progress=_tell).num_hidden_layers
-    config = options.decode_config(args, layers)
     transformers.utils.logging.disable_progress_bar()  # keeps stderr to one line on error
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -53,14 +50,17 @@ def run(args: argparse.Namespace) -> int:
     finally:
         if executor is not None:
             executor.close()  # the command's one run: even a shared pipeline ends with it
-    if args.chrome_trace:
-        with open(args.chrome_trace, "w") as f:
-            json.dump(result.trace.to_chrome(), f)
     if args.json:
         print(json.dumps(to_json(result, tokenizer, model.info, chat=setup.chat, exit_head=setup.head), ensure_ascii=False))
     else:
         print(tokenizer.decode(result.token_ids, skip_special_tokens=True))
         print(summary_line(result, KINDS[args.executor]))
+    if args.chrome_trace:
+        try:  # checked before the run, but a disk may fill meanwhile: the answer above still stands
+            write_result(args.chrome_trace, json.dumps(result.trace.to_chrome()), "--chrome-trace")
+        except ValueError as error:
+            print(f"error: {error}", file=sys.stderr)
+            return 1
     return 0
 
 

@@ -10,14 +10,15 @@ import argparse
 import os
 import sys
 
-from . import options, seconds, thread_count
-from ..chat import check_text
+from . import options
+from .values import seconds, thread_count
 from ..executors.distributed.pipeline import DistributedExecutor
-from ..executors.distributed.pool import shared_pipeline, workers_unavailable
+from ..executors.distributed.pool import shared_pipeline
+from ..executors.kinds import KINDS
 from ..executors.distributed.wire import PipelineError, PipelineSpec
 from ..executors.distributed.worker import run_worker
 from ..generate import Result, decode
-from ..model import load_model, model_config
+from ..model import load_model
 from ..setup import set_up_text
 
 
@@ -32,22 +33,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    check_text(args.prompt)  # every rank checks every value before any group forms: all exit 2 alike
     rank = int(os.environ.get("RANK", "0"))
     torchrun = "RANK" in os.environ
-    layers = model_config(args.model).num_hidden_layers
-    config = options.decode_config(args, layers, num_stages=int(os.environ["WORLD_SIZE"]) if torchrun else None)
+    # Every rank checks every value before any group forms or weights load: all exit 2 alike.
+    # Started here, the workers need what `generate --executor processes` needs (one check, one
+    # message); under torchrun the launcher placed the ranks.
+    config, shape = options.checked(args, unavailable=None if torchrun else KINDS["processes"].unavailable,
+                                    num_stages=int(os.environ["WORLD_SIZE"]) if torchrun else None)
     # Every torchrun rank builds the same spec (dtype: the device's default, as load_model's).
-    spec = PipelineSpec(model=args.model, partition=config.partition(layers), device=args.device,
+    spec = PipelineSpec(model=args.model, partition=config.partition(shape.num_layers), device=args.device,
                         threads_per_worker=args.threads_per_worker, timeout=args.timeout)
     if rank > 0:
         run_worker(spec, rank, local_rank=int(os.environ.get("LOCAL_RANK", "0")))
         return 0
-    # Started here, the workers need what `generate --executor processes` needs (one check, one
-    # message); under torchrun the launcher placed the ranks.
-    reason = None if torchrun else workers_unavailable(config.num_stages, args.device)
-    if reason is not None:
-        raise ValueError(reason)
     model, tokenizer = load_model(args.model, device=args.device)
     setup = set_up_text(model, tokenizer, args.prompt, config, exit_head=args.exit_head, chat=args.chat)
     try:

@@ -169,15 +169,10 @@ def save_exit_head(head: nn.Module, directory: str | Path, config: HeadConfig, *
     return directory
 
 
-def load_exit_head(path: str | Path, model: StagedModel, exit_layer: int) -> nn.Module:
-    """Load a saved head for `model` at `exit_layer`, in the model's device and dtype.
-
-    Raises NotAHead (a ValueError) if the path is not a readable head, and ValueError, with what
-    the head was made for, if it was made for another model (architecture or weights fingerprint differ: a
-    head only helps the weights it was distilled from) or for another exit layer E.
-    """
-    from safetensors.torch import load_file
-
+def saved_head(path: str | Path) -> tuple[Path, HeadConfig]:
+    """The folder and config of the head saved at `path` (its folder, or its head_config.json),
+    read without any model, so that a path that holds none is refused before weights load:
+    NotAHead when it is not a head this version reads."""
     directory = Path(path)
     if directory.name == CONFIG_FILE and problem(directory, "file") is None:
         directory = directory.parent
@@ -189,6 +184,19 @@ def load_exit_head(path: str | Path, model: StagedModel, exit_layer: int) -> nn.
         raise NotAHead(f"exit head {directory} has format {config.format_version}; this version reads {FORMAT_VERSION}")
     if config.head_type not in TRAINED_HEAD_TYPES:
         raise NotAHead(f"exit head {directory} has unknown type {config.head_type!r}")
+    return directory, config
+
+
+def load_exit_head(path: str | Path, model: StagedModel, exit_layer: int) -> nn.Module:
+    """Load a saved head for `model` at `exit_layer`, in the model's device and dtype.
+
+    Raises NotAHead (a ValueError) if the path is not a readable head, and ValueError, with what
+    the head was made for, if it was made for another model (architecture or weights fingerprint differ: a
+    head only helps the weights it was distilled from) or for another exit layer E.
+    """
+    from safetensors.torch import load_file
+
+    directory, config = saved_head(path)
     current = fingerprint(model)
     if not fingerprint_matches(config.base_fingerprint, current):
         raise ValueError(

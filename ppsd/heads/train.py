@@ -28,7 +28,7 @@ from tqdm import tqdm
 
 from ..assets import ASSETS
 from ..chat import encode_prompt, has_chat_template
-from ..cli import check_output_folder, whole
+from ..cli.values import check_output_folder, whole
 from ..config import DecodeConfig
 from .data import TokenData, check_text_path, read_chat_answers, read_texts, tokenize
 from .distill import (LR_SCHEDULES, Acceptance, CachedTeacher, TrainConfig, acceptance, batch_at, distill_loss,
