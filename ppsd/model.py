@@ -13,11 +13,12 @@ import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Protocol
 
 import torch
 from torch import nn
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PretrainedConfig
 
 from .assets import ASSETS
 from .model_source import DEFAULT_MODEL, UNREACHABLE, Progress, config_source, gguf_shape, hub_reachable, resolve
@@ -317,8 +318,15 @@ def model_shape(name: str, *, progress: Progress | None = None) -> ModelShape:
         architecture, layers, context = gguf_shape(source)
         _supported(name, architecture)
         return ModelShape(layers, context)
-    config = _config(name, source)
-    return ModelShape(int(config.num_hidden_layers), _max_context(config))
+    try:  # the file's fields alone: building the config class costs 3 s of imports on a busy CPU
+        fields, _ = PretrainedConfig.get_config_dict(source, **_hub_options(source))
+    except Exception as error:  # noqa: BLE001 - every loader failure becomes one clear message
+        raise _load_error(name, source, error) from None
+    _supported(name, fields.get("model_type"))
+    layers = fields.get("num_hidden_layers")
+    if not isinstance(layers, int) or isinstance(layers, bool):
+        raise ValueError(f"cannot load model {name!r}: its config gives no layer count (num_hidden_layers)")
+    return ModelShape(layers, _max_context(SimpleNamespace(**fields)))
 
 
 def shape_tokenizer(name: str):

@@ -30,14 +30,14 @@ import torch
 
 from ..chat import encode_prompt, use_chat
 from ..cli import options
-from ..cli.values import check_input_file, check_output_file, thread_count, whole, write_result
+from ..cli.values import check_output_file, thread_count, whole, write_result
 from ..compare import Comparison
 from ..model_source import resolve
 from ..config import DEFAULTS, DecodeConfig, balanced_exit_layer
 from ..executors.kinds import KINDS, ExecutorKind, WorkerOptions, concurrent_kinds
 from ..generate import Result, generate
 from ..metrics import break_even_acceptance, ideal_ppsd_speedup_slowest_stage, slot_fraction, speedup
-from ..model import StagedModel, load_model
+from ..model import StagedModel, load_model, model_shape, resolve_device
 from ..setup import RunSetup, resolve_config, set_up
 from .baselines import hf_generate
 from .prompts import CHAT_PROMPTS_FILE, load_prompts, spread
@@ -93,13 +93,10 @@ def _width(text: str) -> int:
 
 def run(args: argparse.Namespace) -> int:
     check_output_file(args.json, "--json")  # before the run, whose results go there
+    config, at_once = _checked(args)
     model, prompts, source = _model_and_prompts(args)
-    # E by the name asked for: the model is loaded from its converted directory, whose path names no shipped head.
-    config = resolve_config(args.model, model.num_layers, DecodeConfig(
-        num_stages=args.stages, exit_layer=args.exit_layer, max_new_tokens=args.new_tokens, draft_len=args.draft_len))
     setup = set_up(model, config, exit_head=args.exit_head)
     model, config = setup.model, setup.config
-    at_once = _kinds_here(model, config)
     methods = rows(args.stages, config.draft_len, at_once)
     load_before = os.getloadavg()
     options = WorkerOptions(threads_per_worker=args.threads_per_worker, timeout=60.0)
@@ -120,20 +117,37 @@ def run(args: argparse.Namespace) -> int:
     report["exit_head"] = setup.head
     print(_table(report))
     if args.json:
-        Path(args.json).write_text(json.dumps(report, indent=2))
+        write_result(args.json, json.dumps(report, indent=2), "--json")
     return 0
+
+
+RANDOM_LAYERS = 8  # the --random-hidden Llama's depth
+
+
+def _checked(args: argparse.Namespace) -> tuple[DecodeConfig, tuple[ExecutorKind, ...]]:
+    """The run's settings, checked before any model loads or is built: the prompts file, the
+    device, E, K, g and N against the model's depth (from its config alone), and that the kinds
+    the report compares can run here; with the concurrent kinds that can."""
+    if args.prompts:
+        load_prompts(args.prompts)  # a FIFO, /dev/full or a folder: refused before the load
+    device = resolve_device(args.device)
+    layers = RANDOM_LAYERS if args.random_hidden is not None else model_shape(args.model).num_layers
+    # E by the name asked for: the model is loaded from its converted directory, whose path names no shipped head.
+    config = resolve_config(args.model, layers, DecodeConfig(
+        num_stages=args.stages, exit_layer=args.exit_layer, max_new_tokens=args.new_tokens, draft_len=args.draft_len))
+    return config, _kinds_here(device, config)
 
 
 SINGLE = KINDS["in-process"]  # the single-process rows' kind
 COMPARED = (KINDS["processes"], KINDS["threads"])  # the kinds the report's comparisons name
 
 
-def _kinds_here(model: StagedModel, config: DecodeConfig) -> tuple[ExecutorKind, ...]:
-    """The concurrent kinds that can run here; ValueError saying why where one the report
+def _kinds_here(device: str, config: DecodeConfig) -> tuple[ExecutorKind, ...]:
+    """The concurrent kinds that can run on `device`; ValueError saying why where one the report
     compares cannot."""
     here = []
     for kind in concurrent_kinds():
-        reason = kind.unavailable(model.info.device, config.num_stages)
+        reason = kind.unavailable(device, config.num_stages)
         if reason is None:
             here.append(kind)
         elif kind in COMPARED:
@@ -236,7 +250,7 @@ def _model_and_prompts(args) -> tuple[StagedModel, list[list[int]], str]:
         prompts = [encode_prompt(tokenizer, p["prompt"], chat=chat) for p in chosen]
         source = f"{args.model} ({', '.join(p['name'] for p in chosen)})"
     else:
-        exit_layer = args.exit_layer or balanced_exit_layer(8, args.stages)
+        exit_layer = args.exit_layer or balanced_exit_layer(RANDOM_LAYERS, args.stages)
         model, source = _random_model(args.device, args.random_hidden or 256,
                                       perfect_from=exit_layer if args.perfect_exit else None)
         generator = torch.Generator().manual_seed(0)
@@ -250,7 +264,8 @@ def _random_model(device: str, hidden: int, *, perfect_from: int | None) -> tupl
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=4096, hidden_size=hidden, intermediate_size=3 * hidden, num_hidden_layers=8,
+    config = LlamaConfig(vocab_size=4096, hidden_size=hidden, intermediate_size=3 * hidden,
+                         num_hidden_layers=RANDOM_LAYERS,
                          num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=1024,
                          eos_token_id=None)
     path = tempfile.mkdtemp(prefix="ppsd-bench-")
@@ -263,7 +278,7 @@ def _random_model(device: str, hidden: int, *, perfect_from: int | None) -> tupl
     hf_model.save_pretrained(path)
     model = StagedModel(LlamaForCausalLM.from_pretrained(path).to(device).eval(), name=path)
     perfect = f", layers >= {perfect_from} zeroed (every draft accepted)" if perfect_from is not None else ""
-    return model, f"random Llama (hidden {hidden}, 8 layers, vocab 4096{perfect}) at {path}"
+    return model, f"random Llama (hidden {hidden}, {RANDOM_LAYERS} layers, vocab 4096{perfect}) at {path}"
 
 
 def _report(args, config, methods, prompts, measured: Measured, source, load_before, startup) -> dict:

@@ -127,14 +127,20 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _plan(args: argparse.Namespace) -> Plan:
-    """Model, prompts and sweep from the flags over the preset; bad values raise ValueError here."""
-    from ..model import load_model
+    """Model, prompts and sweep from the flags over the preset; bad values raise ValueError here,
+    before the model loads (its config alone gives its shape: `ppsd.model.model_shape`)."""
+    from ..model import load_model, model_shape, resolve_device
 
     preset = QUICK if args.quick else FULL
-    pick = lambda name: preset[name] if getattr(args, name) is None else getattr(args, name)  # noqa: E731
+    pick = lambda name: _pick(args, preset, name)  # noqa: E731
     repeats, warmup, new_tokens = pick("repeats"), pick("warmup"), pick("max_new_tokens")
     if repeats < 1 or warmup < 0:
         raise ValueError(f"repeats={repeats} must be >= 1 and warmup={warmup} >= 0")
+    resolve_device(args.device)
+    if args.prompts:
+        load_prompts(args.prompts)  # a FIFO, /dev/full or a folder: refused before the load
+    layers = model_shape(args.model).num_layers
+    groups = _groups(args, preset, layers, new_tokens)
     # Said first: loading takes seconds (minutes for a hub download) before the progress bar.
     print(f"bench: loading the model {args.model} ...", file=sys.stderr, flush=True)
     loaded, tokenizer = load_model(args.model, device=args.device)
@@ -146,16 +152,32 @@ def _plan(args: argparse.Namespace) -> Plan:
     for p in prompts:
         p["ids"] = prompt_ids(tokenizer, p["prompt"], model.info.max_context - new_tokens, chat=chat)
     source += ", through the chat template" if chat else ", raw text"
-    default_exit = lambda k: default_exit_layer(args.model, model.num_layers, k)  # noqa: E731
-    exit_layers = args.exit_layers or preset_exit_layers(preset["exit_fractions"], model.num_layers,
-                                                         pick("stages"), default_exit)
-    groups = sweep(model.num_layers, num_stages=pick("stages"), draft_lens=pick("draft_lens"),
+    return Plan(model, prompts, source, groups, new_tokens, warmup, repeats, pick("hf_early_exit"))
+
+
+def _pick(args: argparse.Namespace, preset: dict, name: str):
+    """The flag `name` as given, else the preset's value."""
+    return preset[name] if getattr(args, name) is None else getattr(args, name)
+
+
+def _groups(args: argparse.Namespace, preset: dict, layers: int, new_tokens: int) -> list[list[Setting]]:
+    """The sweep's groups on a model of `layers` layers, every setting checked (`DecodeConfig`):
+    an E or K given that no model of this depth allows is refused, not skipped."""
+    pick = lambda name: _pick(args, preset, name)  # noqa: E731
+    for e in args.exit_layers or ():
+        DecodeConfig(exit_layer=e, num_stages=2).resolved(layers)
+    for k in args.stages or ():
+        DecodeConfig(num_stages=k).resolved(layers)
+    default_exit = lambda k: default_exit_layer(args.model, layers, k)  # noqa: E731
+    exit_layers = args.exit_layers or preset_exit_layers(preset["exit_fractions"], layers, pick("stages"),
+                                                         default_exit)
+    groups = sweep(layers, num_stages=pick("stages"), draft_lens=pick("draft_lens"),
                    temperatures=pick("temperatures"), exit_layers=exit_layers, default_exit=default_exit)
     if not groups:
-        raise ValueError(f"no valid (exit layer, stages) pair for a {model.num_layers}-layer model")
+        raise ValueError(f"no valid (exit layer, stages) pair for a {layers}-layer model")
     for s in itertools.chain(*groups):
-        s.config(new_tokens).resolved(model.num_layers)  # bad values fail before any timing
-    return Plan(model, prompts, source, groups, new_tokens, warmup, repeats, pick("hf_early_exit"))
+        s.config(new_tokens).resolved(layers)  # bad values fail before any timing
+    return groups
 
 
 def _measure(plan: Plan, args: argparse.Namespace) -> Measured:

@@ -28,7 +28,7 @@ from tqdm import tqdm
 
 from ..assets import ASSETS
 from ..chat import encode_prompt, has_chat_template
-from ..cli.values import check_output_folder, whole
+from ..cli.values import check_input_file, check_output_folder, whole
 from ..config import DecodeConfig
 from .data import TokenData, check_text_path, read_chat_answers, read_texts, tokenize
 from .distill import (LR_SCHEDULES, Acceptance, CachedTeacher, TrainConfig, acceptance, batch_at, distill_loss,
@@ -36,7 +36,7 @@ from .distill import (LR_SCHEDULES, Acceptance, CachedTeacher, TrainConfig, acce
 from .exits import TRAINED_HEAD_TYPES, build_head, shared_head
 from .files import HeadConfig, fingerprint, save_exit_head
 from .shipped import pipeline_stages
-from ..model import DEFAULT_MODEL, StagedModel, load_model, model_config
+from ..model import DEFAULT_MODEL, StagedModel, load_model, model_shape, resolve_device
 from ..model_source import is_default
 
 CHECKPOINT_FILE = "checkpoint.pt"
@@ -187,7 +187,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="a JSONL file of chat answers (tools/build_chat_data.py), a text file or a folder "
                              "of text files (default: the embedded corpus, ppsd.heads.corpus)")
     parser.add_argument("--heldout", default=None, help="held-out text file or folder (default: split from --data)")
-    parser.add_argument("--max-chars", type=int, default=4_000_000, help="read at most this much text")
+    parser.add_argument("--max-chars", type=whole(1, why="a text to learn from holds a character"), default=4_000_000,
+                        help="read at most this much text")
     parser.add_argument("--head-type", default=defaults.head_type, choices=TRAINED_HEAD_TYPES)
     parser.add_argument("--rank", type=int, default=defaults.rank, help="adapter rank (lowrank only)")
     parser.add_argument("--draft-vocab", type=int, default=None,
@@ -225,10 +226,13 @@ def run(args: argparse.Namespace) -> int:
     # Every value before the load and the hours of training: a bad one is known now.
     check_output_folder(args.out, "--out")
     _check_data(args)
-    layers = model_config(args.model).num_hidden_layers
+    check_input_file(args.prompts, "--prompts")
+    resolve_device(args.device)
+    layers = model_shape(args.model).num_layers  # the config alone: no weights read or hashed
     config = _config(args, layers)
-    if args.stages is not None:  # the K of the card's decodes: must fit E on this model
-        DecodeConfig(method="ppsd", exit_layer=config.exit_layer, num_stages=args.stages).resolved(layers)
+    # The card's prompt decodes: K must fit E on this model, and N be a length a run may ask for.
+    DecodeConfig(method="ppsd", exit_layer=config.exit_layer, max_new_tokens=args.decode_tokens,
+                 num_stages=args.stages or pipeline_stages(layers, config.exit_layer)).resolved(layers)
     model, tokenizer = load_model(args.model, device=args.device)
     data = _data(args, tokenizer)
     began = time.perf_counter()
