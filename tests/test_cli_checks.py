@@ -5,10 +5,16 @@ regular file, not a folder, not readable, out of range."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
+import torch
 
 from ppsd.cli import main
+from ppsd.model_source import default_available
 
 
 def cli(capsys, *args: str) -> tuple[int, str, str]:
@@ -125,3 +131,165 @@ def test_pipeline_and_generate_on_processes_refuse_too_many_stages_alike(saved_m
     one_line(code, generate_err, "K = 3 worker processes need 3 CPU cores, one each; this machine gives 2")
     code, _, pipeline_err = cli(capsys, "pipeline", *base)
     assert code == 2 and pipeline_err == generate_err
+
+
+# --------------------------------------------------------------------------- before any weights load
+
+WEIGHT_FILE_BYTES = 20_000_000  # more than any config or tokenizer file; less than any model's weights
+
+
+@pytest.fixture
+def no_weights(monkeypatch):
+    """Fails the test loudly if any weights load, any random model is built, or any file the size
+    of a model's weights is hashed (the default model's check hashed its 540 MB first)."""
+    from ppsd import cache_files, model
+    from ppsd.bench import pipeline
+
+    def opened(*args, **kwargs):
+        raise AssertionError("the weights were opened before the values were checked")
+
+    hash_small = cache_files._sha256
+
+    def hashed(path: str, size: int, mtime_ns: int) -> str:
+        if size > WEIGHT_FILE_BYTES:
+            raise AssertionError(f"{path} ({size:,} bytes) was hashed before the values were checked")
+        return hash_small(path, size, mtime_ns)
+
+    monkeypatch.setattr(model, "_weights", opened)
+    monkeypatch.setattr(pipeline, "_random_model", opened)
+    monkeypatch.setattr(cache_files, "_sha256", hashed)
+
+
+@pytest.fixture
+def two_cores(monkeypatch):
+    from ppsd.executors import host
+
+    monkeypatch.setattr(host, "usable_cores", lambda: 2)
+
+
+def refused_at_once(capsys, args: list[str], message: str, *, within: float = 15.0) -> None:
+    started = time.monotonic()
+    code, out, err = cli(capsys, *args)
+    one_line(code, err, message)
+    assert out == "" and time.monotonic() - started < within
+
+
+def _places(tmp_path) -> dict[str, str]:
+    """FIFO: a named pipe (reading it would wait for ever); HEAD-FIFO: a head folder whose config is one."""
+    os.mkfifo(tmp_path / "pipe")
+    (tmp_path / "head").mkdir()
+    os.mkfifo(tmp_path / "head" / "head_config.json")
+    return {"FIFO": str(tmp_path / "pipe"), "HEAD-FIFO": str(tmp_path / "head"), "OUT": str(tmp_path / "out")}
+
+
+BEFORE_THE_LOAD = [
+    (["bench", "--temperatures", "nan"], "temperature=nan is out of range: 0 <= T < inf"),
+    (["bench", "--temperatures", "-1"], "temperature=-1.0 is out of range: 0 <= T < inf"),
+    (["bench", "--exit-layers", "99"], "exit layer E=99 is out of range: 1 <= E < 8 (layers)"),
+    (["bench", "--exit-layers", "4", "99"], "exit layer E=99 is out of range: 1 <= E < 8 (layers)"),
+    (["bench", "--stages", "40"], "stages K=40 is out of range: 2 <= K <= 8 (layers)"),
+    (["bench", "--draft-lens", "9999"], "draft length G=9999 is out of range: 1 <= G <= 64"),
+    (["bench", "--max-new-tokens", "999999"], "max_new_tokens=999999 is out of range: 1 <= N <= 1024"),
+    (["bench", "--prompts", "FIFO"], "is not a regular file (it is a FIFO)"),
+    (["bench", "--prompts", "/dev/full"], "prompts file '/dev/full' is not a regular file (it is a character device)"),
+    (["bench", "--prompts", "/etc"], "prompts file '/etc' is not a regular file (it is a folder)"),
+    (["bench", "--device", "tpu"], "device 'tpu' is not one of: cpu, cuda, auto"),
+    (["bench-pipeline", "--new-tokens", "99999"], "max_new_tokens=99999 is out of range: 1 <= N <= 1024"),
+    (["bench-pipeline", "--exit-layer", "0"], "exit layer E=0 is out of range: 1 <= E < 8 (layers)"),
+    (["bench-pipeline", "--stages", "9"], "stages K=9 is out of range: 2 <= K <= 8 (layers)"),
+    (["bench-pipeline", "--stages", "3"], "K = 3 worker processes need 3 CPU cores, one each; this machine gives 2"),
+    (["bench-pipeline", "--draft-len", "9999"], "draft length G=9999 is out of range: 1 <= G <= 64"),
+    (["bench-pipeline", "--prompts", "FIFO"], "is not a regular file (it is a FIFO)"),
+    (["bench-pipeline", "--random-hidden", "8", "--stages", "9"], "stages K=9 is out of range: 2 <= K <= 8 (layers)"),
+    (["train-head", "--max-chars", "0"], "argument --max-chars: 0 is out of range: 1 <= value"),
+    (["train-head", "--decode-tokens", "5000"], "max_new_tokens=5000 is out of range: 1 <= N <= 1024"),
+    (["train-head", "--prompts", "/etc"], "--prompts '/etc' is not a regular file (it is a folder)"),
+    (["train-head", "--prompts", "FIFO"], "is not a regular file (it is a FIFO)"),
+    (["generate", "--executor", "processes", "--stages", "3"],
+     "K = 3 worker processes need 3 CPU cores, one each; this machine gives 2"),
+    (["generate", "--exit-head", "/etc"], "/etc is not a saved exit head: head_config.json does not exist"),
+    (["generate", "--exit-head", "FIFO"], "is not a folder (it is a FIFO)"),
+    (["generate", "--exit-head", "HEAD-FIFO"], "head_config.json is not a regular file (it is a FIFO)"),
+    (["generate", "--prompt", "fox " * 400], "tokens is too long: with max_new_tokens=64 the model's context of 256"),
+    (["pipeline", "--stages", "3"], "K = 3 worker processes need 3 CPU cores, one each; this machine gives 2"),
+    (["pipeline", "--exit-head", "/etc"], "/etc is not a saved exit head"),
+    (["pipeline", "--prompt", "fox " * 400], "tokens is too long"),
+]
+if not torch.cuda.is_available():
+    BEFORE_THE_LOAD += [(["generate", "--device", "cuda"], "device 'cuda' requested but no CUDA GPU is available"),
+                        (["bench-pipeline", "--device", "cuda"], "device 'cuda' requested but no CUDA GPU")]
+
+
+@pytest.mark.parametrize("args,message", BEFORE_THE_LOAD, ids=lambda v: v if isinstance(v, str) else " ".join(v)[:60])
+def test_every_value_is_refused_before_any_weights_load(saved_model, capsys, tmp_path, no_weights, two_cores,
+                                                        args, message):
+    places = _places(tmp_path)
+    command, *flags = [places.get(a, a) for a in args]
+    needs = {"generate": ["--prompt", "hi"], "pipeline": ["--prompt", "hi"], "bench": ["--out", places["OUT"]],
+             "train-head": ["--out", places["OUT"]], "bench-pipeline": []}[command]
+    if "--prompt" in flags:
+        needs = []
+    refused_at_once(capsys, [command, "--model", saved_model, *needs, *flags], message)
+
+
+DEFAULT_MODEL_REFUSALS = [
+    (["generate", "--prompt", "hi", "--stages", "40"], "stages K=40 is out of range: 2 <= K <= 30 (layers)"),
+    (["generate", "--prompt", "hi", "--exit-head", "/etc"], "/etc is not a saved exit head"),
+    (["generate", "--prompt", "hi", "--executor", "processes", "--stages", "3"], "K = 3 worker processes need 3"),
+    (["generate", "--prompt", "fox " * 9000], "tokens is too long: with max_new_tokens=64 the model's context of 8192"),
+    (["pipeline", "--prompt", "hi", "--exit-layer", "30"], "exit layer E=30 is out of range: 1 <= E < 30 (layers)"),
+    (["bench", "--out", "OUT", "--exit-layers", "99"], "exit layer E=99 is out of range: 1 <= E < 30 (layers)"),
+    (["bench-pipeline", "--new-tokens", "99999"], "max_new_tokens=99999 is out of range"),
+    (["train-head", "--out", "OUT", "--max-chars", "0"], "argument --max-chars: 0 is out of range"),
+]
+if not torch.cuda.is_available():
+    DEFAULT_MODEL_REFUSALS.append((["generate", "--prompt", "hi", "--device", "cuda"], "device 'cuda' requested"))
+
+
+@pytest.mark.skipif(not default_available(), reason="the default model is not installed here")
+@pytest.mark.parametrize("args,message", DEFAULT_MODEL_REFUSALS, ids=lambda v: v if isinstance(v, str) else " ".join(v)[:60])
+def test_the_default_models_540_mb_are_neither_hashed_nor_loaded_for_a_refusal(capsys, tmp_path, no_weights,
+                                                                               two_cores, args, message):
+    args = [str(tmp_path / "out") if a == "OUT" else a for a in args]
+    refused_at_once(capsys, args, message)
+
+
+def test_a_trace_that_cannot_be_written_after_decoding_is_one_line_and_leaves_no_file(saved_model, tmp_path):
+    """The up-front check passed, then the disk refused the write (here a file-size limit: EFBIG,
+    as a full disk gives ENOSPC): one line, a failing status, and no empty or cut file."""
+    trace = tmp_path / "trace.json"
+    code = ("import resource, signal, sys\n"
+            "from ppsd.cli import main\n"
+            "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails instead of killing\n"
+            "resource.setrlimit(resource.RLIMIT_FSIZE, (512, 512))\n"
+            f"sys.exit(main(['generate', '--model', {saved_model!r}, '--prompt', 'hi', '--max-new-tokens', '4',\n"
+            f"                '--chrome-trace', {str(trace)!r}]))\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                          cwd=Path(__file__).resolve().parent.parent)
+    assert done.returncode == 1, done.stderr[-2000:]
+    assert "Traceback" not in done.stderr
+    assert done.stderr.splitlines()[-1] == f"error: --chrome-trace {str(trace)!r} could not be written: File too large"
+    assert done.stdout.strip().splitlines()[-1].startswith("[ppsd] 4 tokens")  # the answer itself still came
+    assert list(tmp_path.iterdir()) == []  # neither the trace nor its partial file
+
+
+def test_a_result_file_is_replaced_whole_or_left_as_it_was(tmp_path, monkeypatch):
+    from ppsd.cli.values import write_result
+
+    target = tmp_path / "bench.json"
+    write_result(str(target), '{"run": 1}', "--json")
+    assert target.read_text() == '{"run": 1}' and oct(target.stat().st_mode & 0o777) == oct(0o666 & ~_umask())
+
+    def full(*args):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "replace", full)
+    with pytest.raises(ValueError, match=r"^--json '.*bench.json' could not be written: No space left on device$"):
+        write_result(str(target), '{"run": 2}', "--json")
+    assert target.read_text() == '{"run": 1}' and [p.name for p in tmp_path.iterdir()] == ["bench.json"]
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
