@@ -326,7 +326,9 @@ def test_bench_sweep_on_a_tiny_model(saved_model, tmp_path, capsys):
 
 def test_bad_settings_fail_before_timing(saved_model, tmp_path, capsys):
     assert main(["bench", "--model", saved_model, "--out", str(tmp_path), "--stages", "9"]) == 2
-    assert "no valid" in capsys.readouterr().err
+    assert "stages K=9 is out of range: 2 <= K <= 8 (layers)" in capsys.readouterr().err  # refused, not skipped
+    assert main(["bench", "--model", saved_model, "--out", str(tmp_path), "--stages", "8", "--exit-layers", "7"]) == 2
+    assert "no valid (exit layer, stages) pair for a 8-layer model" in capsys.readouterr().err
     assert main(["bench", "--model", saved_model, "--out", str(tmp_path), "--temperatures", "-1"]) == 2
     assert "temperature" in capsys.readouterr().err
 

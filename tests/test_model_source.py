@@ -247,12 +247,39 @@ def test_too_little_room_is_said_before_any_conversion(tmp_path, cache, monkeypa
     assert calls == []
 
 
+def gguf_header(architecture: str = "llama", layers: int = 8, context: int = 256) -> bytes:
+    """The opening of a GGUF file: its magic, version, counts and the metadata that gives its shape."""
+    import struct
+
+    def text(value: str) -> bytes:
+        return struct.pack("<Q", len(value.encode())) + value.encode()
+
+    fields = [("general.architecture", 8, text(architecture)),
+              (f"{architecture}.block_count", 4, struct.pack("<I", layers)),
+              ("tokenizer.ggml.tokens", 9, struct.pack("<IQ", 8, 2) + text("a") + text("b")),
+              (f"{architecture}.context_length", 4, struct.pack("<I", context))]
+    return b"GGUF" + struct.pack("<IQQ", 3, 0, len(fields)) + b"".join(
+        text(key) + struct.pack("<I", kind) + value for key, kind, value in fields)
+
+
+def test_a_ggufs_shape_is_read_from_its_header_alone(tmp_path):
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(gguf_header(layers=12, context=2048) + b"tensors that are never read")
+    assert model_source.gguf_shape(gguf) == ("llama", 12, 2048)
+    gguf.write_bytes(b"weights")
+    with pytest.raises(ValueError, match="cannot read GGUF .*m.gguf': it is not a GGUF file"):
+        model_source.gguf_shape(gguf)
+    gguf.write_bytes(gguf_header()[:40])
+    with pytest.raises(ValueError, match="the file ends inside its header"):
+        model_source.gguf_shape(gguf)
+
+
 def test_a_full_disk_in_the_cli_is_one_error_line_and_status_2(tmp_path, cache, monkeypatch, capsys):
     from ppsd.cli import main
 
     _full_disk(monkeypatch, [])
     gguf = tmp_path / "m.gguf"
-    gguf.write_bytes(b"weights")
+    gguf.write_bytes(gguf_header() + b"weights")  # a shape the settings fit: the conversion is what fails
     assert main(["generate", "--model", str(gguf), "--prompt", "hi"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("error: no space left in the model cache") and "Traceback" not in "".join(err)
