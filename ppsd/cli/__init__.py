@@ -14,6 +14,8 @@ import importlib
 import sys
 from typing import Callable
 
+from .values import thread_count  # noqa: F401 - the page's own command line (app.py) takes it from here
+
 SUBCOMMANDS = {
     "generate": ("ppsd.cli.generate", "generate text with AR, EESD or PPSD"),
     "pipeline": ("ppsd.cli.pipeline", "generate on a K-process pipeline (also one rank of a torchrun launch)"),
