@@ -50,7 +50,7 @@ from ..base import Feed, Output, final_position, first_stage, logit_width
 from .placement import StageOnePinning, sync_device, weights_fingerprint
 from .processes import OPEN, WorkerProcesses
 from .wire import (GROUPS, PING, PING_SECONDS, ROLLBACK, SHUTDOWN, Control, Header, Outbox, PipelineBusy, PipelineError,
-                   PipelineSpec, init_group, wire_tensor)
+                   PipelineSpec, clock_offset, init_group, wire_tensor)
 
 
 @dataclass
@@ -364,10 +364,10 @@ class DistributedExecutor:
             self._rolled_back(0)  # as `begin` does: the run-ahead work a Stop left is dropped
             waits = [(None, work) for work, _ in self._discarded]
             self._discarded = []
+            answers = [torch.empty(1, dtype=torch.float64) for _ in self.partition]  # live until answered
             for k in range(1, len(self.partition)):
                 self._outbox.post(self._control.pack(Header(PING)), k)
-                answer = torch.empty(1, dtype=torch.float64)
-                waits.append((k, dist.irecv(answer, src=k, group=GROUPS["calls"])))
+                waits.append((k, dist.irecv(answers[k], src=k, group=GROUPS["calls"])))
             for k, work in waits:
                 work.wait(timedelta(seconds=max(deadline - time.monotonic(), 0.001)))
                 if k is not None:
@@ -394,17 +394,5 @@ class DistributedExecutor:
                     f"(fingerprint {hellos[k]['weights']:.6g} vs {mine:.6g}): was the checkpoint rewritten, "
                     f"or the model changed in memory?")
             if hellos[k]["host"] != socket.gethostname():
-                self._offsets[k] = _clock_offset(self._control, k)
+                self._offsets[k] = clock_offset(self._control, k)
 
-
-def _clock_offset(control: Control, k: int, rounds: int = 8) -> float:
-    """Worker k's clock minus ours, from the ping with the shortest round trip (NTP-style)."""
-    best = (float("inf"), 0.0)
-    answer = torch.empty(1, dtype=torch.float64)
-    for _ in range(rounds):
-        sent = time.perf_counter()
-        dist.send(control.pack(Header(PING)), dst=k)  # blocks until k takes it: startup only
-        dist.recv(answer, src=k, group=GROUPS["calls"])
-        back = time.perf_counter()
-        best = min(best, (back - sent, float(answer) - (sent + back) / 2))
-    return best[1]

@@ -1,5 +1,6 @@
 """What the processes of a pipeline say to each other: the spec every rank builds, the error,
-the process groups, the control message and its header, and the coordinator's outbox.
+the process groups, the control message and its header, the coordinator's outbox, and a remote
+worker's clock offset measured by pings.
 
 Boundary: messages only, no decoding, no placement, no process management; the coordinator
 (`pipeline`, rank 0) and the workers (`worker`, ranks 1..K-1) both build on it.
@@ -16,6 +17,7 @@ A report (float32) is [start, end (two float64 as four float32), final logits...
 from __future__ import annotations
 
 import struct
+import time
 from collections import deque
 from dataclasses import dataclass
 from datetime import timedelta
@@ -157,3 +159,16 @@ class Outbox:
         while self._released[k] < count:
             self._sent[k].popleft().wait()
             self._released[k] += 1
+
+
+def clock_offset(control: Control, k: int, rounds: int = 8) -> float:
+    """Worker k's clock minus ours, from the ping with the shortest round trip (NTP-style)."""
+    best = (float("inf"), 0.0)
+    answer = torch.empty(1, dtype=torch.float64)
+    for _ in range(rounds):
+        sent = time.perf_counter()
+        dist.send(control.pack(Header(PING)), dst=k)  # blocks until k takes it: startup only
+        dist.recv(answer, src=k, group=GROUPS["calls"])
+        back = time.perf_counter()
+        best = min(best, (back - sent, float(answer) - (sent + back) / 2))
+    return best[1]
