@@ -144,3 +144,20 @@ def test_frozen_during_warm_up_then_stop_leaves_no_frozen_worker_to_the_next_vis
     assert states[-1].done, states[-1]
     assert took < TIMEOUT, f"the next run took {took:.1f} s: it waited on the frozen worker"
     assert _gone(frozen_once[0]), "the frozen worker was left running"
+
+
+def test_a_worker_silent_for_a_second_is_found_by_its_ping_and_killed(model, config, frozen, monkeypatch):
+    """A worker that is not stopped but does not answer (hung) is known by its silence alone."""
+    from ppsd.executors.distributed.processes import WorkerProcesses
+
+    close_all()
+    pool = ready_pipeline(model, config, timeout=TIMEOUT)
+    pid = pool.pids[0]
+    monkeypatch.setattr(WorkerProcesses, "frozen", lambda self: None)  # its process state is not looked at
+    _freeze(pid, frozen)
+    started = time.monotonic()
+    reason = pool.check_workers()
+    took = time.monotonic() - started
+    assert reason == "a pipeline worker did not answer a ping within 1 s"
+    assert took < 3.0, f"the ping took {took:.1f} s"
+    assert not pool.alive and _gone(pid)
