@@ -29,7 +29,7 @@ from .line import Background
 from .panels import run_message
 from .page_text import STAGES_LABEL, WORKERS_LABEL
 from .models import ModelCache
-from .request import RunRequest, unicode_text
+from .request import RunRequest, prompt_text, unicode_text
 from .runner import Limit, Snapshot, run_comparison
 from .state import AppState
 from .visitors import visitor
@@ -105,7 +105,7 @@ def max_tokens_update(state: AppState, prompt: str, model: str, chat: bool, valu
     """The max-tokens slider bound by the context left after the prompt, once the model is
     loaded (before that, by the cap alone; Run checks the rest)."""
     try:
-        prompt, model = unicode_text("prompt", prompt), unicode_text("model", model)
+        prompt, model = prompt_text(prompt), unicode_text("model", model)
     except ValueError as error:  # a script's raw JSON: said, not a TypeError from the tokenizer
         raise gr.Error(str(error), print_exception=False) from None
     loaded = state.cache.find((model or "").strip() or ppsd.DEFAULT_MODEL)

@@ -19,7 +19,7 @@ from . import lease
 from .line import DeviceLine, StopRegistry
 from .models import ModelCache
 from .request import MAX_RUN_SECONDS, SHARED_RUN_SECONDS, RunRequest
-from .sessions import SESSION_IDLE_SECONDS
+from .sessions import SESSION_IDLE_SECONDS, Listeners
 from .visitors import proxy_hops_from_environment
 from .zerogpu import on_import_thread
 
@@ -59,6 +59,7 @@ class AppState:
     shared_seconds: float = SHARED_RUN_SECONDS  # how long, while another visitor waits
     proxy_hops: int = 0  # proxies in front that append to X-Forwarded-For (`app.visitors.visitor`)
     session_seconds: float = SESSION_IDLE_SECONDS  # a visitor's session unused this long is forgotten (`app.sessions`)
+    listeners: Listeners = field(default_factory=Listeners)  # sessions with an event stream open (`app.guard`)
 
     def gpu_lease(self) -> Callable[[int, RunRequest], int]:
         """The GPU seconds a Run asks ZeroGPU for (`app.lease.duration`), from its request: what
