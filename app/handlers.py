@@ -183,6 +183,13 @@ def on_run(state: AppState, decode: Callable[..., Iterator[tuple]], run: RunRequ
                 raise ValueError(f"The prompt is empty: type {wanted}, or click an example.")
             if problem := stages_problem(run.num_stages, run.workers, run.pipeline):
                 raise ValueError(problem)
+            if request is not None and not state.listeners.wait(_session(request)):
+                # Gradio runs an event whether or not its client reads the results: one that never
+                # does would hold the device for nothing, while visitors who listen wait.
+                print(f"dropped a run: its client opened no event stream within {state.listeners.grace:g} s",
+                      file=sys.stderr, flush=True)
+                raise ValueError(f"nobody listened for this run's results within {state.listeners.grace:g} s, so "
+                                 "it did not start")
             yield ordered({**view.idle(), **view.status("Starting…")})  # no numbers of an earlier run stay up
             if run.model not in state.cache:
                 for doing in _loading(state.cache, run.model, stop):

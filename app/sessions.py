@@ -69,7 +69,8 @@ class Listeners:
     to be listened to (`wait`). Until the guard has seen a request (`watched`), nothing is known
     and every session counts as listened to: a page served without the guard still runs."""
 
-    def __init__(self) -> None:
+    def __init__(self, grace: float = LISTEN_GRACE_SECONDS) -> None:
+        self.grace = grace
         self._open: dict[str, int] = {}
         self._changed = threading.Condition()
         self.watched = False
@@ -87,7 +88,7 @@ class Listeners:
             else:
                 self._open.pop(session, None)
 
-    def wait(self, session: str, seconds: float = LISTEN_GRACE_SECONDS) -> bool:
-        """Whether `session` has an event stream open, waiting up to `seconds` for one."""
+    def wait(self, session: str) -> bool:
+        """Whether `session` has an event stream open, waiting up to `grace` seconds for one."""
         with self._changed:
-            return self._changed.wait_for(lambda: not self.watched or session in self._open, timeout=seconds)
+            return self._changed.wait_for(lambda: not self.watched or session in self._open, timeout=self.grace)
