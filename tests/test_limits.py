@@ -145,18 +145,21 @@ def test_a_chunked_upload_past_its_room_is_refused_as_it_streams(server):
     assert stored(folder) == []
 
 
-def join_body(prompt: str) -> bytes:
+def join_body(url: str, prompt: str) -> bytes:
     """The body of a Run as the raw API sends it (`/gradio_api/queue/join`), with `prompt`."""
     import json
 
+    dependencies = httpx.get(f"{url}/config", timeout=30).json()["dependencies"]
+    fn_index = next(i for i, d in enumerate(dependencies) if d.get("api_name") == "run")
     return json.dumps({"data": [prompt, "", 4, 2, False, 3, 4, 0.0, 1.0, 0, "", False, True, 1, "processes"],
-                       "fn_index": 0, "session_hash": "limits-test", "event_data": None}).encode()
+                       "fn_index": fn_index, "session_hash": "limits-test", "event_data": None}).encode()
 
 
 def test_a_50_mb_prompt_is_refused_in_words_before_it_is_parsed(server):
     url, _ = server
+    body = join_body(url, "x" * 50_000_000)
     started = time.monotonic()
-    answer = httpx.post(f"{url}/gradio_api/queue/join", content=join_body("x" * 50_000_000), timeout=60,
+    answer = httpx.post(f"{url}/gradio_api/queue/join", content=body, timeout=60,
                         headers={"Content-Type": "application/json"})
     assert time.monotonic() - started < 10
     assert answer.status_code == 413
@@ -166,7 +169,7 @@ def test_a_50_mb_prompt_is_refused_in_words_before_it_is_parsed(server):
 
 def test_a_chunked_body_past_the_cap_is_refused_as_it_streams(server):
     url, _ = server
-    body = join_body("x" * 5_000_000)
+    body = join_body(url, "x" * 5_000_000)
     answer = httpx.post(f"{url}/gradio_api/queue/join", timeout=60, headers={"Content-Type": "application/json"},
                         content=(body[i:i + MB] for i in range(0, len(body), MB)))  # no Content-Length
     assert answer.status_code == 413 and answer.text.startswith("a request may send at most 2 MB")
