@@ -326,6 +326,7 @@ class RequestLimits:
                 held = sent.pop("held")
                 if (refusal := rewrite(held["status"], message.get("body", b""))) is not None:
                     await refusal.answer(send)
+                    _log(refusal)
                     sent["status"], sent["replaced"] = refusal.status, True
                     return
                 sent["status"] = held["status"]
@@ -353,8 +354,12 @@ class RequestLimits:
         if not waits and (length is None or length <= DRAIN_BYTES):
             await body.rest()
         await refusal.answer(send)
-        print(f"refused a request ({refusal.status}): {refusal.message}", file=sys.stderr, flush=True)
+        _log(refusal)
         return refusal.status
+
+
+def _log(refusal: Refused) -> None:
+    print(f"refused a request ({refusal.status}): {refusal.message}", file=sys.stderr, flush=True)
 
 
 def _file_too_large(status: int, text: bytes) -> Refused | None:
