@@ -91,7 +91,8 @@ class Guard:
         self.proxy_hops = proxy_hops
         self.listeners = listeners or Listeners()
         self.ledger = ledger or UploadLedger()
-        self.in_flight = 0  # bytes of uploads being received, not yet in the upload folder's files
+        self.in_flight = 0  # bytes of uploads being received
+        self.landed = 0  # bytes of every upload kept so far (`overflow` counts those since an upload began)
 
     def attach(self, blocks: Any) -> Any:
         setattr(blocks, ATTRIBUTE, self)
@@ -105,27 +106,44 @@ class Guard:
             raise Refused(429, f"you have uploaded {megabytes(used)} in {files} files in the last hour, the most one "
                                f"visitor may ({megabytes(UPLOAD_BYTES_PER_HOUR)}, {UPLOAD_FILES_PER_HOUR} files): "
                                f"try again in {minutes(wait)}", wait)
-        space = UPLOAD_DISK_BYTES - held_bytes(getattr(blocks, "upload_file_set", ())) - self.in_flight
-        disk = free_disk(Path(folder)) - DISK_RESERVE_BYTES - self.in_flight
-        if min(space, disk) <= 0:
+        held = held_bytes(getattr(blocks, "upload_file_set", ()))
+        space = min(UPLOAD_DISK_BYTES - held, free_disk(Path(folder)) - DISK_RESERVE_BYTES) - self.in_flight
+        if space <= 0:
             raise Refused(429, "the demo's room for uploads is full for now (uploads are kept an hour, and the disk "
                                "keeps room for the model cache): try again in a few minutes", 300)
-        rooms = [Room(MAX_UPLOAD_FILES * (MAX_UPLOAD_BYTES + PART_SLACK),
-                      f"the most one upload may carry ({MAX_UPLOAD_FILES} files of {megabytes(MAX_UPLOAD_BYTES)})"),
-                 Room(UPLOAD_BYTES_PER_HOUR - used, f"what you may still upload this hour "
-                                                    f"({megabytes(UPLOAD_BYTES_PER_HOUR - used)})"),
-                 Room(min(space, disk), f"the room uploads have now ({megabytes(min(space, disk))})")]
-        room = min(rooms, key=lambda r: r.bytes)
-        return Room(room.bytes, room.why, min(MAX_UPLOAD_FILES, UPLOAD_FILES_PER_HOUR - files))
+        limits = [(MAX_UPLOAD_FILES * (MAX_UPLOAD_BYTES + PART_SLACK),
+                   f"the most one upload may carry ({MAX_UPLOAD_FILES} files of {megabytes(MAX_UPLOAD_BYTES)})"),
+                  (UPLOAD_BYTES_PER_HOUR - used, f"what you may still upload this hour "
+                                                 f"({megabytes(UPLOAD_BYTES_PER_HOUR - used)})"),
+                  (space, f"the room uploads have now ({megabytes(space)})")]
+        most, why = min(limits, key=lambda limit: limit[0])
+        return Room(most, why, min(MAX_UPLOAD_FILES, UPLOAD_FILES_PER_HOUR - files), held, self.landed)
+
+    def overflow(self, room: Room, address: str, folder: str) -> Refused | None:
+        """Whether the uploads in progress, this one's bytes so far included, went past a room as
+        it is now: the address's hour (its other uploads at once count too), the uploads' room on
+        disk (uploads that landed since `room` was measured count too), or the disk's reserve."""
+        used, files = self.ledger.used(address)
+        held = room.held + self.landed - room.landed
+        if used > UPLOAD_BYTES_PER_HOUR or files > UPLOAD_FILES_PER_HOUR or held + self.in_flight > UPLOAD_DISK_BYTES \
+                or free_disk(Path(folder)) < DISK_RESERVE_BYTES:
+            return room.refusal()
+        return None
 
 
 @dataclass(frozen=True)
 class Room:
-    """The most an upload may bring now: bytes, what sets that number (in words), and files."""
+    """The most an upload may bring, as measured when it began: bytes, what set that number (in
+    words), files; and what the uploads held on disk then, and had landed (`Guard.landed`)."""
 
     bytes: int
     why: str
-    files: int = MAX_UPLOAD_FILES
+    files: int
+    held: int
+    landed: int
+
+    def refusal(self) -> Refused:
+        return too_large(f"this upload is larger than {self.why}: nothing of it was kept")
 
 
 def free_disk(folder: Path) -> int:
@@ -290,15 +308,16 @@ class RequestLimits:
                 guard.in_flight += len(chunk)
                 refusal = parts.check(chunk)
                 upload.files = parts.files
-                return refusal
+                return refusal or guard.overflow(room, address, folder)
 
-            body = Body(receive, room.bytes, lambda: too_large(f"this upload is larger than {room.why}: nothing of "
-                                                               "it was kept"), check, cut_off=True)
+            body = Body(receive, room.bytes, room.refusal, check, cut_off=True)
             try:
                 status = await self._guarded(scope, body, send, rewrite=_file_too_large)
             finally:
                 guard.in_flight -= upload.bytes
             kept = body.refusal is None and status == 200
+            if kept:
+                guard.landed += upload.bytes
         finally:
             if not kept:
                 guard.ledger.refund(address, upload)

@@ -105,6 +105,38 @@ def test_an_address_gets_its_hourly_upload_budget_and_another_address_its_own(se
     assert len(stored(folder)) == 4
 
 
+def slow_upload(url: str, name: str, size: int, address: str) -> httpx.Response:
+    """One file of `size` bytes, sent in 64 kB pieces with pauses, so that uploads overlap."""
+    boundary = b"sl0w"
+
+    def pieces() -> Iterator[bytes]:
+        yield b"--" + boundary + f'\r\nContent-Disposition: form-data; name="files"; filename="{name}"\r\n\r\n'.encode()
+        for _ in range(size // 65536):
+            time.sleep(0.002)
+            yield b"x" * 65536
+        yield b"\r\n--" + boundary + b"--\r\n"
+
+    return httpx.post(f"{url}/gradio_api/upload", content=pieces(), timeout=60, headers={
+        "Content-Type": "multipart/form-data; boundary=sl0w", "X-Forwarded-For": address})
+
+
+@pytest.mark.parametrize("budget, addresses", [("UPLOAD_BYTES_PER_HOUR", ["192.0.2.7"] * 3),
+                                               ("UPLOAD_DISK_BYTES", ["192.0.2.7", "192.0.2.8", "192.0.2.9"])])
+def test_uploads_at_once_share_one_budget(server, monkeypatch, budget, addresses):
+    """Three uploads of 2 MB at once against a 3 MB budget: each fits alone, and at most one is
+    kept (the budget is checked against all of them as their bytes arrive, so all may be refused)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    url, folder = server
+    monkeypatch.setattr(guard, budget, 3 * MB)
+    with ThreadPoolExecutor(3) as pool:
+        answers = list(pool.map(lambda a: slow_upload(url, f"{a[0]}.json", 2 * MB, a[1]), enumerate(addresses)))
+    kept = [a for a in answers if a.status_code == 200]
+    assert len(kept) <= 1 and all(a.status_code == 413 and "nothing of it was kept" in a.text
+                                  for a in answers if a not in kept), [a.text for a in answers]
+    assert sum(p.stat().st_size for p in stored(folder)) == 2 * MB * len(kept)
+
+
 def test_uploads_never_hold_more_than_their_room_on_disk(server, monkeypatch):
     url, folder = server
     monkeypatch.setattr(guard, "UPLOAD_DISK_BYTES", 3 * MB)
