@@ -263,8 +263,7 @@ class RequestLimits:
         if method == "GET" and POLL.search(path):
             return await self._listen(guard, blocks, _query(scope, "session_hash"), scope, receive, send)
         if method == "GET" and (found := CALL_STREAM.search(path)):
-            event = getattr(getattr(blocks, "_queue", None), "event_ids_to_events", {}).get(found.group(1))
-            return await self._listen(guard, None, getattr(event, "session_hash", None), scope, receive, send)
+            return await self._listen(guard, blocks, _event_session(blocks, found.group(1)), scope, receive, send)
         if method == "POST" and UPLOAD.search(path):
             return await self._upload(guard, blocks, scope, receive, send)
         body = Body(receive, MAX_BODY_BYTES, lambda: too_large(
@@ -275,7 +274,7 @@ class RequestLimits:
     async def _listen(self, guard: Guard, blocks: Any, session: str | None, scope: dict, receive: Receive,
                       send: Send) -> None:
         """An event stream: counted open for its session while it is; a poll of a session the
-        queue does not know (`blocks` given) is answered 404 at once."""
+        queue does not know is answered 404 at once."""
         queue = getattr(blocks, "_queue", None)
         if blocks is not None and session is not None and queue is not None \
                 and session not in queue.pending_messages_per_session:
@@ -397,6 +396,18 @@ def _length(scope: dict) -> int | None:
     """The request's Content-Length, or None when it sends none (chunked) or an unreadable one."""
     value = Headers(scope=scope).get("content-length")
     return int(value) if value is not None and value.isascii() and value.isdigit() else None
+
+
+def _event_session(blocks: Any, event_id: str) -> str | None:
+    """The session of the plain-HTTP API's event `event_id`, found as Gradio finds it: the event's
+    own, else the session still holding its id (a finished event), else the id itself."""
+    queue = getattr(blocks, "_queue", None)
+    if queue is None:
+        return None
+    event = queue.event_ids_to_events.get(event_id)
+    if event is not None:
+        return event.session_hash
+    return next((s for s, ids in list(queue.pending_event_ids_session.items()) if event_id in ids), event_id)
 
 
 def _query(scope: dict, name: str) -> str | None:

@@ -434,7 +434,7 @@ def test_a_run_past_the_time_limit_ends_with_what_it_has_and_says_why(saved_mode
             assert "Ended by the time limit (a run may hold the device 2 s)" in outputs[0], outputs[-1]
             assert outputs[-1]["stopped"].startswith("Ended by the time limit") and "error" not in outputs[-1]
             short = client.predict(*run_args(saved_model, max_new_tokens=3), api_name="/run")  # and it still serves
-            assert len(short[-1]["ppsd"]["token_ids"]) == 3
+            assert len(short[-1]["ppsd"]["token_ids"]) == 3, short[-1]
     finally:
         state.cache.clear()
 

@@ -222,6 +222,7 @@ def test_polls_of_unknown_sessions_are_answered_in_one_line_and_log_nothing(serv
     capfd.readouterr()
     with httpx.Client(timeout=10) as client:
         answers = [client.get(f"{url}/gradio_api/queue/data", params={"session_hash": f"x{i}"}) for i in range(300)]
+        answers += [client.get(f"{url}/gradio_api/call/run/no-such-event-{i}") for i in range(10)]  # the plain API's
     assert {a.status_code for a in answers} == {404}
     assert answers[0].text == "no such session: join an event first"
     out, err = capfd.readouterr()
