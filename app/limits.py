@@ -70,6 +70,8 @@ class UploadLedger:
     def start(self, address: str) -> Upload:
         upload = Upload(self._clock())
         with self._lock:
+            for other in list(self._uploads):  # an address that stopped uploading costs nothing
+                self._recent(other)
             self._uploads.setdefault(address, deque()).append(upload)
         return upload
 
@@ -99,5 +101,9 @@ class UploadLedger:
         while uploads and uploads[0].at < cutoff:
             uploads.popleft()
         if not uploads:
-            self._uploads.pop(address, None)  # an address that stopped uploading costs nothing
+            self._uploads.pop(address, None)
         return uploads
+
+    def __len__(self) -> int:
+        """Addresses with an upload in the window (or one not yet swept out)."""
+        return len(self._uploads)

@@ -227,3 +227,21 @@ def test_polls_of_unknown_sessions_are_answered_in_one_line_and_log_nothing(serv
     assert answers[0].text == "no such session: join an event first"
     out, err = capfd.readouterr()
     assert len(out) + len(err) < 100_000 and "Traceback" not in err
+
+
+def test_the_upload_ledger_forgets_an_address_an_hour_after_its_last_upload():
+    now = [0.0]
+    ledger = limits.UploadLedger(window=3600, clock=lambda: now[0])
+    first = ledger.start("192.0.2.1")
+    first.bytes, first.files = 5 * MB, 1
+    assert ledger.used("192.0.2.1") == (5 * MB, 1)
+    now[0] = 1800.0
+    ledger.start("192.0.2.2").bytes = MB
+    assert ledger.free_again_in("192.0.2.1") == 1800.0
+    now[0] = 3601.0
+    ledger.start("192.0.2.3")
+    assert ledger.used("192.0.2.1") == (0, 0) and len(ledger) == 2  # the first address is gone, not kept empty
+    refused = ledger.start("192.0.2.2")
+    refused.bytes = 9 * MB
+    ledger.refund("192.0.2.2", refused)
+    assert ledger.used("192.0.2.2") == (MB, 0)
