@@ -25,52 +25,29 @@ Boundary: raw ASGI messages and Gradio's upload folder and queue, read; no handl
 
 from __future__ import annotations
 
-import asyncio
 import os
 import re
 import shutil
-import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Awaitable, Callable
+from typing import Any, Callable
 from urllib.parse import parse_qs
 
-from python_multipart.multipart import parse_options_header
 from starlette.datastructures import Headers
-from starlette.formparsers import MultiPartException
 from starlette.requests import Request
 
-from .limits import (DISK_RESERVE_BYTES, DRAIN_BYTES, DRAIN_SECONDS, MAX_BODY_BYTES, MAX_UPLOAD_BYTES,
-                     MAX_UPLOAD_FILES, UPLOAD_BYTES_PER_HOUR, UPLOAD_DISK_BYTES, UPLOAD_FILES_PER_HOUR,
-                     UploadLedger, megabytes, minutes)
+from .bodies import Body, Message, Parts, Receive, Refused, Send, content_length, log
+from .limits import (DISK_RESERVE_BYTES, DRAIN_BYTES, MAX_BODY_BYTES, MAX_UPLOAD_BYTES, MAX_UPLOAD_FILES,
+                     UPLOAD_BYTES_PER_HOUR, UPLOAD_DISK_BYTES, UPLOAD_FILES_PER_HOUR, UploadLedger, megabytes,
+                     minutes)
 from .sessions import Listeners
 from .visitors import visitor
-
-Message = dict[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
 
 ATTRIBUTE = "ppsd_guard"  # where a page's Blocks carries its Guard
 UPLOAD = re.compile(r"/gradio_api/upload/?$")
 POLL = re.compile(r"/gradio_api/queue/data/?$")
 CALL_STREAM = re.compile(r"/gradio_api/call/[^/]+/([^/]+)/?$")  # the plain-HTTP API's result stream
 PART_SLACK = 16 * 1024  # a part's headers and delimiters, beyond its file's bytes
-
-
-class Refused(MultiPartException):
-    """A request over a limit: its status and its one sentence. A MultiPartException, so that
-    raised from the body inside Gradio's upload parser it deletes the files it wrote."""
-
-    def __init__(self, status: int, message: str, retry_after: float | None = None) -> None:
-        super().__init__(message)
-        self.status, self.retry_after = status, retry_after
-
-    async def answer(self, send: Send) -> None:
-        headers = [(b"content-type", b"text/plain; charset=utf-8"), (b"connection", b"close")]
-        if self.retry_after is not None:
-            headers.append((b"retry-after", str(max(1, round(self.retry_after))).encode()))
-        await send({"type": "http.response.start", "status": self.status, "headers": headers})
-        await send({"type": "http.response.body", "body": self.message.encode("utf-8")})
 
 
 def too_large(what: str) -> Refused:
@@ -168,84 +145,6 @@ def held_bytes(files: Any) -> int:
     return total
 
 
-class Body:
-    """The request's body as the app reads it (`receive`), counted: past `limit` bytes, or when
-    `check` refuses a chunk, the read raises `Refused` and the refusal is kept for the answer.
-    `rest` reads what the app left unread, so that the client, writing its body to the end
-    before it reads, sees the answer."""
-
-    def __init__(self, receive: Receive, limit: int, over: Callable[[], Refused],
-                 check: Callable[[bytes], Refused | None] | None = None, cut_off: bool = False) -> None:
-        self._receive, self.limit, self.over, self._check, self._cut_off = receive, limit, over, check, cut_off
-        self.read, self.done = 0, False
-        self.refusal: Refused | None = None
-
-    async def receive(self) -> Message:
-        if self.refusal is not None:
-            raise self.refusal
-        message = await self._receive()
-        if message["type"] == "http.request":
-            chunk = message.get("body", b"")
-            self.read += len(chunk)
-            self.done = not message.get("more_body", False)
-            refusal = self.over() if self.read > self.limit else self._check(chunk) if self._check else None
-            if refusal is not None:
-                self.refusal = refusal
-                raise refusal
-        elif message["type"] == "http.disconnect":
-            self.done = True
-            if self._cut_off:  # an upload cut short: raised in the parser, it deletes what it wrote
-                self.refusal = Refused(400, "the upload was cut off before its end: nothing of it was kept")
-                raise self.refusal
-        return message
-
-    async def rest(self) -> None:
-        """Read and drop the unread body, up to `DRAIN_BYTES` and `DRAIN_SECONDS`."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + DRAIN_SECONDS
-        while not self.done and self.read <= DRAIN_BYTES:
-            try:
-                message = await asyncio.wait_for(self._receive(), max(0.0, deadline - loop.time()))
-            except (asyncio.TimeoutError, TimeoutError):
-                return
-            if message["type"] != "http.request":
-                return
-            self.read += len(message.get("body", b""))
-            self.done = not message.get("more_body", False)
-
-
-class Parts:
-    """Counts the parts of a multipart body as it streams, by their delimiters ("--" boundary),
-    which no part's content may hold (RFC 2046): `check` refuses the chunk that brings part
-    `most + 1`, before the parser reads it. It never counts fewer parts than the parser sees,
-    only more when a client puts its own delimiter inside a part, which refuses that client alone."""
-
-    def __init__(self, content_type: str, most: int) -> None:
-        _, options = parse_options_header(content_type)
-        boundary = options.get(b"boundary", b"")
-        self._delimiter = b"--" + boundary if boundary else b""
-        self._tail = b""
-        self.most = most
-        self.delimiters = 0
-
-    def check(self, chunk: bytes) -> Refused | None:
-        if not self._delimiter:
-            return None  # Gradio refuses a multipart body without a boundary before storing any of it
-        seen = self._tail + chunk
-        self.delimiters += seen.count(self._delimiter)
-        self._tail = seen[-(len(self._delimiter) - 1):]
-        if self.files > self.most:
-            why = (f"an upload may carry at most {MAX_UPLOAD_FILES} files" if self.most == MAX_UPLOAD_FILES else
-                   f"you may upload {self.most} more files this hour ({UPLOAD_FILES_PER_HOUR} an hour)")
-            return too_large(f"{why}: nothing of this one was kept")
-        return None
-
-    @property
-    def files(self) -> int:
-        """Parts so far: each delimiter after the first ends one (the last closes the body)."""
-        return max(0, self.delimiters - 1)
-
-
 class RequestLimits:
     """The ASGI middleware (`launch_kwargs` installs it in Gradio's app): each HTTP request
     checked against its page's `Guard`, found on the Blocks the app serves."""
@@ -300,7 +199,10 @@ class RequestLimits:
                 room = guard.upload_room(blocks, folder, address)
             except Refused as refusal:
                 return await self._answer(scope, Body(receive, 0, lambda: refusal), send, refusal)
-            parts = Parts(request.headers.get("content-type", ""), room.files)
+            parts = Parts(request.headers.get("content-type", ""), room.files, lambda: too_large(
+                (f"an upload may carry at most {MAX_UPLOAD_FILES} files" if room.files == MAX_UPLOAD_FILES else
+                 f"you may upload {room.files} more files this hour ({UPLOAD_FILES_PER_HOUR} an hour)")
+                + ": nothing of this one was kept"))
 
             def check(chunk: bytes) -> Refused | None:
                 upload.bytes += len(chunk)
@@ -325,7 +227,7 @@ class RequestLimits:
                        rewrite: Callable[[int, bytes], Refused | None] | None = None) -> int:
         """The app on `body`; a body over its limit (by its length, or as it streams) answered
         with its refusal instead of whatever the app made of it. Returns the status sent."""
-        length = _length(scope)
+        length = content_length(scope)
         if length is not None and length > body.limit:
             return await self._answer(scope, body, send, body.over())
         sent: dict[str, Any] = {}
@@ -344,7 +246,7 @@ class RequestLimits:
                 held = sent.pop("held")
                 if (refusal := rewrite(held["status"], message.get("body", b""))) is not None:
                     await refusal.answer(send)
-                    _log(refusal)
+                    log(refusal)
                     sent["status"], sent["replaced"] = refusal.status, True
                     return
                 sent["status"] = held["status"]
@@ -367,17 +269,13 @@ class RequestLimits:
         past `DRAIN_BYTES`, and not where the client waits to be told to send it (Expect:
         100-continue, which reading would tell it)."""
         body.refusal = refusal
-        length = _length(scope)
+        length = content_length(scope)
         waits = body.read == 0 and Headers(scope=scope).get("expect", "").lower() == "100-continue"
         if not waits and (length is None or length <= DRAIN_BYTES):
             await body.rest()
         await refusal.answer(send)
-        _log(refusal)
+        log(refusal)
         return refusal.status
-
-
-def _log(refusal: Refused) -> None:
-    print(f"refused a request ({refusal.status}): {refusal.message}", file=sys.stderr, flush=True)
 
 
 def _file_too_large(status: int, text: bytes) -> Refused | None:
@@ -390,12 +288,6 @@ def _blocks(scope: dict) -> Any:
         return scope["app"].get_blocks()
     except Exception:  # noqa: BLE001 - not Gradio's app (a test's), or no page yet: the defaults hold
         return None
-
-
-def _length(scope: dict) -> int | None:
-    """The request's Content-Length, or None when it sends none (chunked) or an unreadable one."""
-    value = Headers(scope=scope).get("content-length")
-    return int(value) if value is not None and value.isascii() and value.isdigit() else None
 
 
 def _event_session(blocks: Any, event_id: str) -> str | None:
