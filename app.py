@@ -68,7 +68,10 @@ def main(argv: list[str] | None = None) -> None:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     # Started from a background job, a process inherits SIGINT ignored: Ctrl-C must still stop it.
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    state = AppState.from_environment()
+    try:
+        state = AppState.from_environment()
+    except ValueError as error:  # a setting such as PPSD_PROXY_HOPS=abc: one line, no traceback
+        parser.exit(2, f"{parser.prog}: error: {error}\n")
     ready: list[str] = [_load_for_zerogpu(state)] if zerogpu.active() else []
     preload = None
     if not zerogpu.active() and state.cache.offers(ppsd.DEFAULT_MODEL):

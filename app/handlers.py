@@ -25,11 +25,11 @@ from ppsd.model import model_config, resolve_device
 from ppsd.model_source import needs_preparing
 
 from . import lease, view, zerogpu
-from .line import Background
+from .line import Background, wait_text
 from .panels import run_message
 from .page_text import STAGES_LABEL, WORKERS_LABEL
 from .models import ModelCache
-from .request import RunRequest, unicode_text
+from .request import RunRequest, prompt_text, unicode_text
 from .runner import Limit, Snapshot, run_comparison
 from .state import AppState
 from .visitors import visitor
@@ -105,7 +105,7 @@ def max_tokens_update(state: AppState, prompt: str, model: str, chat: bool, valu
     """The max-tokens slider bound by the context left after the prompt, once the model is
     loaded (before that, by the cap alone; Run checks the rest)."""
     try:
-        prompt, model = unicode_text("prompt", prompt), unicode_text("model", model)
+        prompt, model = prompt_text(prompt), unicode_text("model", model)
     except ValueError as error:  # a script's raw JSON: said, not a TypeError from the tokenizer
         raise gr.Error(str(error), print_exception=False) from None
     loaded = state.cache.find((model or "").strip() or ppsd.DEFAULT_MODEL)
@@ -183,19 +183,28 @@ def on_run(state: AppState, decode: Callable[..., Iterator[tuple]], run: RunRequ
                 raise ValueError(f"The prompt is empty: type {wanted}, or click an example.")
             if problem := stages_problem(run.num_stages, run.workers, run.pipeline):
                 raise ValueError(problem)
+            if request is not None and not state.listeners.wait(_session(request)):
+                # Gradio runs an event whether or not its client reads the results: one that never
+                # does would hold the device for nothing, while visitors who listen wait.
+                print(f"dropped a run: its client opened no event stream within {state.listeners.grace:g} s",
+                      file=sys.stderr, flush=True)
+                raise ValueError(f"nobody listened for this run's results within {state.listeners.grace:g} s, so "
+                                 "it did not start")
             yield ordered({**view.idle(), **view.status("Starting…")})  # no numbers of an earlier run stay up
             if run.model not in state.cache:
                 for doing in _loading(state.cache, run.model, stop):
                     yield ordered(view.status(doing, run, "model"))
-            with state.line.place(visitor(request, state.proxy_hops)) as ticket:
+            with state.line.place(visitor(request, state.proxy_hops), _turn(state, run)) as ticket:
                 ahead = state.line.ahead(ticket)
                 while ahead > 0 and not stop.is_set():
-                    yield ordered(view.status(f"Waiting for the device: {ahead} run{'s' * (ahead > 1)} ahead of yours…"))
+                    most = wait_text(state.line.longest_wait(ticket))
+                    yield ordered(view.status(f"Waiting for the device: {ahead} run{'s' * (ahead > 1)} ahead of yours, "
+                                              f"{most} at most…"))
                     ahead = state.line.ahead(ticket, wait=0.5)
                 if stop.is_set():
                     yield ordered(view.stopped_before())
                     return
-                with state.line.turn(ticket, stop, state.shared_seconds):
+                with state.line.turn(ticket, stop):
                     yield from decode(stop.slot, run)
         except ValueError as error:
             yield ordered(view.failed(str(error)))
@@ -219,9 +228,15 @@ def on_decode(state: AppState, stop_slot: int, run: RunRequest) -> Iterator[tupl
                 yield ordered(view.stopped_before())
                 return
         yield from _updates(run_comparison(run, state.cache, stop=stop, time_limit=state.run_seconds,
-                                           shared_limit=state.shared_seconds, lease=_lease_left(state, run, started)))
+                                           shared_limit=_turn(state, run), lease=_lease_left(state, run, started)))
     except ValueError as error:
         yield ordered(view.failed(str(error)))
+
+
+def _turn(state: AppState, run: RunRequest) -> float:
+    """`run`'s turn (`AppState.turn_seconds`) on the device its model is loaded on."""
+    loaded = state.cache.find(run.model)
+    return state.turn_seconds(run, loaded.model.info.device if loaded is not None else resolve_device("auto"))
 
 
 def _lease_left(state: AppState, run: RunRequest, started: float) -> Limit | None:

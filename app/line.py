@@ -7,6 +7,7 @@ Plain threading; no Gradio, no models.
 
 from __future__ import annotations
 
+import math
 import mmap
 import threading
 import time
@@ -55,10 +56,17 @@ PER_CLIENT = 2  # runs one client (an address, `app.visitors`) may have in line:
 
 @dataclass(frozen=True, eq=False)
 class Ticket:
-    """A place in line: whose it is, and how many of that client's runs were in line before it."""
+    """A place in line: whose it is, how many of that client's runs were in line before it, and
+    its turn: the seconds it may hold the device while others wait (`DeviceLine.turn`)."""
 
     client: str
     round: int
+    seconds: float = 0.0
+
+
+def wait_text(seconds: float) -> str:
+    """A wait in words, rounded up: "40 s" under two minutes, else whole minutes ("12 min")."""
+    return f"{max(1, math.ceil(seconds))} s" if seconds < 120 else f"{math.ceil(seconds / 60)} min"
 
 
 class DeviceLine:
@@ -78,18 +86,22 @@ class DeviceLine:
         self._changed = threading.Condition()
 
     @contextmanager
-    def place(self, client: str = "") -> Iterator[Ticket]:
-        """A place in line for `client`, left on exit (also on Stop and on error). ValueError when
-        the line is full, or when `client` has `per_client` runs in line already."""
+    def place(self, client: str = "", seconds: float = 0.0) -> Iterator[Ticket]:
+        """A place in line for `client`, whose run may hold the device `seconds` while others wait
+        (its turn), left on exit (also on Stop and on error). ValueError when the line is full,
+        saying how long it may take, or when `client` has `per_client` runs in line already."""
         with self._changed:
             if len(self._line) > self.max_waiting:
-                raise ValueError(f"the demo is busy (one run decoding, {len(self._line) - 1} waiting, the most "
-                                 "it queues): please try again in a moment")
+                longest = sum(t.seconds for t in self._line)
+                raise ValueError(f"the demo is busy (one run decoding, {len(self._line) - 1} waiting, the most it "
+                                 f"queues): while others wait each run may hold the device for its turn, so the "
+                                 f"line may take up to {wait_text(longest)}. Please come back in a few minutes "
+                                 f"(runs often end sooner), or in {wait_text(longest)} at the latest")
             mine = sum(t.client == client for t in self._line)
             if mine >= self.per_client:
                 raise ValueError(f"you have {mine} runs in line already, the most one visitor may: wait for one "
                                  "to finish, or press Stop")
-            ticket = Ticket(client, mine)
+            ticket = Ticket(client, mine, seconds)
             # After every run of an earlier or equal round, never ahead of the one decoding.
             after = [i for i, t in enumerate(self._line) if t.round <= ticket.round]
             self._line.insert(max(after[-1] + 1 if after else 0, 1 if self._line else 0), ticket)
@@ -102,10 +114,12 @@ class DeviceLine:
                 self._changed.notify_all()
 
     @contextmanager
-    def turn(self, ticket: Ticket, stop: "Stop", seconds: float) -> Iterator[None]:
+    def turn(self, ticket: Ticket, stop: "Stop", seconds: float | None = None) -> Iterator[None]:
         """While `ticket` holds the device (call it once its turn has come): once it has held it
-        `seconds` and another client's run waits, its turn is over, and `stop.hand_over()` (a
-        `StopFlag`) ends it as the time limit does. Leaving the block ends the watch."""
+        `seconds` (default: the ticket's turn) and another client's run waits, its turn is over,
+        and `stop.hand_over()` (a `StopFlag`) ends it as the time limit does. Leaving the block
+        ends the watch."""
+        seconds = ticket.seconds if seconds is None else seconds
         left = threading.Event()
 
         def watch() -> None:
@@ -140,6 +154,12 @@ class DeviceLine:
             if self._line.index(ticket) > 0 and wait > 0:
                 self._changed.wait(wait)
             return self._line.index(ticket)
+
+    def longest_wait(self, ticket: Ticket) -> float:
+        """The most `ticket` may still wait: the turns of the runs ahead of it, each of which is
+        cut at its turn while `ticket` waits."""
+        with self._changed:
+            return sum(t.seconds for t in self._line[:self._line.index(ticket)])
 
 
 class Stop(Protocol):

@@ -17,6 +17,9 @@ DEFAULT_REPEATS = 3  # timed runs of each method: the page shows their median sp
 MAX_REPEATS = 9
 MAX_RUN_SECONDS = 300.0  # how long one comparison may hold the device; past it, it ends with what it has
 SHARED_RUN_SECONDS = 60.0  # how long while another visitor waits: one script cannot keep a newcomer out for long
+# A prompt's characters, counted before any tokenizer reads it (a 50 MB prompt took 4 GB to
+# tokenize): far past what any model here reads (the default's 8,192 tokens are ~30,000 characters).
+MAX_PROMPT_CHARS = 100_000
 
 
 @dataclass(frozen=True)
@@ -54,7 +57,9 @@ class RunRequest:
         return cls(**form)
 
     def check_texts(self) -> "RunRequest":
-        """Itself, or ValueError naming the first text field that is no valid Unicode (`unicode_text`)."""
+        """Itself, or ValueError naming the first text field that is no valid Unicode
+        (`unicode_text`), or a prompt past `MAX_PROMPT_CHARS` (`prompt_text`)."""
+        prompt_text(self.prompt)
         for name in TEXTS:
             unicode_text(name, getattr(self, name))
         return self
@@ -111,6 +116,15 @@ def unicode_text(name: str, text: Any) -> str:
         raise ValueError(f"{name} is not valid Unicode text: character {error.start} is a lone surrogate "
                          f"(U+{ord(text[error.start]):04X})") from None
     return text
+
+
+def prompt_text(prompt: Any) -> str:
+    """`prompt` as valid Unicode text of at most `MAX_PROMPT_CHARS` characters, else ValueError
+    in words: checked before any tokenizer reads it."""
+    text = "" if prompt is None else str(prompt)
+    if len(text) > MAX_PROMPT_CHARS:
+        raise ValueError(f"the prompt is {len(text):,} characters long; the demo takes at most {MAX_PROMPT_CHARS:,}")
+    return unicode_text("prompt", text)
 
 
 TEXTS = ("prompt", "model", "exit_head", "pipeline")  # the run's text fields, each checked by `unicode_text`

@@ -57,3 +57,38 @@ def sweep_sessions(demo: Any, idle_seconds: float = SESSION_IDLE_SECONDS) -> thr
     thread = threading.Thread(target=sweep, name="session-sweeper", daemon=True)
     thread.start()
     return thread
+
+
+LISTEN_GRACE_SECONDS = 10.0  # how long a run waits for its client to open its event stream
+
+
+class Listeners:
+    """Which sessions have an event stream open: Gradio runs an event whether or not anyone
+    reads its results, so a client that joins and never listens would hold the device for
+    nothing. `app.guard` counts each stream as it opens and closes; a run waits for its session
+    to be listened to (`wait`). Until the guard has seen a request (`watched`), nothing is known
+    and every session counts as listened to: a page served without the guard still runs."""
+
+    def __init__(self, grace: float = LISTEN_GRACE_SECONDS) -> None:
+        self.grace = grace
+        self._open: dict[str, int] = {}
+        self._changed = threading.Condition()
+        self.watched = False
+
+    def opened(self, session: str) -> None:
+        with self._changed:
+            self._open[session] = self._open.get(session, 0) + 1
+            self._changed.notify_all()
+
+    def closed(self, session: str) -> None:
+        with self._changed:
+            left = self._open.get(session, 0) - 1
+            if left > 0:
+                self._open[session] = left
+            else:
+                self._open.pop(session, None)
+
+    def wait(self, session: str) -> bool:
+        """Whether `session` has an event stream open, waiting up to `grace` seconds for one."""
+        with self._changed:
+            return self._changed.wait_for(lambda: not self.watched or session in self._open, timeout=self.grace)

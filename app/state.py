@@ -8,22 +8,41 @@ The environment (PPSD_MODELS, PPSD_HEADS, PPSD_PROXY_HOPS, SPACE_ID, SPACES_ZERO
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field
 from typing import Callable
 
 import ppsd
+from ppsd.config import whole_number
 from ppsd.executors.host import on_zerogpu
 
 from . import lease
 from .line import DeviceLine, StopRegistry
 from .models import ModelCache
 from .request import MAX_RUN_SECONDS, SHARED_RUN_SECONDS, RunRequest
-from .sessions import SESSION_IDLE_SECONDS
+from .sessions import SESSION_IDLE_SECONDS, Listeners
 from .visitors import proxy_hops_from_environment
 from .zerogpu import on_import_thread
 
 QUEUE_SIZE = 16  # runs that may wait for the device; one more is told the demo is busy
+# The pace a run's turn is sized at (`AppState.turn_seconds`), a token of any method, slow on
+# purpose so that a default Run fits its turn on a loaded machine. On a CPU: a default Run (640
+# tokens: 3 rounds of AR, PPSD and plain AR at 64 tokens on 2 worker processes, plain AR timed two
+# ways in the first) took 56-90 s on a 2-core machine at load 2.5-10 (measured, issue 49):
+# 90 s / 640. On a GPU: `app.lease`'s token with the stages in turn, the slowest way there.
+CPU_TURN_TOKEN_SECONDS = 90 / 640
+TURN_MARGIN = 1.5  # a turn is this much longer than the run needs at that pace
+
+
+DEFAULT_RUN = RunRequest(prompt="", workers=True)  # what a first Run asks for, its stages at once
+
+
+def decoded_tokens(run: RunRequest) -> int:
+    """The tokens `run` decodes: every method of every timed round, plain AR too when the stages
+    run at once (timed two ways in the first round). ValueError names a value that is not whole."""
+    tokens = whole_number("max_new_tokens", run.max_new_tokens)
+    return tokens * (run.rounds() * (len(run.methods) + run.workers) + run.workers)
 
 
 def allowed_models() -> tuple[str, ...] | None:
@@ -56,9 +75,26 @@ class AppState:
     line: DeviceLine = field(default_factory=lambda: DeviceLine(QUEUE_SIZE))  # one decode at a time
     stops: StopRegistry = field(default_factory=StopRegistry)  # session -> its running comparisons' Stops
     run_seconds: float = MAX_RUN_SECONDS  # how long one comparison may hold the device
-    shared_seconds: float = SHARED_RUN_SECONDS  # how long, while another visitor waits
+    shared_seconds: float = SHARED_RUN_SECONDS  # the shortest turn while another visitor waits (`turn_seconds`)
     proxy_hops: int = 0  # proxies in front that append to X-Forwarded-For (`app.visitors.visitor`)
     session_seconds: float = SESSION_IDLE_SECONDS  # a visitor's session unused this long is forgotten (`app.sessions`)
+    listeners: Listeners = field(default_factory=Listeners)  # sessions with an event stream open (`app.guard`)
+    turn_token_seconds: float | None = None  # the pace turns are sized at; None: by device (CPU_TURN_TOKEN_SECONDS)
+
+    def turn_seconds(self, run: RunRequest, device: str) -> float:
+        """How long `run` may hold the device while another visitor waits: what its tokens need
+        at a slow pace for `device` (`TURN_MARGIN` over it), never less than `shared_seconds` and
+        never more than a default Run's, so that a default Run is never cut by the turn and no
+        larger one holds a newcomer longer than a default Run would."""
+        pace = self.turn_token_seconds
+        if pace is None:
+            pace = lease.EAGER_TOKEN_SECONDS if device.startswith("cuda") else CPU_TURN_TOKEN_SECONDS
+        most = decoded_tokens(DEFAULT_RUN)
+        try:
+            tokens = min(decoded_tokens(run), most)
+        except (TypeError, ValueError, OverflowError):  # refused in words by the run itself
+            tokens = most
+        return max(self.shared_seconds, math.ceil(TURN_MARGIN * pace * tokens))
 
     def gpu_lease(self) -> Callable[[int, RunRequest], int]:
         """The GPU seconds a Run asks ZeroGPU for (`app.lease.duration`), from its request: what

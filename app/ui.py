@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import gradio as gr
+from starlette.middleware import Middleware
 
 import ppsd
 from ppsd.config import DEFAULTS, MAX_DRAFT_LEN
@@ -32,6 +33,8 @@ from .page_text import STAGES_LABEL, TITLE, WORKERS_LABEL, load_examples
 from .panels import (Single, columns, exit_head, gpu_lease, headline, intro, metrics, race, run_message, steps,
                      summary, theory, timeline)
 from .request import DEFAULT_REPEATS, FORM, MAX_REPEATS
+from .guard import Guard, RequestLimits
+from .limits import DELETE_UPLOADS, MAX_UPLOAD_BYTES
 from .sessions import sweep_sessions
 from .state import AppState
 from .visitors import distrust_forwarded_headers
@@ -194,7 +197,8 @@ def create_demo(state: AppState | None = None) -> gr.Blocks:
     if state is None:
         state = AppState.from_environment()
     distrust_forwarded_headers()  # the device line counts visitors by address: no client names its own
-    with gr.Blocks(title="PPSD: pipeline-parallel self-speculative decoding") as demo:
+    # Uploads older than an hour are deleted (Gradio's own sweep of the files it stored).
+    with gr.Blocks(title="PPSD: pipeline-parallel self-speculative decoding", delete_cache=DELETE_UPLOADS) as demo:
         with gr.Row(equal_height=False, elem_id="title-row"):
             gr.HTML(f'<h1 class="page-title">{TITLE}</h1>')
             present = gr.Checkbox(value=False, label="Present (key P)", elem_id="present", scale=0, min_width=260,
@@ -235,6 +239,7 @@ def create_demo(state: AppState | None = None) -> gr.Blocks:
     # Gradio's own queue is a backstop far above the device line's bound, which answers "busy" in words.
     demo.queue(max_size=4 * run_event)
     sweep_sessions(demo, state.session_seconds)  # an API script's sessions are never closed: forget idle ones
+    Guard(state.proxy_hops, state.listeners).attach(demo)  # what `RequestLimits` holds each request to
     return refusing_short_calls(demo)
 
 
@@ -279,9 +284,13 @@ def _wire_settings(state: AppState, c: dict[str, Any]) -> None:
 
 
 def launch_kwargs() -> dict[str, Any]:
-    """What Gradio 6 takes at launch rather than in Blocks: theme and CSS, and `show_error`, so
-    input Gradio itself refuses (a value past a slider's maximum) reaches an API client in words."""
-    return {"theme": theme(), "css_paths": [CSS], "show_error": True}
+    """What Gradio 6 takes at launch rather than in Blocks: theme and CSS; `show_error`, so
+    input Gradio itself refuses (a value past a slider's maximum) reaches an API client in words;
+    and the limits on what a request may send (`app.guard`): a file's size (Gradio's own check),
+    the middleware that bounds every body and upload before Gradio reads it, and no static file
+    workers, which would take uploads past it."""
+    return {"theme": theme(), "css_paths": [CSS], "show_error": True, "max_file_size": MAX_UPLOAD_BYTES,
+            "app_kwargs": {"middleware": [Middleware(RequestLimits)]}, "num_workers": 0}
 
 
 def theme() -> gr.themes.Base:

@@ -26,8 +26,9 @@ def proxy_hops_from_environment() -> int:
     setting = os.environ.get("PPSD_PROXY_HOPS", "").strip()
     if not setting:
         return 1 if os.environ.get("SPACE_ID") else 0
-    if not setting.isdigit():
-        raise ValueError(f"PPSD_PROXY_HOPS={setting!r}: give how many proxies stand in front of the server (0, 1, ...)")
+    if not (setting.isascii() and setting.isdigit()):  # "²" is a digit to isdigit(), not to int()
+        raise ValueError(f"PPSD_PROXY_HOPS={ascii(setting)}: give how many proxies stand in front of the server "
+                         "and append to X-Forwarded-For, as a whole number (0, 1, ...)")
     return int(setting)
 
 

@@ -51,19 +51,24 @@ def damage(directory: Path, *, weights: bool = True) -> str | None:
     if not isinstance(files, dict) or not files:
         return "it has no checksums (converted by an earlier version)"
     for name, expected in files.items():
+        size, sha256 = (expected.get("size"), expected.get("sha256")) if isinstance(expected, dict) else (None, None)
+        if type(size) is not int or not isinstance(sha256, str):  # a record edited by hand, or garbage
+            return f"its {COMPLETE_MARKER} records no size and sha256 for {name}"
         path = directory / name
         try:
             info = path.stat()
             if not stat.S_ISREG(info.st_mode):
                 return f"{name} is not a regular file"
-            if info.st_size != expected.get("size"):
-                return f"{name} is {info.st_size:,} bytes, not the {expected.get('size'):,} written"
-            if (weights or path.suffix != ".safetensors") and sha256_of(path) != expected.get("sha256"):
+            if info.st_size != size:
+                return f"{name} is {info.st_size:,} bytes, not the {size:,} written"
+            if (weights or path.suffix != ".safetensors") and sha256_of(path) != sha256:
                 return f"{name} does not match the sha256 recorded when it was written"
         except FileNotFoundError:
             return f"{name} is missing"
-        except (OSError, AttributeError, TypeError, ValueError) as error:
-            return f"{name} cannot be checked ({getattr(error, 'strerror', None) or error})"
+        except OSError as error:
+            return f"{name} cannot be read ({(error.strerror or 'an error of the file system').lower()})"
+        except ValueError:  # a name with a NUL byte
+            return f"its {COMPLETE_MARKER} names a file that cannot exist"
     return None
 
 

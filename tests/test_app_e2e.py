@@ -434,7 +434,7 @@ def test_a_run_past_the_time_limit_ends_with_what_it_has_and_says_why(saved_mode
             assert "Ended by the time limit (a run may hold the device 2 s)" in outputs[0], outputs[-1]
             assert outputs[-1]["stopped"].startswith("Ended by the time limit") and "error" not in outputs[-1]
             short = client.predict(*run_args(saved_model, max_new_tokens=3), api_name="/run")  # and it still serves
-            assert len(short[-1]["ppsd"]["token_ids"]) == 3
+            assert len(short[-1]["ppsd"]["token_ids"]) == 3, short[-1]
     finally:
         state.cache.clear()
 
@@ -579,7 +579,8 @@ def test_a_run_stopped_while_its_model_loads_says_stopped_in_its_summary(saved_m
 def test_a_full_line_says_busy_in_words(saved_model):
     import time
 
-    from app.line import DeviceLine
+    from app.line import DeviceLine, wait_text
+    from app.request import RunRequest
 
     model, state = saved_model, AppState(line=DeviceLine(0))  # room for the running one, none waiting
     with serving(state) as client:
@@ -589,8 +590,12 @@ def test_a_full_line_says_busy_in_words(saved_model):
             time.sleep(0.02)
         other = Client(client.src, verbose=False)
         busy = other.predict(*run_args(model, max_new_tokens=2), api_name="/run")[-1]
-        assert busy == {"error": "the demo is busy (one run decoding, 0 waiting, the most it queues): please try "
-                                 "again in a moment"}
+        # told how long the line may take: the turn of the run in it (`AppState.turn_seconds`)
+        longest = wait_text(state.turn_seconds(RunRequest.from_form(*run_args(model, max_new_tokens=200)), "cpu"))
+        assert busy == {"error": f"the demo is busy (one run decoding, 0 waiting, the most it queues): while others "
+                                 f"wait each run may hold the device for its turn, so the line may take up to "
+                                 f"{longest}. Please come back in a few minutes (runs often end sooner), or in "
+                                 f"{longest} at the latest"}
         client.predict(api_name="/stop")
         assert "Stopped" in first.result(timeout=30)[0]
 
@@ -647,7 +652,7 @@ def test_one_address_with_16_sessions_keeps_a_newcomer_out_for_one_shared_turn_a
     import time
 
     _, model = server
-    state = AppState(cache=app_state.cache, proxy_hops=1, shared_seconds=2.0)
+    state = AppState(cache=app_state.cache, proxy_hops=1, shared_seconds=2.0, turn_token_seconds=0.0)
     with serving(state) as client:
         client.predict(*run_args(model, max_new_tokens=2), api_name="/run")  # loaded and warm
         script = [visiting(client.src, f"198.51.100.{i}, 203.0.113.7") for i in range(16)]  # its own header too

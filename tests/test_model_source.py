@@ -182,6 +182,40 @@ def test_a_damaged_converted_model_is_converted_again_and_said_so(tmp_path, cach
     assert [p.name for p in target.parent.iterdir()] == [target.name]  # nothing of the old copy left
 
 
+@pytest.mark.parametrize("entry, said", [
+    ({"size": "2", "sha256": "x"}, "its ppsd_source.json records no size and sha256 for config.json"),
+    ({"size": 2.0, "sha256": None}, "its ppsd_source.json records no size and sha256 for config.json"),
+    ("garbage", "its ppsd_source.json records no size and sha256 for config.json"),
+    ({"size": 2, "sha256": "x", "name": "\0"}, None),
+])
+def test_a_garbled_cache_record_is_said_in_words_not_python_errors(tmp_path, cache, conversions, entry, said):
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"weights")
+    target = converted(gguf)
+    record = _record(target)
+    name = entry.pop("name") if isinstance(entry, dict) and "name" in entry else "config.json"
+    record["files"] = {name: entry}
+    (target / COMPLETE_MARKER).write_text(__import__("json").dumps(record))
+    problem = model_source.damage(target)
+    assert problem == (said or "its ppsd_source.json names a file that cannot exist")
+    heard: list[str] = []
+    assert converted(gguf, progress=heard.append) == target and len(conversions) == 2
+    assert any(problem in h for h in heard), heard
+
+
+def test_converting_is_said_only_once_it_starts_and_with_an_honest_time(tmp_path, cache, conversions, monkeypatch):
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"weights")
+    heard: list[str] = []
+    monkeypatch.setattr(model_source, "space_needed", lambda gguf: 10 ** 18)
+    with pytest.raises(ValueError, match="no space left"):
+        converted(gguf, progress=heard.append)
+    assert heard == []  # a refusal is not announced as a conversion first
+    monkeypatch.setattr(model_source, "space_needed", lambda gguf: 1)
+    converted(gguf, progress=heard.append)
+    assert heard[0].endswith("once: about 20 s on a quiet machine, minutes on a busy one") and "about 20 s)" not in heard[0]
+
+
 def test_a_cache_entry_without_checksums_is_converted_again(tmp_path, cache, conversions):
     gguf = tmp_path / "m.gguf"
     gguf.write_bytes(b"weights")

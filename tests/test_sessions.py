@@ -14,7 +14,7 @@ import httpx
 import torch
 
 from app import AppState
-from app.sessions import forget_idle
+from app.sessions import Listeners, forget_idle
 
 from test_app_e2e import run_args, serving
 
@@ -76,3 +76,27 @@ def test_the_servers_memory_stays_flat_over_200_runs_from_new_sessions(saved_mod
         gc.collect()
         grown = _rss_mb() - before
     assert grown < 45.0, f"the server grew {grown:.1f} MB over 200 runs from new sessions"
+
+
+def test_a_run_whose_client_never_listens_is_dropped_and_never_holds_the_device(saved_model):
+    """A script joins a Run and never opens its event stream: Gradio runs the event anyway. The
+    run waits a grace (1 s here, 10 s deployed) for its client to listen, then ends without
+    joining the device line; a visitor who listens runs at once."""
+    torch.set_num_threads(1)
+    state = AppState(listeners=Listeners(grace=1.0))
+    with serving(state) as client:
+        base = client.src.rstrip("/")
+        client.predict(*run_args(saved_model, max_new_tokens=2), api_name="/run")  # loaded: a listening client runs
+        dependencies = httpx.get(f"{base}/config", timeout=30).json()["dependencies"]
+        fn_index = next(i for i, d in enumerate(dependencies) if d.get("api_name") == "run")
+        payload = {"data": list(run_args(saved_model, max_new_tokens=240, repeats=9)), "fn_index": fn_index,
+                   "session_hash": "never-listens", "event_data": None, "trigger_id": None}
+        httpx.post(f"{base}/gradio_api/queue/join", content=json.dumps(payload), timeout=30,
+                   headers={"content-type": "application/json"}).raise_for_status()
+        deadline = time.monotonic() + 4
+        while time.monotonic() < deadline:
+            assert len(state.line) == 0, "the unheard run took a place in line"
+            time.sleep(0.05)
+        started = time.monotonic()
+        summary = client.predict(*run_args(saved_model, max_new_tokens=3), api_name="/run")[-1]
+        assert len(summary["ppsd"]["token_ids"]) == 3 and time.monotonic() - started < 30

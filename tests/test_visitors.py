@@ -12,6 +12,8 @@ from types import SimpleNamespace
 import pytest
 
 from app.line import DeviceLine, StopRegistry
+from app.request import RunRequest
+from app.state import DEFAULT_RUN, AppState
 from ppsd.stop_guard import StopGuard
 from app.visitors import proxy_hops_from_environment, visitor
 
@@ -45,9 +47,26 @@ def test_proxy_hops_come_from_the_environment(monkeypatch):
     assert proxy_hops_from_environment() == 1
     monkeypatch.setenv("PPSD_PROXY_HOPS", "2")
     assert proxy_hops_from_environment() == 2
-    monkeypatch.setenv("PPSD_PROXY_HOPS", "-1")
-    with pytest.raises(ValueError, match="PPSD_PROXY_HOPS='-1'"):
-        proxy_hops_from_environment()
+    for setting in ("-1", "abc", "²", "1.5"):  # "²" passes str.isdigit() and fails int()
+        monkeypatch.setenv("PPSD_PROXY_HOPS", setting)
+        with pytest.raises(ValueError, match=r"PPSD_PROXY_HOPS=.*: give how many proxies stand in front"):
+            proxy_hops_from_environment()
+
+
+@pytest.mark.parametrize("setting", ["abc", "²"])
+def test_a_bad_proxy_hops_setting_stops_the_server_with_one_line(setting):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    done = subprocess.run([sys.executable, str(root / "app.py"), "--port", "1"], cwd=root, capture_output=True,
+                          text=True, timeout=120, env={**os.environ, "PPSD_PROXY_HOPS": setting})
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.strip().splitlines() == [
+        f"app.py: error: PPSD_PROXY_HOPS={ascii(setting)}: give how many proxies stand in front of the server and "
+        "append to X-Forwarded-For, as a whole number (0, 1, ...)"]
 
 
 def test_a_run_gives_its_turn_up_only_once_its_time_is_over_and_another_visitor_waits():
@@ -95,3 +114,48 @@ def test_a_stop_guard_leaves_alone_a_run_that_ends_or_is_handing_a_snapshot_over
     with StopGuard(stop, None, grace=0.0) as guard:  # nothing to abort: nothing watches
         time.sleep(0.1)
     assert not guard.fired
+
+
+def test_a_default_run_fits_its_turn_and_no_larger_run_gets_a_longer_one():
+    """A default Run took 56-90 s on a loaded 2-core machine (issue 49), and was cut at 60 s
+    whenever another visitor waited; its turn now fits it, and a larger run gets no more."""
+    state = AppState()
+    default = state.turn_seconds(DEFAULT_RUN, "cpu")
+    assert default >= 90 * 1.2
+    largest = RunRequest(prompt="x", max_new_tokens=1024, repeats=9, eesd=True, workers=True)
+    assert state.turn_seconds(largest, "cpu") == default
+    assert state.turn_seconds(RunRequest(prompt="x", max_new_tokens=8, repeats=1), "cpu") == state.shared_seconds
+    assert state.turn_seconds(DEFAULT_RUN, "cuda:0") >= state.shared_seconds
+    assert state.turn_seconds(RunRequest(prompt="x", repeats=2.5), "cpu") == default  # refused by the run itself
+
+
+def test_a_default_run_is_not_cut_when_another_visitor_waits_within_its_turn():
+    line, stops = DeviceLine(16), StopRegistry()
+    # Scaled down 150 times: a 0.6 s default Run (90 s), the shortest turn 0.4 s (60 s).
+    state = AppState(turn_token_seconds=0.6 / 640, shared_seconds=0.4)
+    turn = state.turn_seconds(DEFAULT_RUN, "cpu")
+    assert turn >= 0.6 * 1.2
+    with ExitStack() as held, stops.running("s") as stop:
+        decoding = held.enter_context(line.place("script", turn))
+        with line.turn(decoding, stop):
+            held.enter_context(line.place("newcomer", turn))
+            time.sleep(0.6)  # the whole default Run, another visitor waiting all along
+            assert not stop.is_set()
+
+
+def test_a_visitor_told_busy_is_told_how_long_the_line_may_take():
+    line = DeviceLine(1)
+    with line.place("a", 100.0), line.place("b", 100.0):
+        with pytest.raises(ValueError) as refused:
+            with line.place("c", 100.0):
+                pass
+    assert str(refused.value) == ("the demo is busy (one run decoding, 1 waiting, the most it queues): while others "
+                                  "wait each run may hold the device for its turn, so the line may take up to 4 min. "
+                                  "Please come back in a few minutes (runs often end sooner), or in 4 min at the "
+                                  "latest")
+
+
+def test_a_waiting_visitor_sees_the_longest_it_may_wait():
+    line = DeviceLine(16)
+    with line.place("a", 135.0), line.place("b", 60.0), line.place("c", 60.0) as mine:
+        assert line.ahead(mine) == 2 and line.longest_wait(mine) == 195.0

@@ -1,0 +1,319 @@
+"""The server's door: an ASGI middleware in front of Gradio that bounds what a request may send
+before any of it is read, parsed or stored (`app.limits` has the numbers), and notes who
+listens for results.
+
+- Any request's body: at most `MAX_BODY_BYTES`, by its Content-Length and by the bytes it really
+  streams (a chunked body has no length): a 50 MB prompt is refused before Gradio parses it.
+- The upload route (`/gradio_api/upload`, open whether or not the page has a file input): at most
+  `MAX_UPLOAD_FILES` files a request, each at most `MAX_UPLOAD_BYTES` (Gradio's own
+  `max_file_size`, said in these words), within what the address may upload an hour, what the
+  uploads may hold together on disk, and what the disk must keep free for the model cache. A
+  refused upload keeps nothing: the refusal is raised inside Gradio's parser, which deletes what
+  it had written.
+- A poll of a session the queue does not know is answered 404 in one line, where Gradio would
+  write a 76-line traceback to the log for each.
+- An event stream that opens or closes is counted for its session (`app.sessions.Listeners`),
+  so that a run starts only once its client listens.
+
+Every refusal is one status (413 too large, 429 too many for now) and one sentence. Who sent a
+request is its address, as the device line counts visitors (`app.visitors`).
+
+Boundary: raw ASGI messages and Gradio's upload folder and queue, read; no handlers, no models.
+`create_demo` hands the page's `Guard` to its Blocks (`attach`); `launch_kwargs` installs
+`RequestLimits`, which finds it there for each request.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+from urllib.parse import parse_qs
+
+from starlette.datastructures import Headers
+from starlette.requests import Request
+
+from .bodies import Body, Message, Parts, Receive, Refused, Send, content_length, log
+from .limits import (DISK_RESERVE_BYTES, DRAIN_BYTES, MAX_BODY_BYTES, MAX_UPLOAD_BYTES, MAX_UPLOAD_FILES,
+                     UPLOAD_BYTES_PER_HOUR, UPLOAD_DISK_BYTES, UPLOAD_FILES_PER_HOUR, UploadLedger, megabytes,
+                     minutes)
+from .sessions import Listeners
+from .visitors import visitor
+
+ATTRIBUTE = "ppsd_guard"  # where a page's Blocks carries its Guard
+UPLOAD = re.compile(r"/gradio_api/upload/?$")
+POLL = re.compile(r"/gradio_api/queue/data/?$")
+CALL_STREAM = re.compile(r"/gradio_api/call/[^/]+/([^/]+)/?$")  # the plain-HTTP API's result stream
+PART_SLACK = 16 * 1024  # a part's headers and delimiters, beyond its file's bytes
+
+
+def too_large(what: str) -> Refused:
+    return Refused(413, what)
+
+
+def file_too_large() -> Refused:
+    return too_large(f"a file may be at most {megabytes(MAX_UPLOAD_BYTES)} (a recorded run is well under that): "
+                     "nothing of this upload was kept")
+
+
+class Guard:
+    """One page's limits and their state: the proxies in front (who a visitor is), each address's
+    uploads of the last hour, and who listens for results."""
+
+    def __init__(self, proxy_hops: int = 0, listeners: Listeners | None = None,
+                 ledger: UploadLedger | None = None) -> None:
+        self.proxy_hops = proxy_hops
+        self.listeners = listeners or Listeners()
+        self.ledger = ledger or UploadLedger()
+        self.in_flight = 0  # bytes of uploads being received
+        self.landed = 0  # bytes of every upload kept so far (`overflow` counts those since an upload began)
+
+    def attach(self, blocks: Any) -> Any:
+        setattr(blocks, ATTRIBUTE, self)
+        return blocks
+
+    def upload_room(self, blocks: Any, folder: str, address: str) -> Room:
+        """What an upload from `address` may bring now, or Refused (429) when it may bring nothing."""
+        used, files = self.ledger.used(address)
+        if used >= UPLOAD_BYTES_PER_HOUR or files >= UPLOAD_FILES_PER_HOUR:
+            wait = self.ledger.free_again_in(address)
+            raise Refused(429, f"you have uploaded {megabytes(used)} in {files} files in the last hour, the most one "
+                               f"visitor may ({megabytes(UPLOAD_BYTES_PER_HOUR)}, {UPLOAD_FILES_PER_HOUR} files): "
+                               f"try again in {minutes(wait)}", wait)
+        held = held_bytes(getattr(blocks, "upload_file_set", ()))
+        space = min(UPLOAD_DISK_BYTES - held, free_disk(Path(folder)) - DISK_RESERVE_BYTES) - self.in_flight
+        if space <= 0:
+            raise Refused(429, "the demo's room for uploads is full for now (uploads are kept an hour, and the disk "
+                               "keeps room for the model cache): try again in a few minutes", 300)
+        limits = [(MAX_UPLOAD_FILES * (MAX_UPLOAD_BYTES + PART_SLACK),
+                   f"the most one upload may carry ({MAX_UPLOAD_FILES} files of {megabytes(MAX_UPLOAD_BYTES)})"),
+                  (UPLOAD_BYTES_PER_HOUR - used, f"what you may still upload this hour "
+                                                 f"({megabytes(UPLOAD_BYTES_PER_HOUR - used)})"),
+                  (space, f"the room uploads have now ({megabytes(space)})")]
+        most, why = min(limits, key=lambda limit: limit[0])
+        return Room(most, why, min(MAX_UPLOAD_FILES, UPLOAD_FILES_PER_HOUR - files), held, self.landed)
+
+    def overflow(self, room: Room, address: str, folder: str) -> Refused | None:
+        """Whether the uploads in progress, this one's bytes so far included, went past a room as
+        it is now: the address's hour (its other uploads at once count too), the uploads' room on
+        disk (uploads that landed since `room` was measured count too), or the disk's reserve."""
+        used, files = self.ledger.used(address)
+        held = room.held + self.landed - room.landed
+        if used > UPLOAD_BYTES_PER_HOUR or files > UPLOAD_FILES_PER_HOUR or held + self.in_flight > UPLOAD_DISK_BYTES \
+                or free_disk(Path(folder)) < DISK_RESERVE_BYTES:
+            return room.refusal()
+        return None
+
+
+@dataclass(frozen=True)
+class Room:
+    """The most an upload may bring, as measured when it began: bytes, what set that number (in
+    words), files; and what the uploads held on disk then, and had landed (`Guard.landed`)."""
+
+    bytes: int
+    why: str
+    files: int
+    held: int
+    landed: int
+
+    def refusal(self) -> Refused:
+        return too_large(f"this upload is larger than {self.why}: nothing of it was kept")
+
+
+def free_disk(folder: Path) -> int:
+    """Free bytes on the disk that holds `folder` (made on the first upload: its nearest existing
+    parent until then); 0 when none can be read."""
+    for place in (folder, *folder.parents):
+        try:
+            return shutil.disk_usage(place).free
+        except OSError:
+            continue
+    return 0
+
+
+def held_bytes(files: Any) -> int:
+    """What the uploads the page keeps hold on disk now (deleted ones count nothing)."""
+    total = 0
+    for path in list(files):
+        try:
+            total += os.stat(path).st_size
+        except OSError:
+            continue
+    return total
+
+
+class RequestLimits:
+    """The ASGI middleware (`launch_kwargs` installs it in Gradio's app): each HTTP request
+    checked against its page's `Guard`, found on the Blocks the app serves."""
+
+    def __init__(self, app: Callable) -> None:
+        self.app = app
+
+    async def __call__(self, scope: dict, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        blocks = _blocks(scope)
+        guard = getattr(blocks, ATTRIBUTE, None) or Guard()
+        guard.listeners.watched = True
+        path, method = scope.get("path", ""), scope.get("method", "GET")
+        if method == "GET" and POLL.search(path):
+            return await self._listen(guard, blocks, _query(scope, "session_hash"), scope, receive, send)
+        if method == "GET" and (found := CALL_STREAM.search(path)):
+            return await self._listen(guard, blocks, _event_session(blocks, found.group(1)), scope, receive, send)
+        if method == "POST" and UPLOAD.search(path):
+            return await self._upload(guard, blocks, scope, receive, send)
+        body = Body(receive, MAX_BODY_BYTES, lambda: too_large(
+            f"a request may send at most {megabytes(MAX_BODY_BYTES)} (a prompt at most "
+            f"{_prompt_cap():,} characters): this one sent more"))
+        await self._guarded(scope, body, send)
+
+    async def _listen(self, guard: Guard, blocks: Any, session: str | None, scope: dict, receive: Receive,
+                      send: Send) -> None:
+        """An event stream: counted open for its session while it is; a poll of a session the
+        queue does not know is answered 404 at once."""
+        queue = getattr(blocks, "_queue", None)
+        if blocks is not None and session is not None and queue is not None \
+                and session not in queue.pending_messages_per_session:
+            return await Refused(404, "no such session: join an event first").answer(send)
+        if session is None:
+            return await self.app(scope, receive, send)
+        guard.listeners.opened(session)
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            guard.listeners.closed(session)
+
+    async def _upload(self, guard: Guard, blocks: Any, scope: dict, receive: Receive, send: Send) -> None:
+        """The upload route, within the address's, the folder's and the disk's room; what it
+        keeps is charged to the address, what it refuses is refunded."""
+        request = Request(scope)
+        address = visitor(request, guard.proxy_hops)
+        folder = getattr(scope.get("app"), "uploaded_file_dir", None) or _upload_folder()
+        upload = guard.ledger.start(address)
+        kept = False
+        try:
+            try:
+                room = guard.upload_room(blocks, folder, address)
+            except Refused as refusal:
+                return await self._answer(scope, Body(receive, 0, lambda: refusal), send, refusal)
+            parts = Parts(request.headers.get("content-type", ""), room.files, lambda: too_large(
+                (f"an upload may carry at most {MAX_UPLOAD_FILES} files" if room.files == MAX_UPLOAD_FILES else
+                 f"you may upload {room.files} more files this hour ({UPLOAD_FILES_PER_HOUR} an hour)")
+                + ": nothing of this one was kept"))
+
+            def check(chunk: bytes) -> Refused | None:
+                upload.bytes += len(chunk)
+                guard.in_flight += len(chunk)
+                refusal = parts.check(chunk)
+                upload.files = parts.files
+                return refusal or guard.overflow(room, address, folder)
+
+            body = Body(receive, room.bytes, room.refusal, check, cut_off=True)
+            try:
+                status = await self._guarded(scope, body, send, rewrite=_file_too_large)
+            finally:
+                guard.in_flight -= upload.bytes
+            kept = body.refusal is None and status == 200
+            if kept:
+                guard.landed += upload.bytes
+        finally:
+            if not kept:
+                guard.ledger.refund(address, upload)
+
+    async def _guarded(self, scope: dict, body: Body, send: Send,
+                       rewrite: Callable[[int, bytes], Refused | None] | None = None) -> int:
+        """The app on `body`; a body over its limit (by its length, or as it streams) answered
+        with its refusal instead of whatever the app made of it. Returns the status sent."""
+        length = content_length(scope)
+        if length is not None and length > body.limit:
+            return await self._answer(scope, body, send, body.over())
+        sent: dict[str, Any] = {}
+
+        async def guarded_send(message: Message) -> None:
+            if body.refusal is not None:
+                return  # the app's answer to a body cut short; the refusal goes out instead
+            if message["type"] == "http.response.start":
+                if not body.done:
+                    await body.rest()
+                if rewrite is not None and message["status"] == 413:
+                    sent["held"] = message  # Gradio's own words, perhaps reworded below
+                    return
+                sent["status"] = message["status"]
+            elif message["type"] == "http.response.body" and "held" in sent:
+                held = sent.pop("held")
+                if (refusal := rewrite(held["status"], message.get("body", b""))) is not None:
+                    await refusal.answer(send)
+                    log(refusal)
+                    sent["status"], sent["replaced"] = refusal.status, True
+                    return
+                sent["status"] = held["status"]
+                await send(held)
+            elif sent.get("replaced"):
+                return
+            await send(message)
+
+        try:
+            await self.app(scope, body.receive, guarded_send)
+        except Refused:
+            pass  # raised from the body and not caught on the way: answered below
+        if body.refusal is not None and "status" not in sent:
+            return await self._answer(scope, body, send, body.refusal)
+        return sent.get("status", 500)
+
+    @staticmethod
+    async def _answer(scope: dict, body: Body, send: Send, refusal: Refused) -> int:
+        """`refusal` sent, after the body it refused is read to its end where that is cheap: not
+        past `DRAIN_BYTES`, and not where the client waits to be told to send it (Expect:
+        100-continue, which reading would tell it)."""
+        body.refusal = refusal
+        length = content_length(scope)
+        waits = body.read == 0 and Headers(scope=scope).get("expect", "").lower() == "100-continue"
+        if not waits and (length is None or length <= DRAIN_BYTES):
+            await body.rest()
+        await refusal.answer(send)
+        log(refusal)
+        return refusal.status
+
+
+def _file_too_large(status: int, text: bytes) -> Refused | None:
+    """Gradio's refusal of a file past `max_file_size`, said in this page's words."""
+    return file_too_large() if status == 413 and text.startswith(b"File size exceeded") else None
+
+
+def _blocks(scope: dict) -> Any:
+    try:
+        return scope["app"].get_blocks()
+    except Exception:  # noqa: BLE001 - not Gradio's app (a test's), or no page yet: the defaults hold
+        return None
+
+
+def _event_session(blocks: Any, event_id: str) -> str | None:
+    """The session of the plain-HTTP API's event `event_id`, found as Gradio finds it: the event's
+    own, else the session still holding its id (a finished event), else the id itself."""
+    queue = getattr(blocks, "_queue", None)
+    if queue is None:
+        return None
+    event = queue.event_ids_to_events.get(event_id)
+    if event is not None:
+        return event.session_hash
+    return next((s for s, ids in list(queue.pending_event_ids_session.items()) if event_id in ids), event_id)
+
+
+def _query(scope: dict, name: str) -> str | None:
+    values = parse_qs(scope.get("query_string", b"").decode("latin-1")).get(name)
+    return values[0] if values else None
+
+
+def _upload_folder() -> str:
+    from gradio.utils import get_upload_folder
+
+    return get_upload_folder()
+
+
+def _prompt_cap() -> int:
+    from .request import MAX_PROMPT_CHARS
+
+    return MAX_PROMPT_CHARS
