@@ -18,7 +18,7 @@ from typing import Any, Callable
 from ppsd.config import whole_number
 from ppsd.static_cache import buckets_to, run_reach
 
-from .request import MAX_RUN_SECONDS, RunRequest
+from .request import MAX_PROMPT_CHARS, MAX_RUN_SECONDS, RunRequest
 
 # A token on the captured steps (the GPU's default pipeline): graphed PPSD at acceptance 0, the
 # slower of the two captured methods, 4.93 ms a token measured on a whole NVIDIA H200 (graphed AR
@@ -106,11 +106,12 @@ def advice(seconds: int) -> str:
 
 
 def counter(find: Callable[[str], Any]) -> Callable[[RunRequest], int]:
-    """Prompt tokens by the loaded model's tokenizer when `find(model)` has it, else by characters."""
+    """Prompt tokens by the loaded model's tokenizer when `find(model)` has it, else by characters
+    (also past `MAX_PROMPT_CHARS`: such a prompt is refused before any tokenizer reads it)."""
 
     def count(request: RunRequest) -> int:
         loaded = find(request.model)
-        if loaded is None:
+        if loaded is None or len(request.prompt) > MAX_PROMPT_CHARS:
             return len(request.prompt) // PROMPT_CHARS_PER_TOKEN
         return len(loaded.encode(request.prompt, chat=bool(request.chat) and loaded.chat))
 

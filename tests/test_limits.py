@@ -245,3 +245,20 @@ def test_the_upload_ledger_forgets_an_address_an_hour_after_its_last_upload():
     refused.bytes = 9 * MB
     ledger.refund("192.0.2.2", refused)
     assert ledger.used("192.0.2.2") == (MB, 0)
+
+
+def test_the_gpu_lease_never_tokenizes_a_prompt_past_the_cap():
+    """The ZeroGPU lease counts a prompt's tokens before the run is checked: past the character cap
+    it counts characters, so no tokenizer reads a prompt the run will refuse."""
+    from app import lease
+    from app.request import MAX_PROMPT_CHARS, RunRequest
+
+    class Tokenizer:
+        chat = False
+
+        def encode(self, text, chat=False):
+            raise AssertionError("a prompt past the cap reached the tokenizer")
+
+    count = lease.counter(lambda model: Tokenizer())
+    prompt = "x" * (MAX_PROMPT_CHARS + 1)
+    assert count(RunRequest(prompt=prompt)) == len(prompt) // lease.PROMPT_CHARS_PER_TOKEN
