@@ -29,9 +29,10 @@ from .components import Slider, refusing_quietly
 from .handlers import (DEFAULT_LAYERS, after_run, idle_outputs, max_tokens_update, model_status, on_decode, on_exit,
                        on_load, on_page_load, on_run_form, on_stages, on_stages_warning, on_stop, ordered)
 from .page_text import STAGES_LABEL, TITLE, WORKERS_LABEL, load_examples
-from .panels import (Single, columns, exit_head, gpu_lease, headline, intro, metrics, race, run_message, steps,
+from .panels import (Single, columns, compile_status, exit_head, gpu_lease, headline, intro, metrics, race, run_message, steps,
                      summary, theory, timeline)
 from .request import DEFAULT_REPEATS, FORM, MAX_REPEATS
+from .runner import background_words
 from .sessions import sweep_sessions
 from .state import AppState
 from .visitors import distrust_forwarded_headers
@@ -55,6 +56,7 @@ def create_controls() -> tuple[dict[str, Any], Single]:
         c["run"] = gr.Button("▶ Run AR vs PPSD", variant="primary", elem_id="run", scale=3)
         c["stop"] = gr.Button("■ Stop", variant="stop", elem_id="stop", scale=1)
     message = run_message.create()
+    compile_status.wire(compile_status.create(background_words()), background_words)  # what compiles meanwhile
     c["chat"] = gr.Checkbox(value=True, label="Chat: ask the model (its chat template)", elem_id="chat",
                             info="Off: raw completion, the model continues the text. Models without a "
                                  "chat template always continue the text.")

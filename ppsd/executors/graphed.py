@@ -72,6 +72,9 @@ class GraphedExecutor:
         self.threads = StageThreads(len(partition)) if compiled and stage_threads else None
         self.concurrent = self.cuda or self.threads is not None
         if compiled:
+            from .. import compile_cache
+
+            compile_cache.use()  # torch keeps what it compiles beside the converted models, checked
             # Set for the whole process, once: the compiler's settings are part of what a compiled
             # step is checked against before each call, so switching them per call recompiles.
             torch._inductor.config.cpp_wrapper = True
