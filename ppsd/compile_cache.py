@@ -11,7 +11,9 @@ Inductor reads for every cache it keeps) before the first compile in a process. 
 compile is recorded (`record`: torch, CPU, how long it took, and the size and sha256 of every
 file, as the model cache's `ppsd_source.json`); `use()` checks that record first, and a damaged
 entry (a file changed or missing), a foreign one (a record naming another torch or CPU: a copied
-folder) or an unfinished one (files, no record) is moved aside and compiled again, and says so.
+folder) is moved aside and compiled again, and says so. An unfinished one (files, no record yet:
+a compile cut short, or running in another process now) is used as it is: torch writes each
+entry whole, and a restart compiles only what is missing.
 
 Boundary: the folder, its record and its check; what is compiled, and when, is
 `ppsd.executors.graphed`'s and the front ends'.
@@ -81,13 +83,10 @@ def _read(place: Path) -> dict | None:
 def problem(place: Path) -> str | None:
     """Why the entry in `place` cannot be used as it is, or None (also for an empty one)."""
     data = _read(place)
-    inductor = place / _INDUCTOR
     if data is None:
-        if (place / RECORD).exists():
-            return f"its {RECORD} is unreadable"
-        if inductor.is_dir() and any(inductor.iterdir()):
-            return "a compile there never finished (no record)"
-        return None
+        # No record: nothing compiled yet, or a compile not finished (here or in another process
+        # now): torch writes each entry whole (a temporary file renamed), so what is there is used.
+        return f"its {RECORD} is unreadable" if (place / RECORD).exists() else None
     ours = {"torch": torch.__version__, "cpu": cpu_identity()}
     for key, value in ours.items():
         if data.get(key) != value:

@@ -66,7 +66,6 @@ def test_use_points_torch_there_and_a_finished_compile_is_recorded_and_kept(cach
     (lambda place: (place / "inductor/fxgraph/x/fx1").unlink(), "fx1 is missing"),
     (lambda place: _rewrite(place, torch="2.0.0"), "compiled by another torch ('2.0.0'"),
     (lambda place: _rewrite(place, cpu="aarch64-0123"), "compiled by another cpu ('aarch64-0123'"),
-    (lambda place: (place / compile_cache.RECORD).unlink(), "a compile there never finished"),
     (lambda place: (place / compile_cache.RECORD).write_text("{"), "unreadable"),
 ])
 def test_a_damaged_foreign_or_unfinished_entry_is_compiled_again_and_says_so(cache, spoil, said):
@@ -81,6 +80,16 @@ def test_a_damaged_foreign_or_unfinished_entry_is_compiled_again_and_says_so(cac
     assert len(told) == 1 and said in told[0] and told[0].endswith("Compiling them again")
     assert list((place / "inductor").iterdir()) == []  # moved aside: torch compiles afresh
     assert not compile_cache.kept()
+
+
+def test_an_unfinished_compile_is_used_as_it_is(cache, capsys):
+    """Files with no record yet: a compile cut short, or another process compiling now. Torch
+    writes each entry whole, so they are used (and never pulled from under that process)."""
+    place = compile_cache.use()
+    compiled_files(place)
+    compile_cache._in_use = None
+    assert compile_cache.use() == place and (place / "inductor/ab/cab.so").exists()
+    assert not compile_cache.kept() and capsys.readouterr().err == ""
 
 
 def _rewrite(place, **changes) -> None:
