@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> None:
     with ticking(_print if preload is not None else None, cold.words, TALK_SECONDS):
         if preload is not None:
             preload.start()
-            cold.tell("Building the page")
+            print("  Building the page meanwhile…", flush=True)  # the ticks follow the preload's steps
         demo = create_demo(state)
         # Quiet: the one line below says where and when the page is ready, and with what.
         demo.launch(server_name=args.host, server_port=args.port, prevent_thread_lock=True, quiet=True,
