@@ -141,6 +141,7 @@ def record(seconds: float | None = None) -> None:
                 "recorded": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "written_by": "ppsd.compile_cache",
                 "files": {f"{_INDUCTOR}/{name}": sums for name, sums in checksums(place / _INDUCTOR).items()
                           if not _transient(name)}}
+        place.mkdir(parents=True, exist_ok=True)
         staging = place / f".{RECORD}.part"
         staging.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
         staging.replace(place / RECORD)

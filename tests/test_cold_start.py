@@ -84,6 +84,9 @@ def test_auto_on_a_cpu_runs_where_nothing_compiles_until_the_captured_steps_are_
     assert slower.kind is default and "15.4 tokens/s, against 12.7 on the captured steps" in slower.why
     cli = choose_measured(2, "cpu", ("graphed",), {}, measures=False)  # the CLI measures nothing
     assert cli.kind is KINDS["graphed"] and "docs/benchmarks.md" in cli.why
+    assert choose_measured(2, "cpu", ("graphed",), {"graphed": 19.9}, measures=False).kind is KINDS["graphed"]
+    assert choose_measured(2, "cpu", ("graphed",), {default.name: 15.4, "graphed": 12.7},
+                           measures=False).kind is default  # where the page measured otherwise
     assert choose_measured(2, "cuda:0", ("graphed",), {"processes": 99.0}).kind is KINDS["graphed"]
 
 
@@ -149,3 +152,30 @@ def test_prestart_serves_on_the_kind_needing_no_compile_and_compiles_the_others_
     assert [(kind.name, setup) for kind, setup in compiling] == [
         (kind.name, made) for kind in KINDS.values() if kind.compiles_on("cpu")] and compiling
     assert told[0] == "Loading tiny and warming it up (untimed)"
+
+
+@needs_compiler
+def test_the_cli_auto_says_a_one_time_compile_is_coming_and_ticks_while_it_runs(saved_model, tmp_path, monkeypatch,
+                                                                                   capsys):
+    """`generate --executor auto` on a CPU with nothing kept: the captured steps, a one-time
+    compile announced with where it is kept, a line every few seconds while it runs, and a record
+    after it. The compile itself is a stand-in (it waits): the real one is test_graphed's."""
+    import dataclasses
+
+    from ppsd import compile_cache
+    from ppsd.cli import generate, main
+
+    monkeypatch.setenv("PPSD_CACHE", str(tmp_path))
+    monkeypatch.setattr(host, "usable_cores", lambda: 2)
+    monkeypatch.setattr(generate, "ticking", lambda say, words, every: ticking(say, words, 0.05))
+    slow = dataclasses.replace(KINDS["graphed"], build=lambda setup, tell, options: time.sleep(0.3))
+    monkeypatch.setitem(KINDS, "graphed", slow)
+    assert main(["generate", "--model", saved_model, "--prompt", "The quick", "--max-new-tokens", "4",
+                 "--executor", "auto"]) == 0
+    err = capsys.readouterr().err.splitlines()
+    assert err[0].startswith("--executor auto: the captured steps, chosen: the fastest PPSD on a quiet 2-core CPU")
+    assert err[1].startswith("A one-time compile of the captured steps is coming (a minute or two on a quiet small "
+                             f"CPU, more under load); it is kept in {compile_cache.folder()}")
+    ticks = [line for line in err[2:] if line.startswith("compiling the captured steps: ")]
+    assert len(ticks) >= 3 and all(line.endswith(" s so far") for line in ticks)
+    assert compile_cache.last_seconds() is not None and compile_cache.last_seconds() >= 0.3

@@ -13,6 +13,11 @@ also says how a run of it ran, for the page's headline), whether its stages run 
 warms it up untimed (`ready` checks `unavailable` before it calls `build`). "stacked" is the
 newest such entry: `_stacked_unavailable`, `_stacked` and one line in `KINDS`.
 
+A kind whose steps compile before first use on a CPU names what compiles in `compiles`: the page
+builds it in the background at start-up (`app.runner.prestart`), and "auto" moves to it once it
+is ready where this machine measured it fastest (`choose_measured`; the compile is kept by
+`ppsd.compile_cache`).
+
 Every front end then offers it: the CLI's `--executor` by name; the page, when it is
 concurrent, as a choice under "The stages at once on" ("auto" keeps today's rule); and
 bench-pipeline, when it is concurrent and can run here, as an AR and a PPSD row.
@@ -33,8 +38,8 @@ from .base import Executor
 if TYPE_CHECKING:
     from ..setup import RunSetup
 
-__all__ = ["AUTO", "Choice", "ExecutorKind", "choose_measured", "KINDS", "PlainAR", "WorkerOptions", "choose", "concurrent_by_default",
-           "concurrent_kinds", "fastest_ar", "kind_named"]
+__all__ = ["AUTO", "Choice", "ExecutorKind", "KINDS", "PlainAR", "WorkerOptions", "choose", "choose_measured",
+           "concurrent_by_default", "concurrent_kinds", "fastest_ar", "kind_named"]
 
 Progress = Callable[[str], None]
 
@@ -277,9 +282,13 @@ def choose_measured(num_stages: int, device: str, ready: tuple[str, ...], speeds
                    if k.compiles_on(device) and k.unavailable(device, num_stages) is None]
         return Choice(default, "it needs no compile" + (f" ({pending[0]} are not compiled yet)" if pending else ""))
     untried = [kind for kind in candidates if kind.name not in speeds]
-    if untried:
-        return Choice(untried[-1], "not measured on this machine yet: this run measures it" if measures else
-                      "not measured on this machine yet; the fastest PPSD on a quiet 2-core CPU (docs/benchmarks.md)")
+    if untried and measures:
+        return Choice(untried[-1], "not measured on this machine yet: this run measures it")
+    measured = [kind for kind in candidates if kind.name in speeds]
+    if len(measured) < 2:  # nothing to compare: the compiled kind, measured fastest on a quiet 2-core CPU
+        return Choice(candidates[-1], "the fastest PPSD on a quiet 2-core CPU (docs/benchmarks.md); not measured "
+                                      "against the others on this machine yet")
+    candidates = measured
     best = max(candidates, key=lambda kind: speeds[kind.name])
     others = ", ".join(f"{speeds[k.name]:.1f} on the {k.choice.split(',')[0]}" for k in candidates if k is not best)
     return Choice(best, f"the fastest PPSD measured on this machine ({speeds[best.name]:.1f} tokens/s, against {others})")
