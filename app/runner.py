@@ -160,7 +160,7 @@ def run_comparison(request: RunRequest, cache: ModelCache, *, throttle: float = 
         try:
             for state in comparison.run():
                 if state.done and kind.concurrent and setup.model.info.device == "cpu":
-                    _note_speed(kind, state)
+                    _note_speed(kind, setup, state)
                 limit, said = first if expired.is_set() else None, note
                 if getattr(stop, "handed_over", False):
                     limit, said = Limit.device(shared_limit), _joined(note, f"Another visitor was waiting for the device: while "
@@ -248,7 +248,8 @@ def _auto(setup: RunSetup) -> Choice:
     """"auto" here: the fastest PPSD measured on this machine among what is ready for `setup`."""
     ready_here = tuple(name for name, (key, b) in _BACKGROUND.items()
                        if b.state == "ready" and key == _setup_key(setup))
-    return choose_measured(setup.config.num_stages, setup.model.info.device, ready_here, compile_cache.speeds())
+    return choose_measured(setup.config.num_stages, setup.model.info.device, ready_here,
+                           compile_cache.speeds(setup.model.info.name))
 
 
 def _chosen(choice: Choice) -> str:
@@ -256,12 +257,12 @@ def _chosen(choice: Choice) -> str:
     return f"The stages ran on the {choice.kind.choice.split(',')[0]}, chosen by auto: {choice.why}."
 
 
-def _note_speed(kind: ExecutorKind, state) -> None:
+def _note_speed(kind: ExecutorKind, setup: RunSetup, state) -> None:
     """PPSD's tokens/s of this run (the median of its timed rounds), kept for "auto" to compare."""
     median = state.stats().median("ppsd")
     run = state.rounds[0].get("ppsd") if state.rounds else None
     if median and run is not None and run.result is not None:
-        compile_cache.note_speed(kind.name, len(run.result.token_ids) / median)
+        compile_cache.note_speed(setup.model.info.name, kind.name, len(run.result.token_ids) / median)
 
 
 def _kind_here(requested: str, setup: RunSetup) -> tuple[ExecutorKind, str]:

@@ -38,7 +38,7 @@ from .cache_files import COMPLETE_MARKER, checksums, damage
 
 __all__ = ["RECORD", "cpu_identity", "folder", "kept", "last_seconds", "note_speed", "record", "speeds", "use"]
 
-SPEEDS = "ppsd_speeds.json"  # PPSD's tokens/s on each executor kind, as this machine last measured them
+SPEEDS = "ppsd_speeds.json"  # PPSD's tokens/s by model and executor kind, as this machine last measured them
 RECORD = COMPLETE_MARKER  # written after a finished compile, with the checksums, as the model cache's
 _INDUCTOR = "inductor"  # torch's own cache, inside the folder (the record stays outside it)
 _lock = threading.Lock()
@@ -147,21 +147,27 @@ def record(seconds: float | None = None) -> None:
         staging.replace(place / RECORD)
 
 
-def speeds() -> dict[str, float]:
-    """{executor kind: PPSD tokens/s} as last measured on this machine (by the page's Runs):
-    what "auto" on a CPU picks the fastest of. Empty when none were, or the file is unreadable."""
+def speeds(model: str) -> dict[str, float]:
+    """{executor kind: PPSD tokens/s} for `model` as last measured on this machine (by the page's
+    Runs): what "auto" on a CPU picks the fastest of. Empty when none were, or the file is unreadable."""
+    found = _speeds().get(model)
+    return {k: float(v) for k, v in found.items() if isinstance(v, (int, float))} if isinstance(found, dict) else {}
+
+
+def _speeds() -> dict:
     try:
         data = json.loads((folder() / SPEEDS).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return {}
-    return {k: float(v) for k, v in data.items() if isinstance(v, (int, float))} if isinstance(data, dict) else {}
+    return data if isinstance(data, dict) else {}
 
 
-def note_speed(kind: str, tokens_per_second: float) -> None:
-    """Keep PPSD's latest measured tokens/s on `kind` (a full disk keeps the old ones)."""
+def note_speed(model: str, kind: str, tokens_per_second: float) -> None:
+    """Keep PPSD's latest measured tokens/s of `model` on `kind` (a full disk keeps the old ones)."""
     with _lock:
         place = folder()
-        data = speeds() | {kind: round(float(tokens_per_second), 3)}
+        data = _speeds()
+        data[model] = speeds(model) | {kind: round(float(tokens_per_second), 3)}
         try:
             place.mkdir(parents=True, exist_ok=True)
             staging = place / f".{SPEEDS}.{os.getpid()}.part"

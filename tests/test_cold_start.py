@@ -95,11 +95,13 @@ def test_the_page_runs_auto_on_the_kept_executor_only_for_the_setup_it_was_built
     from app import runner
 
     monkeypatch.setattr(host, "usable_cores", lambda: 2)
-    monkeypatch.setattr(runner.compile_cache, "speeds", lambda: {"processes": 15.4, "graphed": 19.9})
+    monkeypatch.setattr(runner.compile_cache, "speeds",
+                        lambda model: {"processes": 15.4, "graphed": 19.9} if model == "m" else {})
     weights, head, partition = object(), object(), (range(0, 4), range(4, 8))
 
     def setup(hf_model=weights) -> SimpleNamespace:
-        return SimpleNamespace(model=SimpleNamespace(hf_model=hf_model, exit_head=head, info=SimpleNamespace(device="cpu")),
+        return SimpleNamespace(model=SimpleNamespace(hf_model=hf_model, exit_head=head,
+                                                     info=SimpleNamespace(device="cpu", name="m")),
                                partition=partition, config=SimpleNamespace(num_stages=2))
 
     compiling = Background("the captured steps", lambda: threading.Event().wait(5), clock=Clock())

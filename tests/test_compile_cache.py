@@ -97,10 +97,12 @@ def _rewrite(place, **changes) -> None:
     (place / compile_cache.RECORD).write_text(json.dumps(record | changes))
 
 
-def test_measured_speeds_are_kept_per_kind_in_the_folder(cache):
-    assert compile_cache.speeds() == {}
-    compile_cache.note_speed("processes", 15.4)
-    compile_cache.note_speed("graphed", 19.9)
-    compile_cache.note_speed("processes", 15.1)  # the latest run counts
-    assert compile_cache.speeds() == {"processes": 15.1, "graphed": 19.9}
+def test_measured_speeds_are_kept_per_model_and_kind_in_the_folder(cache):
+    assert compile_cache.speeds("m") == {}
+    compile_cache.note_speed("m", "processes", 15.4)
+    compile_cache.note_speed("m", "graphed", 19.9)
+    compile_cache.note_speed("m", "processes", 15.1)  # the latest run counts
+    compile_cache.note_speed("tiny", "processes", 180.0)  # another model's speeds are its own
+    assert compile_cache.speeds("m") == {"processes": 15.1, "graphed": 19.9}
+    assert compile_cache.speeds("tiny") == {"processes": 180.0}
     assert (compile_cache.folder() / compile_cache.SPEEDS).is_file()

@@ -86,7 +86,8 @@ def _auto(setup) -> ExecutorKind:
     here (`choose_measured`), said in one line."""
     device, stages = setup.model.info.device, setup.config.num_stages
     compiled = tuple(k.name for k in concurrent_kinds() if k.compiles_on(device) and k.unavailable(device, stages) is None)
-    choice = choose_measured(stages, device, compiled, compile_cache.speeds(), measures=False)
+    choice = choose_measured(stages, device, compiled, compile_cache.speeds(setup.model.info.name),
+                             measures=False)
     _tell(f"--executor auto: the {choice.kind.choice.split(',')[0]}, chosen: {choice.why}")
     return choice.kind
 
