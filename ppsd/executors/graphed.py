@@ -16,7 +16,9 @@ events placed on the run's clock by one stamp per run. Pieces wider than one tok
 EESD's verification) run the same step eagerly. On a CPU, with `compiled`, each one-token step is
 compiled by Inductor with its C++ wrapper and stages 2..K run on threads of their own (the C++
 call releases the GIL, so the stages overlap); without it the steps run eagerly, in turn (the
-tests' fast path; PPSD's overlap is then projected, as in process).
+tests' fast path; PPSD's overlap is then projected, as in process). What Inductor compiles is kept
+on disk beside the converted models and checked before use (`ppsd.compile_cache`): a new process
+loads it instead of compiling again.
 """
 
 from __future__ import annotations
