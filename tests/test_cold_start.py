@@ -181,3 +181,21 @@ def test_the_cli_auto_says_a_one_time_compile_is_coming_and_ticks_while_it_runs(
     ticks = [line for line in err[2:] if line.startswith("compiling the captured steps: ")]
     assert len(ticks) >= 3 and all(line.endswith(" s so far") for line in ticks)
     assert compile_cache.last_seconds() is not None and compile_cache.last_seconds() >= 0.3
+
+
+def test_the_page_says_what_compiles_under_run_refreshed_by_a_timer():
+    import gradio as gr
+
+    from app.panels import compile_status
+
+    assert "run-message-empty" in compile_status.render("")
+    words = ["compiling the captured steps: 40 s so far"]
+    with gr.Blocks() as demo:
+        panel = compile_status.create()
+        timer = compile_status.wire(panel, lambda: words[0])
+    assert timer.value == compile_status.REFRESH_SECONDS <= 5
+    tick = next(block.fn for block in demo.fns.values() if block.outputs == [panel.component])
+    assert tick() == ('<div class="run-message run-message-status" role="status">Compiling the captured steps: '
+                      '40 s so far</div>')
+    words[0] = "the captured steps ready (compiled in 52 s)"
+    assert "The captured steps ready (compiled in 52 s)" in tick()

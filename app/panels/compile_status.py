@@ -31,5 +31,6 @@ def render(words: str) -> str:
 def wire(panel: Single, words: Callable[[], str]) -> gr.Timer:
     """Refresh `panel` from `words()` every REFRESH_SECONDS while the page is open."""
     timer = gr.Timer(REFRESH_SECONDS)
-    timer.tick(lambda: render(words()), outputs=[panel.component], queue=False, show_progress="hidden")
+    timer.tick(lambda: render(words()), outputs=[panel.component], queue=False, show_progress="hidden",
+               api_visibility="private")  # the page's own refresh, kept out of the API
     return timer
