@@ -20,7 +20,7 @@ import gradio as gr
 
 import ppsd
 from ppsd.config import DEFAULTS, MAX_DRAFT_LEN
-from ppsd.executors.kinds import choose, concurrent_by_default, concurrent_kinds
+from ppsd.executors.kinds import AUTO, AUTO_CHOICE, concurrent_by_default, concurrent_kinds
 from ppsd.heads import default_exit_layer
 from ppsd.model import resolve_device
 
@@ -110,13 +110,14 @@ def _pipeline_controls() -> dict[str, Any]:
                 info="Real pipeline parallelism, every number measured. Off: one process runs the stages "
                      "in turn and the page shows their costs replayed on K workers (projected clock)."),
             "pipeline": refusing_quietly(gr.Radio(
-                [(kind.choice, kind.name) for kind in concurrent_kinds()],
-                value=choose("auto", k, device).name, label="The stages at once on", elem_id="pipeline",
+                [(AUTO_CHOICE, AUTO), *((kind.choice, kind.name) for kind in concurrent_kinds())],
+                value=AUTO, label="The stages at once on", elem_id="pipeline",
                 info="Processes: each stage pinned to its own cores (or GPU), started once and reused. Threads: "
                      "one process, a core (or CUDA stream) per stage, the weights shared. Captured steps: each "
                      "stage one step, a CUDA graph on its own stream (the default on a GPU), or compiled on a "
-                     "CPU (the first run compiles, a minute or two). The default is the one that runs best "
-                     "here: captured steps on a GPU, processes on a CPU where they can start, else threads.")),
+                     "CPU (compiled once in the background after start-up, and kept). Auto: captured steps on a GPU; "
+                     "on a CPU processes where they can start (else threads) until the captured steps are "
+                     "compiled, then the one this machine measured fastest for PPSD.")),
         }
 
 

@@ -96,7 +96,9 @@ def test_the_page_offers_the_concurrent_kinds_in_their_words():
 
     with gr.Blocks():
         radio = ui._pipeline_controls()["pipeline"]
-    assert [tuple(choice) for choice in radio.choices] == [(kind.choice, kind.name) for kind in concurrent_kinds()]
+    assert [tuple(choice) for choice in radio.choices] == [(kinds.AUTO_CHOICE, "auto"), *(
+        (kind.choice, kind.name) for kind in concurrent_kinds())]
+    assert radio.value == "auto"  # the page's default: the fastest measured here (issue 50)
 
 
 def test_bench_pipeline_has_an_ar_and_a_ppsd_row_per_concurrent_kind():

@@ -38,7 +38,7 @@ from .base import Executor
 if TYPE_CHECKING:
     from ..setup import RunSetup
 
-__all__ = ["AUTO", "Choice", "ExecutorKind", "KINDS", "PlainAR", "WorkerOptions", "choose", "choose_measured",
+__all__ = ["AUTO", "AUTO_CHOICE", "Choice", "ExecutorKind", "KINDS", "PlainAR", "WorkerOptions", "choose", "choose_measured",
            "concurrent_by_default", "concurrent_kinds", "fastest_ar", "kind_named"]
 
 Progress = Callable[[str], None]
@@ -229,6 +229,7 @@ KINDS: dict[str, ExecutorKind] = {kind.name: kind for kind in (
 GPU_PPSD_ORDER = ("graphed",)
 ALIASES = {"distributed": "processes"}  # the CLI's earlier name
 AUTO = "auto"
+AUTO_CHOICE = "auto: the fastest PPSD measured here"  # the page's radio button for AUTO (`choose_measured`)
 
 
 def concurrent_kinds() -> tuple[ExecutorKind, ...]:
