@@ -10,10 +10,13 @@ CPU never reads what this one compiled. `use()` points torch there (TORCHINDUCTO
 Inductor reads for every cache it keeps) before the first compile in a process. A finished
 compile is recorded (`record`: torch, CPU, how long it took, and the size and sha256 of every
 file, as the model cache's `ppsd_source.json`); `use()` checks that record first, and a damaged
-entry (a file changed or missing), a foreign one (a record naming another torch or CPU: a copied
+entry (a file changed or missing) or a foreign one (a record naming another torch or CPU: a copied
 folder) is moved aside and compiled again, and says so. An unfinished one (files, no record yet:
 a compile cut short, or running in another process now) is used as it is: torch writes each
 entry whole, and a restart compiles only what is missing.
+
+The same folder keeps PPSD's tokens/s as this machine last measured them, by model and executor
+kind (`speeds`, `note_speed`): what "auto" on a CPU compares (`ppsd.executors.kinds.choose_measured`).
 
 Boundary: the folder, its record and its check; what is compiled, and when, is
 `ppsd.executors.graphed`'s and the front ends'.
@@ -36,7 +39,7 @@ import torch
 
 from .cache_files import COMPLETE_MARKER, checksums, damage
 
-__all__ = ["RECORD", "cpu_identity", "folder", "kept", "last_seconds", "note_speed", "record", "speeds", "use"]
+__all__ = ["RECORD", "SPEEDS", "cpu_identity", "folder", "kept", "last_seconds", "note_speed", "record", "speeds", "use"]
 
 SPEEDS = "ppsd_speeds.json"  # PPSD's tokens/s by model and executor kind, as this machine last measured them
 RECORD = COMPLETE_MARKER  # written after a finished compile, with the checksums, as the model cache's
