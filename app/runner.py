@@ -159,8 +159,8 @@ def run_comparison(request: RunRequest, cache: ModelCache, *, throttle: float = 
                                 releaser=zerogpu.release_pipeline, executor=lent)
         try:
             for state in comparison.run():
-                if state.done and kind.concurrent and setup.model.info.device == "cpu":
-                    _note_speed(kind, setup, state)
+                if state.done and kind.concurrent and setup.model.info.device == "cpu" and _BACKGROUND:
+                    _note_speed(kind, setup, state)  # a server that compiles a kind: auto compares them
                 limit, said = first if expired.is_set() else None, note
                 if getattr(stop, "handed_over", False):
                     limit, said = Limit.device(shared_limit), _joined(note, f"Another visitor was waiting for the device: while "
