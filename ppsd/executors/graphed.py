@@ -80,7 +80,9 @@ class GraphedExecutor:
             # Set for the whole process, once: the compiler's settings are part of what a compiled
             # step is checked against before each call, so switching them per call recompiles.
             torch._inductor.config.cpp_wrapper = True
-            torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
+            # Each (stage, bucket, drafting, buffer size, thread count) is a compile of its own: a
+            # server's Runs of many lengths add up (64 was reached within a few page Runs).
+            torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 256)
         self._compiled_keys: set[tuple[int, int, bool]] = set()
         self.cache = StaticKVCache.for_model(model.hf_model)
         self._clock = stopwatch or Stopwatch()

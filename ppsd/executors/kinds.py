@@ -336,6 +336,10 @@ def fastest_ar(setup: RunSetup, kind: str, pipeline: Executor | None) -> tuple[P
     from .graphed import GraphedExecutor
 
     torch.set_num_threads(cores)
-    executor = _warmed(setup, GraphedExecutor(setup.model, setup.partition, compiled=True, stage_threads=False))
+    executor = GraphedExecutor(setup.model, setup.partition, compiled=True, stage_threads=False)
+    # Its buffers at their final size before anything compiles: each size is another compile of
+    # every step (and a page's Runs would reach dynamo's recompile limit within a few).
+    executor.prepare(reach(setup))
+    executor = _warmed(setup, executor)
     return (PlainAR(executor, cores, f"on the captured steps, compiled, the stages in turn, in this one process "
                                      f"on {threads(cores)}"),)
