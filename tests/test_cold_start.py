@@ -108,12 +108,14 @@ def test_the_page_runs_auto_on_the_kept_executor_only_for_the_setup_it_was_built
     monkeypatch.setattr(runner, "_BACKGROUND", {"graphed": (runner._setup_key(setup()), compiling.start())})
     assert runner._auto(setup()).kind is KINDS["processes"]  # a Run never waits for the compile
     assert runner.background_words() == "compiling the captured steps: 0 s so far"
+    assert not runner._measuring()  # a Run beside the compile is slowed by it: its speed is not kept
     built = object()
     ready = Background("the captured steps", lambda: built, clock=Clock()).start()
     ready.wait(5)
     monkeypatch.setattr(runner, "_BACKGROUND", {"graphed": (runner._setup_key(setup()), ready)})
     choice = runner._auto(setup())
     assert choice.kind is KINDS["graphed"] and runner._kept(choice.kind, setup()) is built
+    assert runner._measuring()
     assert runner._chosen(choice) == ("The stages ran on the captured steps, chosen by auto: the fastest PPSD "
                                       "measured on this machine (19.9 tokens/s, against 15.4 on the worker processes).")
     other = setup(hf_model=object())  # another model: the kept steps do not fit it
