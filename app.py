@@ -15,19 +15,41 @@ import os
 import signal
 import sys
 import threading
+import time
 
 import ppsd
 from app import AppState, create_demo, launch_kwargs, zerogpu
 from app.runner import prestart
 from ppsd.cli import thread_count
+from ppsd.executors.background import ticking
 from ppsd.model import DEVICE_VARIABLE
 
 
-def _preload(state: AppState) -> str:
+TALK_SECONDS = 4.0  # a cold start's terminal is never silent longer than this (issue 50: 5 s at most)
+
+
+class ColdStart:
+    """What the start-up is doing, for the terminal: each step said as it begins (`tell`), and,
+    while one lasts, said again with its seconds (`words`, every TALK_SECONDS through `ticking`)."""
+
+    def __init__(self, clock=time.monotonic) -> None:
+        self._clock = clock
+        self.step, self.since = "preparing the page", clock()
+
+    def tell(self, message: str) -> None:
+        self.step, self.since = message.rstrip(".… "), self._clock()
+        print(f"  {self.step}…", flush=True)
+
+    def words(self) -> str:
+        return f"  {self.step}… {self._clock() - self.since:.0f} s"
+
+
+def _preload(state: AppState, progress=None) -> str:
     """The default model converted, loaded and warmed up, and the worker processes a first Run
-    with the defaults needs, started: what is ready, in words ("" when the load failed)."""
+    with the defaults needs, started (the captured steps then compile in the background): what
+    is ready, in words ("" when the load failed). `progress` hears each step as it begins."""
     try:
-        started = prestart(state.cache, ppsd.DEFAULT_MODEL)
+        started = prestart(state.cache, ppsd.DEFAULT_MODEL, progress)
     except Exception as error:  # noqa: BLE001 - the thread ends with one line (a full disk, say); Run says it again
         print(f"preloading {ppsd.DEFAULT_MODEL} failed: {error}", file=sys.stderr, flush=True)
         return ""
@@ -45,6 +67,10 @@ def _load_for_zerogpu(state: AppState) -> str:
         print(f"loading {ppsd.DEFAULT_MODEL} failed: {error}", file=sys.stderr, flush=True)
         return "no model loaded yet"
     return f"{ppsd.DEFAULT_MODEL} loaded"
+
+
+def _print(line: str) -> None:
+    print(line, flush=True)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -73,26 +99,29 @@ def main(argv: list[str] | None = None) -> None:
     except ValueError as error:  # a setting such as PPSD_PROXY_HOPS=abc: one line, no traceback
         parser.exit(2, f"{parser.prog}: error: {error}\n")
     ready: list[str] = [_load_for_zerogpu(state)] if zerogpu.active() else []
-    preload = None
+    preload, cold = None, ColdStart()
     if not zerogpu.active() and state.cache.offers(ppsd.DEFAULT_MODEL):
         # A cold start's first Run waited ~40 s for the conversion, load and warm-up (tools/cold_start.py),
         # and 10 s more for the worker processes: done once, now, while the page comes up; a Run
         # meanwhile waits for it, with its progress shown.
-        preload = threading.Thread(target=lambda: ready.append(_preload(state)), name="preload", daemon=True)
-        preload.start()
-    if preload is not None:
+        preload = threading.Thread(target=lambda: ready.append(_preload(state, cold.tell)), name="preload", daemon=True)
         print(f"Starting the PPSD demo: preparing {ppsd.DEFAULT_MODEL} and its worker processes…", flush=True)
-    demo = create_demo(state)
-    # Quiet: the one line below says where and when the page is ready, and with what.
-    demo.launch(server_name=args.host, server_port=args.port, prevent_thread_lock=True, quiet=True, **launch_kwargs())
-    try:
-        while preload is not None and preload.is_alive():
-            preload.join(0.5)  # in slices: Ctrl-C meanwhile ends the server as it does after
-        model = (ready or [""])[0] or "no model loaded yet"
-        print(f"PPSD demo ready at {demo.local_url} ({model})", flush=True)
-    except KeyboardInterrupt:
-        demo.close()
-        return
+    with ticking(_print if preload is not None else None, cold.words, TALK_SECONDS):
+        if preload is not None:
+            preload.start()
+            print("  Building the page meanwhile…", flush=True)  # the ticks follow the preload's steps
+        demo = create_demo(state)
+        # Quiet: the one line below says where and when the page is ready, and with what.
+        demo.launch(server_name=args.host, server_port=args.port, prevent_thread_lock=True, quiet=True,
+                    **launch_kwargs())
+        try:
+            while preload is not None and preload.is_alive():
+                preload.join(0.5)  # in slices: Ctrl-C meanwhile ends the server as it does after
+        except KeyboardInterrupt:
+            demo.close()
+            return
+    model = (ready or [""])[0] or "no model loaded yet"
+    print(f"PPSD demo ready at {demo.local_url} ({model})", flush=True)
     if not zerogpu.active():
         demo.block_thread()  # until Ctrl-C, which closes the server
         return

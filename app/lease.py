@@ -56,8 +56,8 @@ def gpu_seconds(request: RunRequest | None, run_seconds: float = MAX_RUN_SECONDS
     it reaches, then every token of every timed run of every method (plain AR too, with the stages
     at once), on the captured steps when the stages run at once, else eager; never more than the
     run's own time limit allows. `count_tokens` gives the prompt's tokens (default: its
-    characters). The default run on a GPU (64 tokens, 3 timed runs of AR, PPSD and plain AR on
-    the captured steps, 2-3 buckets) asks for 16-17 s. A request that does not check out (it
+    characters). The default run on a GPU (64 tokens, 2 timed runs of AR, PPSD and plain AR on
+    the captured steps, 2-3 buckets) asks for 14-15 s. A request that does not check out (it
     will be refused in words), or None (a form that does not parse), asks for the least."""
     if request is None:
         return math.ceil(SETUP_SECONDS)

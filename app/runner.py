@@ -12,6 +12,7 @@ import multiprocessing
 import re
 import sys
 import threading
+import time
 from dataclasses import dataclass
 from typing import Iterator, Mapping
 
@@ -19,15 +20,24 @@ from ppsd.chat import check_text
 from ppsd.compare import PLAIN, Comparison, MethodRun, PlainWay, State, Stats, ready
 from ppsd.compare import THROTTLE_SECONDS
 from ppsd.config import DEFAULTS
-from ppsd.executors.kinds import KINDS, ExecutorKind, choose, concurrent_by_default, concurrent_kinds
+from ppsd import compile_cache
+from ppsd.executors.background import Background
+from ppsd.executors.kinds import (AUTO, KINDS, Choice, ExecutorKind, choose, choose_measured, concurrent_by_default,
+                                  concurrent_kinds)
 from ppsd.executors.distributed.wire import PipelineError
 from ppsd.setup import RunSetup
 
 from . import zerogpu
 from .models import Loaded, ModelCache
+from .page_text import load_examples
 from .request import MAX_RUN_SECONDS, RunRequest
 
-__all__ = ["MethodRun", "Snapshot", "prestart", "run_comparison"]
+__all__ = ["MethodRun", "Snapshot", "background_words", "prestart", "run_comparison"]
+
+# The kinds compiling (or compiled) in the background since start-up, by name, each with the key
+# of the run setup it was built for (the weights, exit head and stages): "auto" runs on one only
+# for a setup it fits. One process, one page: module state, as the shared worker processes are.
+_BACKGROUND: dict[str, tuple[tuple, Background]] = {}
 
 
 @dataclass(frozen=True)
@@ -139,12 +149,18 @@ def run_comparison(request: RunRequest, cache: ModelCache, *, throttle: float = 
         setup = cache.set_up(loaded, request.prompt, request.settings(), exit_head=request.exit_head,
                              chat=request.chat and loaded.chat)
         kind, note = _kind_here(request.pipeline, setup) if request.workers else (KINDS["in-process"], "")
+        if request.workers and request.pipeline == AUTO and not note:
+            choice = _auto(setup)
+            kind, note = choice.kind, _chosen(choice)
+        lent = _kept(kind, setup) if request.workers else None  # compiled in the background, kept open
         # threads live for one run (in a ZeroGPU call, until the next); the worker processes stay
         comparison = Comparison(setup, request.methods, kind=kind, rounds=rounds, plain=request.workers,
                                 stop=stop, throttle=throttle, opener=zerogpu.ready_pipeline,
-                                releaser=zerogpu.release_pipeline)
+                                releaser=zerogpu.release_pipeline, executor=lent)
         try:
             for state in comparison.run():
+                if state.done and kind.concurrent and setup.model.info.device == "cpu" and _measuring():
+                    _note_speed(kind, setup, state)
                 limit, said = first if expired.is_set() else None, note
                 if getattr(stop, "handed_over", False):
                     limit, said = Limit.device(shared_limit), _joined(note, f"Another visitor was waiting for the device: while "
@@ -165,20 +181,95 @@ def run_comparison(request: RunRequest, cache: ModelCache, *, throttle: float = 
 def prestart(cache: ModelCache, model: str, progress=None) -> str:
     """What a first Run of `model` with the page's defaults needs beyond the model: its shared
     pipeline (the worker processes), started and warmed up now, so that Run's first token does
-    not wait for them. Returns what was started, in words ("" when the defaults run the stages in
-    turn, or on a kind built per run)."""
-    loaded = cache.get(model, warm=True)
+    not wait for them; then the kinds that compile first (on a CPU) start compiling in the
+    background (`_compile_in_background`). `progress` hears each step as it begins. Returns what
+    was started, in words ("" when the defaults run the stages in turn, or on a kind built per run)."""
+    tell = progress or (lambda message: None)
+    tell(f"Loading {model} and warming it up (untimed)")
+    loaded = cache.get(model, progress=progress, warm=True)
     device, stages = loaded.model.info.device, DEFAULTS.num_stages
     if not concurrent_by_default(stages, device):
         return ""
     kind = choose("auto", stages, device)
     if not kind.shared or kind.unavailable(device, stages) is not None:
         return ""
-    request = RunRequest(prompt="Hi")  # the page's defaults: what a first Run asks for
+    request = RunRequest(prompt=load_examples()[0]["prompt"])  # the page's defaults: what a first Run asks for
     setup = cache.set_up(loaded, request.prompt, request.settings(), exit_head=request.exit_head,
                          chat=request.chat and loaded.chat)
-    ready(kind, setup, progress)
+    ready(kind, setup, tell)
+    for compiled in concurrent_kinds():
+        if compiled.compiles_on(device) and compiled.unavailable(device, stages) is None:
+            _compile_in_background(compiled, setup)
     return f"{stages} {kind.choice.split(',')[0]}"
+
+
+def _compile_in_background(kind: ExecutorKind, setup: RunSetup) -> Background:
+    """`kind` built, compiled and run once through a default comparison round (untimed: every
+    step a default Run reaches compiles now, not in a Run) on a thread of its own; the terminal
+    hears how far it is every 10 s. Runs meanwhile go on the kind that needs no compile."""
+    kept = compile_cache.kept()
+    last = compile_cache.last_seconds()
+    said = (f"loading the kept compiled steps ({compile_cache.folder()})" if kept else
+            "a one-time compile" + (f" (it took {last:.0f} s last time)" if last else " (a minute or more on a small CPU)"))
+    print(f"Compiling {kind.compiles} in the background, {said}; Runs use the kind that needs no compile meanwhile",
+          flush=True)
+
+    def build():
+        began = time.monotonic()
+        executor = kind.ready(setup)
+        for _ in Comparison(setup, ("ar", "ppsd"), kind=kind, rounds=1, plain=True, executor=executor,
+                            throttle=float("inf")).run():
+            pass
+        compile_cache.record(None if kept else time.monotonic() - began)  # every step a default Run reaches
+        return executor
+
+    background = Background(kind.compiles, build, say=lambda words: print(words[0].upper() + words[1:], flush=True))
+    _BACKGROUND[kind.name] = (_setup_key(setup), background.start())
+    return background
+
+
+def background_words() -> str:
+    """What compiles in the background, in words, for the page ("" when nothing does or did)."""
+    return "; ".join(background.words() for _, background in _BACKGROUND.values())
+
+
+def _setup_key(setup: RunSetup) -> tuple:
+    """What a kept executor was built for: the weights, the exit head and the stages."""
+    return id(setup.model.hf_model), id(setup.model.exit_head), setup.partition
+
+
+def _kept(kind: ExecutorKind, setup: RunSetup):
+    """The background-built executor of `kind` when it is ready and fits `setup`, else None."""
+    key, background = _BACKGROUND.get(kind.name, (None, None))
+    return background.executor if background and background.state == "ready" and key == _setup_key(setup) else None
+
+
+def _auto(setup: RunSetup) -> Choice:
+    """"auto" here: the fastest PPSD measured on this machine among what is ready for `setup`."""
+    ready_here = tuple(name for name, (key, b) in _BACKGROUND.items()
+                       if b.state == "ready" and key == _setup_key(setup))
+    return choose_measured(setup.config.num_stages, setup.model.info.device, ready_here,
+                           compile_cache.speeds(setup.model.info.name))
+
+
+def _chosen(choice: Choice) -> str:
+    """The page's sentence on which kind ran and why (shown with the run's end)."""
+    return f"The stages ran on the {choice.kind.choice.split(',')[0]}, chosen by auto: {choice.why}."
+
+
+def _measuring() -> bool:
+    """Does a Run's PPSD speed count for "auto"? On a server that compiles a kind in the background
+    (tests never write the user's cache), once nothing compiles: a Run beside a compile ran at a
+    fraction of its speed (3.9 tokens/s against 8.0 after it, at load 8-9 on 2 cores, measured here)."""
+    return bool(_BACKGROUND) and all(b.state != "compiling" for _, b in _BACKGROUND.values())
+
+
+def _note_speed(kind: ExecutorKind, setup: RunSetup, state) -> None:
+    """PPSD's tokens/s of this run (the median of its timed rounds), kept for "auto" to compare."""
+    median = state.stats().median("ppsd")
+    run = state.rounds[0].get("ppsd") if state.rounds else None
+    if median and run is not None and run.result is not None:
+        compile_cache.note_speed(setup.model.info.name, kind.name, len(run.result.token_ids) / median)
 
 
 def _kind_here(requested: str, setup: RunSetup) -> tuple[ExecutorKind, str]:

@@ -21,7 +21,7 @@ from starlette.middleware import Middleware
 
 import ppsd
 from ppsd.config import DEFAULTS, MAX_DRAFT_LEN
-from ppsd.executors.kinds import choose, concurrent_by_default, concurrent_kinds
+from ppsd.executors.kinds import AUTO, AUTO_CHOICE, concurrent_by_default, concurrent_kinds
 from ppsd.heads import default_exit_layer
 from ppsd.model import resolve_device
 
@@ -30,11 +30,12 @@ from .components import Slider, refusing_quietly
 from .handlers import (DEFAULT_LAYERS, after_run, idle_outputs, max_tokens_update, model_status, on_decode, on_exit,
                        on_load, on_page_load, on_run_form, on_stages, on_stages_warning, on_stop, ordered)
 from .page_text import STAGES_LABEL, TITLE, WORKERS_LABEL, load_examples
-from .panels import (Single, columns, exit_head, gpu_lease, headline, intro, metrics, race, run_message, steps,
+from .panels import (Single, columns, compile_status, exit_head, gpu_lease, headline, intro, metrics, race, run_message, steps,
                      summary, theory, timeline)
 from .request import DEFAULT_REPEATS, FORM, MAX_REPEATS
 from .guard import Guard, RequestLimits
 from .limits import DELETE_UPLOADS, MAX_UPLOAD_BYTES
+from .runner import background_words
 from .sessions import sweep_sessions
 from .state import AppState
 from .visitors import distrust_forwarded_headers
@@ -58,6 +59,7 @@ def create_controls() -> tuple[dict[str, Any], Single]:
         c["run"] = gr.Button("▶ Run AR vs PPSD", variant="primary", elem_id="run", scale=3)
         c["stop"] = gr.Button("■ Stop", variant="stop", elem_id="stop", scale=1)
     message = run_message.create()
+    compile_status.wire(compile_status.create(background_words()), background_words)  # what compiles meanwhile
     c["chat"] = gr.Checkbox(value=True, label="Chat: ask the model (its chat template)", elem_id="chat",
                             info="Off: raw completion, the model continues the text. Models without a "
                                  "chat template always continue the text.")
@@ -111,13 +113,14 @@ def _pipeline_controls() -> dict[str, Any]:
                 info="Real pipeline parallelism, every number measured. Off: one process runs the stages "
                      "in turn and the page shows their costs replayed on K workers (projected clock)."),
             "pipeline": refusing_quietly(gr.Radio(
-                [(kind.choice, kind.name) for kind in concurrent_kinds()],
-                value=choose("auto", k, device).name, label="The stages at once on", elem_id="pipeline",
+                [(AUTO_CHOICE, AUTO), *((kind.choice, kind.name) for kind in concurrent_kinds())],
+                value=AUTO, label="The stages at once on", elem_id="pipeline",
                 info="Processes: each stage pinned to its own cores (or GPU), started once and reused. Threads: "
                      "one process, a core (or CUDA stream) per stage, the weights shared. Captured steps: each "
                      "stage one step, a CUDA graph on its own stream (the default on a GPU), or compiled on a "
-                     "CPU (the first run compiles, a minute or two). The default is the one that runs best "
-                     "here: captured steps on a GPU, processes on a CPU where they can start, else threads.")),
+                     "CPU (compiled once in the background after start-up, and kept). Auto: captured steps on a GPU; "
+                     "on a CPU processes where they can start (else threads) until the captured steps are "
+                     "compiled, then the one this machine measured fastest for PPSD.")),
         }
 
 

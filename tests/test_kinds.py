@@ -84,7 +84,7 @@ def test_the_cli_offers_every_kind_and_takes_the_earlier_name():
     parser = argparse.ArgumentParser()
     generate.add_arguments(parser)
     action = next(a for a in parser._actions if a.dest == "executor")
-    assert tuple(action.choices) == tuple(KINDS)
+    assert tuple(action.choices) == ("auto", *KINDS)  # auto: the fastest measured here (issue 50)
     assert all(kind.choice in action.help for kind in KINDS.values())
     assert parser.parse_args(["--prompt", "hi", "--executor", "distributed"]).executor == "processes"
 
@@ -96,7 +96,9 @@ def test_the_page_offers_the_concurrent_kinds_in_their_words():
 
     with gr.Blocks():
         radio = ui._pipeline_controls()["pipeline"]
-    assert [tuple(choice) for choice in radio.choices] == [(kind.choice, kind.name) for kind in concurrent_kinds()]
+    assert [tuple(choice) for choice in radio.choices] == [(kinds.AUTO_CHOICE, "auto"), *(
+        (kind.choice, kind.name) for kind in concurrent_kinds())]
+    assert radio.value == "auto"  # the page's default: the fastest measured here (issue 50)
 
 
 def test_bench_pipeline_has_an_ar_and_a_ppsd_row_per_concurrent_kind():

@@ -5,13 +5,16 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 
 import torch
 import transformers
 
 from . import options
 from .values import check_output_file, thread_count, write_result
-from ..executors.kinds import ALIASES, KINDS, ExecutorKind
+from .. import compile_cache
+from ..executors.background import ticking
+from ..executors.kinds import ALIASES, AUTO, KINDS, ExecutorKind, choose_measured, concurrent_kinds
 from ..executors.distributed.wire import PipelineError
 from ..generate import Result, decode
 from ..model import load_model
@@ -25,8 +28,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="cpu", help="cpu, cuda or auto (default cpu)")
     parser.add_argument("--threads", type=thread_count, default=None,
                         help="CPU threads for torch (default: torch's choice; 1 is faster on a busy shared CPU)")
-    parser.add_argument("--executor", default="in-process", type=_kind_name, choices=tuple(KINDS),
-                        help="; ".join(f"{kind.name}: {kind.choice}, "
+    parser.add_argument("--executor", default="in-process", type=_kind_name, choices=(AUTO, *KINDS),
+                        help="auto: the fastest PPSD measured on this machine (on a CPU: the captured steps, "
+                             "compiled once and kept under PPSD_CACHE, until the page measures otherwise); "
+                             + "; ".join(f"{kind.name}: {kind.choice}, "
                                        + ("measured" if kind.concurrent else "PPSD's overlap projected")
                                        for kind in KINDS.values()) + " (default in-process)")
     parser.add_argument("--chrome-trace", default=None, help="also write the trace here (Chrome JSON)")
@@ -34,27 +39,41 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    config, _ = options.checked(args, unavailable=KINDS[args.executor].unavailable, progress=_tell)
+    # auto picks among the kinds that can run here, so only a named kind is refused up front
+    unavailable = None if args.executor == AUTO else KINDS[args.executor].unavailable
+    config, _ = options.checked(args, unavailable=unavailable, progress=_tell)
     check_output_file(args.chrome_trace, "--chrome-trace")
     transformers.utils.logging.disable_progress_bar()  # keeps stderr to one line on error
     if args.threads:
         torch.set_num_threads(args.threads)
     model, tokenizer = load_model(args.model, device=args.device, progress=_tell)
     setup = set_up_text(model, tokenizer, args.prompt, config, exit_head=args.exit_head, chat=args.chat)
-    executor = KINDS[args.executor].ready(setup, progress=_tell)
+    kind = _auto(setup) if args.executor == AUTO else KINDS[args.executor]
+    compiling = kind.compiles_on(model.info.device) and not compile_cache.kept()
+    if compiling:
+        last = compile_cache.last_seconds()
+        _tell(f"A one-time compile of {kind.compiles} is coming (" + (f"it took {last:.0f} s last time" if last else
+              "a minute or two on a quiet small CPU, more under load") + f"); it is kept in {compile_cache.folder()}")
+    began = time.monotonic()
+    words = lambda: f"compiling {kind.compiles}: {time.monotonic() - began:.0f} s so far"  # noqa: E731
+    executor = None
     try:
-        result = decode(setup, executor=executor)
+        with ticking(_tell if compiling else None, words, 10.0):
+            executor = kind.ready(setup, progress=_tell)
+            result = decode(setup, executor=executor)  # a step first reached here compiles now
     except PipelineError as error:  # a worker died or hung: not bad input, so status 1
         print(f"error: the pipeline failed: {error}", file=sys.stderr)
         return 1
     finally:
         if executor is not None:
             executor.close()  # the command's one run: even a shared pipeline ends with it
+    if compiling:
+        compile_cache.record(time.monotonic() - began)
     if args.json:
         print(json.dumps(to_json(result, tokenizer, model.info, chat=setup.chat, exit_head=setup.head), ensure_ascii=False))
     else:
         print(tokenizer.decode(result.token_ids, skip_special_tokens=True))
-        print(summary_line(result, KINDS[args.executor]))
+        print(summary_line(result, kind))
     if args.chrome_trace:
         try:  # checked before the run, but a disk may fill meanwhile: the answer above still stands
             write_result(args.chrome_trace, json.dumps(result.trace.to_chrome()), "--chrome-trace")
@@ -62,6 +81,17 @@ def run(args: argparse.Namespace) -> int:
             print(f"error: {error}", file=sys.stderr)
             return 1
     return 0
+
+
+def _auto(setup) -> ExecutorKind:
+    """`--executor auto`: the fastest PPSD measured on this machine among the kinds that can run
+    here (`choose_measured`), said in one line."""
+    device, stages = setup.model.info.device, setup.config.num_stages
+    compiled = tuple(k.name for k in concurrent_kinds() if k.compiles_on(device) and k.unavailable(device, stages) is None)
+    choice = choose_measured(stages, device, compiled, compile_cache.speeds(setup.model.info.name),
+                             measures=False)
+    _tell(f"--executor auto: the {choice.kind.choice.split(',')[0]}, chosen: {choice.why}")
+    return choice.kind
 
 
 def _kind_name(name: str) -> str:

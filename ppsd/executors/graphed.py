@@ -16,7 +16,9 @@ events placed on the run's clock by one stamp per run. Pieces wider than one tok
 EESD's verification) run the same step eagerly. On a CPU, with `compiled`, each one-token step is
 compiled by Inductor with its C++ wrapper and stages 2..K run on threads of their own (the C++
 call releases the GIL, so the stages overlap); without it the steps run eagerly, in turn (the
-tests' fast path; PPSD's overlap is then projected, as in process).
+tests' fast path; PPSD's overlap is then projected, as in process). What Inductor compiles is kept
+on disk beside the converted models and checked before use (`ppsd.compile_cache`): a new process
+loads it instead of compiling again.
 """
 
 from __future__ import annotations
@@ -72,10 +74,15 @@ class GraphedExecutor:
         self.threads = StageThreads(len(partition)) if compiled and stage_threads else None
         self.concurrent = self.cuda or self.threads is not None
         if compiled:
+            from .. import compile_cache
+
+            compile_cache.use()  # torch keeps what it compiles beside the converted models, checked
             # Set for the whole process, once: the compiler's settings are part of what a compiled
             # step is checked against before each call, so switching them per call recompiles.
             torch._inductor.config.cpp_wrapper = True
-            torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
+            # Each (stage, bucket, drafting, buffer size, thread count) is a compile of its own: a
+            # server's Runs of many lengths add up (64 was reached within a few page Runs).
+            torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 256)
         self._compiled_keys: set[tuple[int, int, bool]] = set()
         self.cache = StaticKVCache.for_model(model.hf_model)
         self._clock = stopwatch or Stopwatch()

@@ -13,6 +13,11 @@ also says how a run of it ran, for the page's headline), whether its stages run 
 warms it up untimed (`ready` checks `unavailable` before it calls `build`). "stacked" is the
 newest such entry: `_stacked_unavailable`, `_stacked` and one line in `KINDS`.
 
+A kind whose steps compile before first use on a CPU names what compiles in `compiles`: the page
+builds it in the background at start-up (`app.runner.prestart`), and "auto" moves to it once it
+is ready where this machine measured it fastest (`choose_measured`; the compile is kept by
+`ppsd.compile_cache`).
+
 Every front end then offers it: the CLI's `--executor` by name; the page, when it is
 concurrent, as a choice under "The stages at once on" ("auto" keeps today's rule); and
 bench-pipeline, when it is concurrent and can run here, as an AR and a PPSD row.
@@ -22,6 +27,7 @@ bench-pipeline, when it is concurrent and can run here, as an AR and a PPSD row.
 from __future__ import annotations
 
 import shutil
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
@@ -32,8 +38,8 @@ from .base import Executor
 if TYPE_CHECKING:
     from ..setup import RunSetup
 
-__all__ = ["AUTO", "ExecutorKind", "KINDS", "PlainAR", "WorkerOptions", "choose", "concurrent_by_default",
-           "concurrent_kinds", "fastest_ar", "kind_named"]
+__all__ = ["AUTO", "AUTO_CHOICE", "Choice", "ExecutorKind", "KINDS", "PlainAR", "WorkerOptions", "choose", "choose_measured",
+           "concurrent_by_default", "concurrent_kinds", "fastest_ar", "kind_named"]
 
 Progress = Callable[[str], None]
 
@@ -65,6 +71,13 @@ class ExecutorKind:
     # What the measured clock pays that the projected one (the same stage costs replayed) does not:
     # "" when there is nothing to name; None when a projection says nothing of this kind.
     overhead: str | None = ""
+    # What compiles before its first use on a CPU ("the captured steps": minutes cold, seconds once
+    # kept by `ppsd.compile_cache`), so a front end builds it in the background; "" for none.
+    compiles: str = ""
+
+    def compiles_on(self, device: str) -> bool:
+        """Does this kind compile before its first use on `device` (a CPU; a GPU captures in seconds)?"""
+        return bool(self.compiles) and not device.startswith("cuda")
 
     def words(self, text: str, num_stages: int, device: str) -> str:
         """`text` (`ran` or `stages`) for K = `num_stages` stages on `device`."""
@@ -143,9 +156,15 @@ def _graphed(setup: RunSetup, tell: Progress, options: WorkerOptions) -> Executo
     cuda = setup.model.info.device.startswith("cuda")
     tell("Capturing each stage's step as a CUDA graph, at every length the run reaches" if cuda else
          "Compiling each stage's step (first use: about a minute on a small CPU)")
+    from .. import compile_cache
+
+    began, cold = time.perf_counter(), not cuda and not compile_cache.kept()
     executor = GraphedExecutor(setup.model, setup.partition, compiled=not cuda)
     executor.prepare(reach(setup))  # before the warm-up: its bucket is then captured on the final buffers
-    return _warmed(setup, executor)
+    _warmed(setup, executor)
+    if not cuda:  # what compiled is kept, checked, for the next start; a cold compile's time is said next time
+        compile_cache.record(time.perf_counter() - began if cold else None)
+    return executor
 
 
 def reach(setup: RunSetup) -> int:
@@ -195,7 +214,7 @@ KINDS: dict[str, ExecutorKind] = {kind.name: kind for kind in (
                  "{k} captured steps", concurrent=True, unavailable=_graphed_unavailable, build=_graphed,
                  ran="each of the K={k} stages ran as one captured step in this one process ({where}), sharing the "
                      "weights and a static KV cache; AR ran on the same steps",
-                 stages="the {k}-stage pipeline ({where})"),
+                 stages="the {k}-stage pipeline ({where})", compiles="the captured steps"),
     ExecutorKind("stacked", "K stages stacked in one chain", "stacked stages, one chain a slot",
                  "every stage at once in one chain of stacked layers (a CUDA graph a slot, or eager on a CPU)",
                  "{k} stacked stages", concurrent=True, unavailable=_stacked_unavailable, build=_stacked,
@@ -210,6 +229,7 @@ KINDS: dict[str, ExecutorKind] = {kind.name: kind for kind in (
 GPU_PPSD_ORDER = ("graphed",)
 ALIASES = {"distributed": "processes"}  # the CLI's earlier name
 AUTO = "auto"
+AUTO_CHOICE = "auto: the fastest PPSD measured here"  # the page's radio button for AUTO (`choose_measured`)
 
 
 def concurrent_kinds() -> tuple[ExecutorKind, ...]:
@@ -236,6 +256,43 @@ def choose(requested: str, num_stages: int, device: str) -> ExecutorKind:
         return next(KINDS[name] for name in GPU_PPSD_ORDER if KINDS[name].unavailable(device, num_stages) is None)
     processes = KINDS["processes"]
     return processes if processes.unavailable(device, num_stages) is None else KINDS["threads"]
+
+
+@dataclass(frozen=True)
+class Choice:
+    """The kind "auto" runs on, and why, in words (after "chosen: ")."""
+
+    kind: ExecutorKind
+    why: str
+
+
+def choose_measured(num_stages: int, device: str, ready: tuple[str, ...], speeds: dict[str, float], *,
+                    measures: bool = True) -> Choice:
+    """"auto" for PPSD once this machine has measured: on a GPU as `choose`; on a CPU the fastest
+    PPSD measured here (`speeds`: tokens/s by kind) among the kind that needs no compile and the
+    compiled kinds `ready` now. A candidate not measured yet is taken first: a run that `measures`
+    (the page's) measures it; else (the CLI) it is the compiled kind, fastest on a quiet 2-core
+    CPU (docs/benchmarks.md). With no compiled kind ready, the kind that needs no compile."""
+    default = choose(AUTO, num_stages, device)
+    if device.startswith("cuda"):
+        return Choice(default, "the fastest PPSD measured on a GPU (docs/benchmarks.md)")
+    candidates = [default, *(KINDS[name] for name in ready if name in KINDS and name != default.name
+                             and KINDS[name].unavailable(device, num_stages) is None)]
+    if len(candidates) == 1:
+        pending = [k.compiles for k in KINDS.values()
+                   if k.compiles_on(device) and k.unavailable(device, num_stages) is None]
+        return Choice(default, "it needs no compile" + (f" ({pending[0]} are not compiled yet)" if pending else ""))
+    untried = [kind for kind in candidates if kind.name not in speeds]
+    if untried and measures:
+        return Choice(untried[-1], "not measured on this machine yet: this run measures it")
+    measured = [kind for kind in candidates if kind.name in speeds]
+    if len(measured) < 2:  # nothing to compare: the compiled kind, measured fastest on a quiet 2-core CPU
+        return Choice(candidates[-1], "the fastest PPSD on a quiet 2-core CPU (docs/benchmarks.md); not measured "
+                                      "against the others on this machine yet")
+    candidates = measured
+    best = max(candidates, key=lambda kind: speeds[kind.name])
+    others = ", ".join(f"{speeds[k.name]:.1f} on the {k.choice.split(',')[0]}" for k in candidates if k is not best)
+    return Choice(best, f"the fastest PPSD measured on this machine ({speeds[best.name]:.1f} tokens/s, against {others})")
 
 
 def concurrent_by_default(num_stages: int, device: str) -> bool:
@@ -279,6 +336,10 @@ def fastest_ar(setup: RunSetup, kind: str, pipeline: Executor | None) -> tuple[P
     from .graphed import GraphedExecutor
 
     torch.set_num_threads(cores)
-    executor = _warmed(setup, GraphedExecutor(setup.model, setup.partition, compiled=True, stage_threads=False))
+    executor = GraphedExecutor(setup.model, setup.partition, compiled=True, stage_threads=False)
+    # Its buffers at their final size before anything compiles: each size is another compile of
+    # every step (and a page's Runs would reach dynamo's recompile limit within a few).
+    executor.prepare(reach(setup))
+    executor = _warmed(setup, executor)
     return (PlainAR(executor, cores, f"on the captured steps, compiled, the stages in turn, in this one process "
                                      f"on {threads(cores)}"),)

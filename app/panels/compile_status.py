@@ -1,0 +1,36 @@
+"""The line under Run on what compiles in the background since start-up ("compiling the captured
+steps: 40 s so far", then "the captured steps ready (compiled in 52 s)"), refreshed by a timer
+every few seconds; empty where nothing compiles (a GPU, a machine whose kinds need no compile).
+Runs never wait for it: they say, at their end, which kind ran and why (`app.runner`).
+"""
+
+from __future__ import annotations
+
+import html
+from typing import Callable
+
+import gradio as gr
+
+from . import Single
+
+OUTPUTS = ("compile_status",)
+REFRESH_SECONDS = 5.0
+
+
+def create(words: str = "") -> Single:
+    return Single(OUTPUTS[0], gr.HTML(render(words), elem_id="compile-status"))
+
+
+def render(words: str) -> str:
+    """`words` as one quiet status line, or an empty box."""
+    if not words:
+        return '<div class="run-message run-message-empty"></div>'
+    return f'<div class="run-message run-message-status" role="status">{html.escape(words[0].upper() + words[1:])}</div>'
+
+
+def wire(panel: Single, words: Callable[[], str]) -> gr.Timer:
+    """Refresh `panel` from `words()` every REFRESH_SECONDS while the page is open."""
+    timer = gr.Timer(REFRESH_SECONDS)
+    timer.tick(lambda: render(words()), outputs=[panel.component], queue=False, show_progress="hidden",
+               api_visibility="private")  # the page's own refresh, kept out of the API
+    return timer
