@@ -124,7 +124,7 @@ def test_the_bench_bench_pipeline_and_the_run_quote_one_ideal():
                               "hand-made", (0.0, 0.0, 0.0), 0.0)
     assert report["ideal_ppsd_speedup"] == pytest.approx(expected) and report["ppsd_slot_fraction"] == 2 / 3
     assert report["measured_ppsd_speedup_vs_pipeline_ar"] == pytest.approx(9.0 / 6.25)  # median walls
-    assert "= 1.500 (K=2, s = slowest stage's share of the layers = 0.667)" in pipeline._table(report)
+    assert "= 1.500 (K=2, s = slowest stage's share of the layers = 0.667)" in pipeline.table(report)
     # The best single process is the fastest of AR and HF generate() on 1 or 2 threads (here HF on
     # 2, 4.5 s), and a* is where the ideal over the pipeline's AR (9 s) reaches it: 2x, a* = 1.5.
     assert report["best_single_process"] == "hf2"
@@ -141,7 +141,7 @@ def test_ar_time_per_token_splits_into_compute_hand_overs_and_returns():
     from types import SimpleNamespace
 
     from ppsd import Event
-    from ppsd.bench.pipeline import overhead
+    from ppsd.bench.pipeline_summary import overhead
 
     events = [Event(1, 0, "prefill", 0.0, 0.5, 1), Event(2, 0, "prefill", 0.6, 1.0, 1),
               Event(1, 3, "verify", 1.2, 2.2, 5), Event(2, 3, "verify", 2.7, 4.2, 5),  # hand-over 0.5

@@ -36,10 +36,10 @@ def test_the_summary_takes_the_fastest_ppsd_and_the_fastest_ar_whatever_their_ki
     assert report["best_ppsd_and_fastest_ar"] == {"ppsd": "ppsd steps", "ar": "ar steps"}
     assert report["best_ppsd_speedup_vs_fastest_ar"] == pytest.approx(3.6 / 3.0)
     assert report["tokens_per_second"]["ar1"] == pytest.approx(3 / 4.5)  # the per-kind lines stay
-    line = next(line for line in pipeline._table(report).splitlines() if line.startswith("PPSD at its best"))
+    line = next(line for line in pipeline.table(report).splitlines() if line.startswith("PPSD at its best"))
     assert line == ("PPSD at its best (ppsd steps, 1.0 tokens/s) over the fastest AR (ar steps, 0.8 tokens/s) "
                     "= 1.200")
-    assert "PPSD on 2 worker" not in line and "ppsd pipe" in pipeline._table(report)
+    assert "PPSD on 2 worker" not in line and "ppsd pipe" in pipeline.table(report)
 
 
 def test_the_fastest_may_run_on_different_kinds():
