@@ -23,7 +23,7 @@ from app.request import RunRequest
 from app.runner import Snapshot, run_comparison
 from ppsd.compare import PLAIN, PlainWay
 from ppsd.compare_stats import Stats
-from conftest import CHROMIUM, open_page
+from conftest import CHROMIUM, open_page, quiet
 from ppsd.metrics import Stalls, ideal_ppsd_speedup_slowest_stage
 
 RATIO = re.compile(r"(\d+\.\d\d)× (faster|slower)|no faster \(1\.00×\)")
@@ -148,7 +148,7 @@ class Slower(Snapshot):
 
 
 @pytest.mark.parametrize("slower", [False, True])
-def test_the_theory_star_the_headline_and_the_card_show_one_value(tiny_run, slower):
+def test_the_theory_star_the_headline_and_the_card_show_one_value(tiny_run, slower, quiet_machine):
     """Issue 34: "The theory star said 0.99× while the headline said PPSD 1.01× slower"; issue 44:
     the cards of the run shown give the headline's ratio."""
     snap = tiny_run
@@ -314,7 +314,7 @@ def ran(page_url):
     """One real Run of the default prompt settings (32 new tokens, 3 timed runs), and what the
     page then shows: the texts the tests below compare."""
     real = page_url[2]
-    with open_page(page_url) as page:
+    with quiet(), open_page(page_url) as page:
         page.locator("#prompt textarea").first.fill("Why is the sky blue?")
         box = page.locator("#max-new-tokens input[type=number]").first
         box.fill("32")
@@ -411,7 +411,7 @@ def test_an_answer_too_short_to_time_shows_no_speedup(tiny_cache):
     assert 'class="tok tok-' in values["stream_ppsd"]  # the answer itself still shows
 
 
-def test_a_card_of_one_timed_round_says_so_not_medians(tiny_cache):
+def test_a_card_of_one_timed_round_says_so_not_medians(tiny_cache, quiet_machine):
     """Present mode times one round: its card gives the headline's ratio of that round."""
     request = RunRequest(prompt="def fibonacci(n):", model="tiny", max_new_tokens=16, repeats=1)
     values = view.snapshot(list(run_comparison(request, tiny_cache, throttle=0.0))[-1])
