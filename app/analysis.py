@@ -228,7 +228,7 @@ def projected_line(c: Comparison) -> str:
     said = PROJECTED_AS.format(k=c.num_stages)
     reason = unclean_reason(c, "projected")
     same = reason and reason == unclean_reason(c)  # said once, beside the first line
-    result = ("not a clean result either (the same reason)" if same else f"not a clean result: {reason}" if reason
+    result = ("not a clean result either" if same else f"not a clean result: {reason}" if reason
               else f"PPSD {ratio_text(c.projected_speedup)} than AR")
     return f"{said[0].upper()}{said[1:]}: {result}"
 

@@ -57,7 +57,7 @@ def create() -> ColumnsPanel:
                                             "dashed)", elem_id="drafts",
                          info="Off: each stream (and each lane of the race) shows only its committed text, so "
                               "AR's and PPSD's can be compared word for word. Hover a token for its draft either way.")
-    gr.HTML(render_legend())
+    gr.HTML(render_legend(), elem_id="stream-legend")
     return ColumnsPanel(columns, drafts)
 
 
@@ -170,5 +170,5 @@ def render_stats(method: str, projected: Metrics | None, measured: Metrics | Non
     # Each method's own time and rate in one line, AR's as PPSD's: what Present keeps of the card.
     timed = f"median of rounds, {lead_name}" if median is not None else lead_name
     time = (f'<div class="stats-time">{duration_text(lead.wall_seconds if median is None else median)} '
-            f'({html.escape(timed)}) · {lead.tokens_per_second:.1f} tok/s</div>')
+            f'<span class="stats-clock">({html.escape(timed)})</span> · {lead.tokens_per_second:.1f} tok/s</div>')
     return f'<div class="stats">{time}{ratio}{body}{shown_note(shown)}</div>'
