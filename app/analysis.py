@@ -295,7 +295,8 @@ def speedup_headline(c: Comparison) -> str:
     against AR on the same pipeline (the algorithm's own effect) when that is another run,
     with one sentence on why they differ. Ratios of medians, in `ratio_text`'s words."""
     base, detail = _fastest_name(c)
-    clock = "; ".join(filter(None, (detail, f"{c.ppsd.clock} clock, {_rounds(c.rounds)}, {c.device}")))
+    timed = _rounds(c.rounds) if c.final else f"{c.rounds} of {c.rounds_asked} rounds timed so far"
+    clock = "; ".join(filter(None, (detail, f"{c.ppsd.clock} clock, {timed}, {c.device}")))
     tag = rounds_tag(c)
     tag = f'<span class="headline-rounds">{html.escape(tag)}</span>' if tag else ""
     forced = (f'<div class="headline-forced">{html.escape(forced_words(c.forced))}</div>'
