@@ -247,7 +247,8 @@ def test_page_present_at_1366x768_shows_headline_both_answers_and_the_timelines_
             page.wait_for_timeout(1500)  # the plots drawn, the answers kept at their end
             page.evaluate("() => window.scrollTo(0, 0)")
             got = page.evaluate("""() => {
-                const box = (s) => document.querySelector(s).getBoundingClientRect();
+                const box = (s) => { const e = document.querySelector(s);
+                                     return e ? e.getBoundingClientRect() : {bottom: Infinity, right: Infinity}; };
                 const streams = [...document.querySelectorAll('#results .ppsd-stream')];
                 const bars = [...document.querySelectorAll('#timeline .bars path')].map((e) => e.getBoundingClientRect())
                     .filter((r) => r.height > 0);
