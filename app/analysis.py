@@ -21,7 +21,7 @@ from ppsd.executors.kinds import KINDS
 from ppsd.metrics import (DEFINITIONS, Stalls, break_even_acceptance, cost_slot_fraction,
                           ideal_ppsd_speedup_slowest_stage)
 
-from .words import FORCED_WORDS, duration_text, ratio_text
+from .words import PROJECTED_AS, duration_text, forced_words, ratio_text
 
 
 @dataclass(frozen=True)
@@ -177,7 +177,6 @@ def _rounds(n: int) -> str:
 
 
 CLEAN_MARGIN = 0.05  # a headline ratio this far above its run's own ideal is still timing noise; further is no result
-PROJECTED_AS = "as on {k} devices, one per stage (projected from this run's stage costs)"
 
 
 def allowed_speedup(c: Comparison) -> float | None:
@@ -220,9 +219,8 @@ def rounds_tag(c: Comparison) -> str:
 
 
 def projected_line(c: Comparison) -> str:
-    """The paper's setup as a result of its own (the measured clock exists: K stages ran at once):
-    "As on K devices, one per stage (projected from this run's stage costs): PPSD X× faster than
-    AR", or why that is no clean result; "" on the projected page, whose own lines are this clock."""
+    """The paper's setup as a result of its own, where the measured clock exists (K stages ran at
+    once): "As on K devices, one per stage (…): PPSD X× faster than AR", or why it is not clean."""
     if not c.workers:
         return ""
     said = PROJECTED_AS.format(k=c.num_stages)
@@ -322,10 +320,6 @@ def _projected_div(c: Comparison) -> str:
     line = projected_line(c)
     return f'<div class="headline headline-projected">{html.escape(line)}</div>' if line else ""
 
-
-def forced_words(acceptance: float) -> str:
-    """The what-if's label, on every number and stream of a forced run."""
-    return f"{FORCED_WORDS} (a = {acceptance:.2f})"
 
 
 def ideal_line(c: Comparison) -> str:

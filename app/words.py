@@ -11,6 +11,13 @@ PROJECTED_LANE = "ppsd_projected"  # the race's lane of PPSD as on K devices, on
 PROJECTED_MEANING = "the measured per-stage costs of this run replayed on K concurrent workers"
 # A what-if run (`ppsd.bench.forced`): every number, stream and saved state of one says so.
 FORCED_WORDS = "forced acceptance: the tokens are not the model's answer"
+PROJECTED_AS = "as on {k} devices, one per stage (projected from this run's stage costs)"  # the paper's setup
+
+
+def forced_words(acceptance: float) -> str:
+    """The what-if's label, on every number and stream of a forced run."""
+    return f"{FORCED_WORDS} (a = {acceptance:.2f})"
+
 
 # The words a student meets on the first screen, one sentence each (the glossary under the headline).
 GLOSSARY = (

@@ -14,10 +14,10 @@ import gradio as gr
 
 from ppsd import Metrics, Trace
 
-from ..analysis import Clocks, forced_words
+from ..analysis import Clocks
 from ..run_view import RunView, shown_note
 from ..token_stream import deciding_events, render_legend, render_tokens
-from ..words import duration_text, ratio_text
+from ..words import duration_text, forced_words, ratio_text
 
 METHODS = ("ar", "ppsd", "eesd")
 OUTPUTS = tuple(f"{part}_{m}" for m in METHODS for part in ("stats", "stream"))

@@ -13,10 +13,10 @@ import gradio as gr
 
 from ppsd.executors.kinds import KINDS
 
-from ..analysis import (MIN_TIMED_TOKENS, Comparison, above_ideal, busy_sentence, compared_sentence, forced_words,
-                        ideal_line, plain_sentence, speedup_headline, walls_sentence)
+from ..analysis import (MIN_TIMED_TOKENS, Comparison, above_ideal, busy_sentence, compared_sentence, ideal_line,
+                        plain_sentence, speedup_headline, walls_sentence)
 from ..run_view import RunView
-from ..words import GLOSSARY, PROJECTED_MEANING, agreement_note, duration_text, ratio_text
+from ..words import GLOSSARY, PROJECTED_MEANING, agreement_note, duration_text, forced_words, ratio_text
 from . import Single
 from .progress import render_progress
 

@@ -12,9 +12,9 @@ import gradio as gr
 from ppsd.executors.kinds import KINDS, ExecutorKind
 from ppsd.metrics import DEFINITIONS
 
-from ..analysis import Clocks, forced_words
+from ..analysis import Clocks
 from ..run_view import RunView, shown_note
-from ..words import METHOD_NAMES, duration_text, ratio_text
+from ..words import METHOD_NAMES, duration_text, forced_words, ratio_text
 from . import Single
 
 OUTPUTS = ("metrics",)

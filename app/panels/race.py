@@ -17,10 +17,9 @@ from ppsd import Token, Trace
 from ppsd.compare import PLAIN
 
 from .. import teach
-from ..analysis import forced_words
 from ..run_view import RunView
 from ..token_stream import Piece, deciding_events, render_tokens
-from ..words import METHOD_NAMES, PROJECTED_LANE, duration_text
+from ..words import METHOD_NAMES, PROJECTED_LANE, duration_text, forced_words
 
 OUTPUTS = ("race",)
 REPLAY_SECONDS = 3.0  # least screen time of the slowest lane: a faster race is slowed down, never sped up

@@ -12,8 +12,8 @@ import gradio as gr
 
 from ppsd.executors.kinds import KINDS
 
-from ..analysis import forced_words
 from ..run_view import RunView
+from ..words import forced_words
 from . import Single
 
 OUTPUTS = ("summary",)
