@@ -7,6 +7,7 @@ slot or Pause.
 
 from __future__ import annotations
 
+import html
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -71,7 +72,9 @@ def step(race: dict | None, index: int) -> str:
     index = max(0, min(int(index), len(steps) - 1))
     piece = lambda token_id: race["pieces"].get(token_id, "?")  # noqa: E731
     slot = teach.render_slot(steps, index, race["ppsd_tokens"], piece)  # its caption says which slot, once
-    return shown_note(race.get("shown", "")) + slot
+    forced = race.get("forced", "")  # a what-if's tokens are not the model's: said over every slot
+    forced = f'<div class="forced-note">{html.escape(forced)}</div>' if forced else ""
+    return forced + shown_note(race.get("shown", "")) + slot
 
 
 def on_step(race: dict | None, slot: float, move: int = 0) -> tuple:
