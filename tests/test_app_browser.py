@@ -50,7 +50,11 @@ def test_page_runs_an_example_and_shows_tokens_timeline_and_headline(page_url, t
         # agreement note comes with the last snapshot, after every timed run.
         page.locator(".headline-agreement").wait_for(state="attached", timeout=180_000 if real else 45_000)
         headline = page.locator(".headline-main").inner_text()
-        assert re.match(r"PPSD .* than (plain AR|AR on the same pipeline|AR in one process)$", headline), headline
+        # Issue 48: a number the run's own ideal does not allow, or from a stalled round (a busy
+        # machine), is held back, and the headline says why.
+        clean = re.match(r"PPSD .* than (plain AR|AR on the same pipeline|AR in one process)$", headline)
+        assert clean or (headline == "Not a clean result" and
+                         page.locator(".headline-unclean-why").inner_text().startswith("Why: ")), headline
         # With the cores for K = 2 stages the page runs them at once, measured, and says so.
         assert page.locator("#workers input").is_checked() == workers
         clock = "measured clock" if workers else "projected clock"
