@@ -20,9 +20,9 @@ from ppsd.chat import check_text
 from ppsd.compare import PLAIN, Comparison, MethodRun, PlainWay, State, Stats, ready
 from ppsd.compare import THROTTLE_SECONDS
 from ppsd.config import DEFAULTS
+from ppsd.executors import Executor, InProcessExecutor
 from ppsd.executors.kinds import KINDS, ExecutorKind, choose, concurrent_by_default, concurrent_kinds
 from ppsd.executors.distributed.wire import PipelineError
-from ppsd.executors import Executor, InProcessExecutor
 from ppsd.setup import RunSetup, device_sync
 from ppsd.trace import Stopwatch
 
@@ -142,7 +142,7 @@ def run_comparison(request: RunRequest, cache: ModelCache, *, throttle: float = 
         setup = cache.set_up(loaded, request.prompt, request.settings(), exit_head=request.exit_head,
                              chat=request.chat and loaded.chat)
         if forced is not None:  # the what-if: the same setup, every verdict on a draft a seeded coin
-            setup = ForcedSetup(**{f: getattr(setup, f) for f in setup.__dataclass_fields__}, acceptance=forced)
+            setup = ForcedSetup(**vars(setup), acceptance=forced)
         kind, note = _kind_here(request.pipeline, setup) if request.workers else (KINDS["in-process"], "")
         # threads live for one run (in a ZeroGPU call, until the next); the worker processes stay
         comparison = Comparison(setup, request.methods, kind=kind, rounds=rounds, plain=request.workers,
