@@ -192,9 +192,8 @@ def allowed_speedup(c: Comparison) -> float | None:
 
 
 def unclean_reason(c: Comparison, clock: str | None = None) -> str:
-    """Why the ratio on `clock` (None: the page's own) is not a clean result, in one sentence;
-    "" when it is one. Not clean: a round the machine stalled in (the busy note's rule,
-    `BUSY_SHARE`), or a ratio above its run's own ideal by more than `CLEAN_MARGIN`."""
+    """Why the ratio on `clock` (None: the page's) is not a clean result ("" when it is): a round the
+    machine stalled in (`BUSY_SHARE`), or a ratio above its run's own ideal by over `CLEAN_MARGIN`."""
     busy = [(i, share) for i, share in enumerate(c.round_busy) if share >= BUSY_SHARE]
     if busy:
         rounds = ", ".join(str(i + 1) for i, _ in busy)
@@ -317,8 +316,9 @@ def speedup_headline(c: Comparison) -> str:
 
 
 def _projected_div(c: Comparison) -> str:
-    line = projected_line(c)
-    return f'<div class="headline headline-projected">{html.escape(line)}</div>' if line else ""
+    head, said, why = projected_line(c).partition("not a clean result: ")  # Present folds the reason away
+    why = f'{html.escape(said[:-2])}<span class="headline-projected-why">: {html.escape(why)}</span>' if said else ""
+    return f'<div class="headline headline-projected">{html.escape(head)}{why}</div>' if head else ""
 
 
 
