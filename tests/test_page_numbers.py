@@ -158,7 +158,10 @@ def test_the_theory_star_the_headline_and_the_card_show_one_value(tiny_run, slow
     values = view.snapshot(snap)
     y, label = star(values)
     assert y == snap.stats().ratio("ar", "ppsd")  # the ratio of the medians, the same value
-    assert label == pipeline_ratio(values["headline"])
+    if analysis.unclean_reason(RunView.of(snap).comparison):  # issue 48: above its own ideal, held back
+        assert "Not a clean result" in values["headline"] and not slower
+    else:
+        assert label == pipeline_ratio(values["headline"])
     assert label == ("1.60× slower" if slower else words.ratio_text(y))
     assert f"PPSD {label} than AR (medians)" in values["stats_ppsd"]
     assert_one_story(text(values["headline"]), label, "projected")
