@@ -21,7 +21,7 @@ from ppsd.executors.kinds import KINDS
 from ppsd.metrics import (DEFINITIONS, Stalls, break_even_acceptance, cost_slot_fraction,
                           ideal_ppsd_speedup_slowest_stage)
 
-from .words import duration_text, ratio_text
+from .words import PROJECTED_AS, duration_text, forced_words, ratio_text
 
 
 @dataclass(frozen=True)
@@ -92,6 +92,10 @@ class Comparison:
     stalls: Mapping[str, Stalls] = field(default_factory=dict)  # method -> its shown run's stalls
     stages: Stages | None = None
     shown: int | None = None  # which round the panels show (0-based)
+    rounds_asked: int = 0  # R, the timed rounds asked for (0: as many as were timed)
+    final: bool = True  # every round that will be timed is in `stats` (False while rounds 2..R run)
+    round_busy: tuple[float, ...] = ()  # each finished round's largest share of a method's time added by stalls
+    forced: float | None = None  # the forced acceptance (`ppsd.bench.forced`) the run was timed at, if any
 
     @property
     def speedup(self) -> float:
@@ -122,6 +126,11 @@ class Comparison:
     def eesd_speedup(self) -> float:
         """EESD against AR, both measured (EESD has no pipeline to project onto)."""
         return self.stats.ratio("ar", "eesd", clock="measured") or 0.0
+
+    @property
+    def projected_speedup(self) -> float:
+        """The medians' ratio on the projected clock: as on K devices, one per stage."""
+        return self.stats.ratio("ar", "ppsd", clock="projected") or 0.0
 
     def spread(self, method: str) -> float:
         """`method`'s slowest round over its fastest (1: one round, or all alike)."""
@@ -165,6 +174,60 @@ def _threads(n: int) -> str:
 
 def _rounds(n: int) -> str:
     return f"median of {n} rounds" if n > 1 else "one round"
+
+
+CLEAN_MARGIN = 0.05  # a headline ratio this far above its run's own ideal is still timing noise; further is no result
+
+
+def allowed_speedup(c: Comparison) -> float | None:
+    """The most the run's own acceptance allows, margin included: the ideal S_PPSD(a, s) with the
+    slowest stage's share s counted by layers or by the stages' measured costs (the larger), times
+    1 + `CLEAN_MARGIN`; None when no draft was verified (no acceptance, no ideal)."""
+    rate, ideal = c.ppsd.acceptance_rate, c.ppsd.ideal_speedup
+    if rate is None:
+        return None
+    cost_slot = None if c.stages is None else c.stages.cost_slot
+    at_costs = 0.0 if cost_slot is None else ideal_ppsd_speedup_slowest_stage(rate, cost_slot)
+    return max(ideal, at_costs) * (1 + CLEAN_MARGIN)
+
+
+def unclean_reason(c: Comparison, clock: str | None = None) -> str:
+    """Why the ratio on `clock` (None: the page's) is not a clean result ("" when it is): a round the
+    machine stalled in (`BUSY_SHARE`), or a ratio above its run's own ideal by over `CLEAN_MARGIN`."""
+    busy = [(i, share) for i, share in enumerate(c.round_busy) if share >= BUSY_SHARE]
+    if busy:
+        rounds = ", ".join(str(i + 1) for i, _ in busy)
+        worst = max(share for _, share in busy)
+        return (f"the machine was busy in round{'s' * (len(busy) > 1)} {rounds} (stalled work added up to "
+                f"{worst:.0%} of a method's time); run again when it is quiet")
+    ratio = c.projected_speedup if clock == "projected" else c.speedup
+    allowed = allowed_speedup(c)
+    if allowed is not None and ratio > allowed:
+        return (f"{ratio_text(ratio)} is more than the ideal for its own acceptance a = "
+                f"{c.ppsd.acceptance_rate:.2f} allows ({ratio_text(allowed / (1 + CLEAN_MARGIN))}, plus a "
+                f"{CLEAN_MARGIN:.0%} margin); run again when the machine is quiet")
+    return ""
+
+
+def rounds_tag(c: Comparison) -> str:
+    """What the headline's number stands on, said beside it: "provisional, round r of R" until the
+    last round is timed, "one round" for a single round, else ""."""
+    if not c.final:
+        return f"provisional, round {c.rounds} of {c.rounds_asked or c.rounds}"
+    return "one round" if c.rounds == 1 else ""
+
+
+def projected_line(c: Comparison) -> str:
+    """The paper's setup as a result of its own, where the measured clock exists (K stages ran at
+    once): "As on K devices, one per stage (…): PPSD X× faster than AR", or why it is not clean."""
+    if not c.workers:
+        return ""
+    said = PROJECTED_AS.format(k=c.num_stages)
+    reason = unclean_reason(c, "projected")
+    same = reason and reason == unclean_reason(c)  # said once, beside the first line
+    result = ("not a clean result either" if same else f"not a clean result: {reason}" if reason
+              else f"PPSD {ratio_text(c.projected_speedup)} than AR")
+    return f"{said[0].upper()}{said[1:]}: {result}"
 
 
 def plain_sentence(c: Comparison) -> str:
@@ -229,16 +292,34 @@ def speedup_headline(c: Comparison) -> str:
     against AR on the same pipeline (the algorithm's own effect) when that is another run,
     with one sentence on why they differ. Ratios of medians, in `ratio_text`'s words."""
     base, detail = _fastest_name(c)
-    clock = "; ".join(filter(None, (detail, f"{c.ppsd.clock} clock, {_rounds(c.rounds)}, {c.device}")))
+    timed = _rounds(c.rounds) if c.final else f"{c.rounds} of {c.rounds_asked} rounds timed so far"
+    clock = "; ".join(filter(None, (detail, f"{c.ppsd.clock} clock, {timed}, {c.device}")))
+    tag = rounds_tag(c)
+    tag = f'<span class="headline-rounds">{html.escape(tag)}</span>' if tag else ""
+    forced = (f'<div class="headline-forced">{html.escape(forced_words(c.forced))}</div>'
+              if c.forced is not None else "")
+    reason = unclean_reason(c)
+    if reason:  # no number: a class would read it as the method's
+        return (f'{forced}<div class="headline"><span class="headline-main headline-unclean">Not a clean result'
+                f'</span>{tag}<span class="headline-clock">({html.escape(clock)})</span></div>'
+                f'<div class="headline-unclean-why">Why: {html.escape(reason)}.</div>{_projected_div(c)}')
     first = f'<span class="headline-main">PPSD {ratio_text(c.against_fastest)} than {base}</span>'
-    lines = [f'<div class="headline">{first}<span class="headline-clock">({html.escape(clock)})</span></div>']
+    lines = [forced, f'<div class="headline">{first}{tag}<span class="headline-clock">({html.escape(clock)})</span></div>']
     if c.fastest[0] == "plain" or not c.workers:
         lines.append(f'<div class="headline headline-second"><span class="headline-pipeline">PPSD '
                      f"{ratio_text(c.speedup)} than AR on the same pipeline</span></div>")
+    lines.append(_projected_div(c))
     why = why_sentence(c)
     if why:
         lines.append(f'<div class="headline-why">{html.escape(why)}</div>')
     return "".join(lines)
+
+
+def _projected_div(c: Comparison) -> str:
+    head, said, why = projected_line(c).partition("not a clean result: ")  # Present folds the reason away
+    why = f'{html.escape(said[:-2])}<span class="headline-projected-why">: {html.escape(why)}</span>' if said else ""
+    return f'<div class="headline headline-projected">{html.escape(head)}{why}</div>' if head else ""
+
 
 
 def ideal_line(c: Comparison) -> str:

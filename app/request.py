@@ -46,6 +46,9 @@ class RunRequest:
     chat: bool = True  # the prompt as a chat user turn (when the model has a template), else raw text
     repeats: int = DEFAULT_REPEATS  # timed runs of each method, interleaved; the first is shown live
     pipeline: str = "auto"  # with `workers`: a concurrent kind's name (`ppsd.executors.kinds`), or "auto"
+    # A what-if: every verdict on a draft a seeded coin of this probability (`ppsd.bench.forced`),
+    # for timing only: the tokens are then not the model's answer. None: off, the model's own verdicts.
+    forced_acceptance: float | None = None
 
     @classmethod
     def from_form(cls, *values: Any) -> "RunRequest":
@@ -57,7 +60,21 @@ class RunRequest:
         form.update({name: form[name] or "" for name in ("prompt", "exit_head") if name in form})
         form["pipeline"] = form.get("pipeline") or "auto"
         form["model"] = (form.get("model") or "").strip() or ppsd.DEFAULT_MODEL
+        if form.get("forced_acceptance") in ("", "off"):  # the page's "off" choice
+            form["forced_acceptance"] = None
         return cls(**form)
+
+    def forced(self) -> float | None:
+        """`forced_acceptance`, checked: None (off) or a real number in [0, 1]; forced verdicts
+        replace the greedy choice, so a sampled run (temperature > 0) is refused in words."""
+        if self.forced_acceptance is None:
+            return None
+        a = real_number("forced_acceptance", self.forced_acceptance)
+        if not 0.0 <= a <= 1.0:
+            raise ValueError(f"forced_acceptance={a} is out of range: 0 <= forced_acceptance <= 1")
+        if real_number("temperature", self.temperature) != 0:
+            raise ValueError("forced acceptance replaces the greedy choice: set Temperature to 0 to use it")
+        return a
 
     def check_texts(self) -> "RunRequest":
         """Itself, or ValueError naming the first text field that is no valid Unicode

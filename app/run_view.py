@@ -100,4 +100,20 @@ def _comparison(snap: Snapshot, finished: Mapping[str, Clocks]) -> analysis.Comp
         device=snap.device, workers=snap.concurrent, stats=snap.stats(),
         eesd=finished["eesd"].measured if "eesd" in finished else None, plain=snap.plain,
         pipeline=snap.pipeline, stalls={m: stalls(snap.runs[m].trace()) for m in ("ar", "ppsd")}, stages=stages,
-        shown=snap.state.shown_index())
+        shown=snap.state.shown_index(), rounds_asked=snap.request.rounds(),
+        final=snap.done or snap.stopped or len(snap.stats().runs("ppsd")) >= snap.request.rounds(),
+        round_busy=round_busy(snap), forced=snap.request.forced())
+
+
+def round_busy(snap: Snapshot) -> tuple[float, ...]:
+    """Each finished round's largest share of AR's or PPSD's measured time that stalls added (the
+    machine's doing: `ppsd.metrics.stalls`), so a stall in any round, not only the one shown,
+    keeps its numbers out of the headline."""
+    shares = []
+    for runs in snap.state.rounds:
+        done = [runs[m] for m in ("ar", "ppsd") if m in runs and runs[m].done]
+        if len(done) < 2:
+            continue
+        shares.append(max((found.excess_seconds / wall if found.count and wall > 0 else 0.0)
+                          for run in done for found, wall in [(stalls(run.trace()), run.wall("measured"))]))
+    return tuple(shares)

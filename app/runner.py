@@ -16,16 +16,19 @@ import time
 from dataclasses import dataclass
 from typing import Iterator, Mapping
 
+from ppsd.bench.forced import ForcedAcceptance
 from ppsd.chat import check_text
 from ppsd.compare import PLAIN, Comparison, MethodRun, PlainWay, State, Stats, ready
 from ppsd.compare import THROTTLE_SECONDS
 from ppsd.config import DEFAULTS
 from ppsd import compile_cache
+from ppsd.executors import Executor, InProcessExecutor
 from ppsd.executors.background import Background
 from ppsd.executors.kinds import (AUTO, KINDS, Choice, ExecutorKind, choose, choose_measured, concurrent_by_default,
                                   concurrent_kinds)
 from ppsd.executors.distributed.wire import PipelineError
-from ppsd.setup import RunSetup
+from ppsd.setup import RunSetup, device_sync
+from ppsd.trace import Stopwatch
 
 from . import zerogpu
 from .models import Loaded, ModelCache
@@ -144,10 +147,12 @@ def run_comparison(request: RunRequest, cache: ModelCache, *, throttle: float = 
         timer.start()
     try:
         check_text(request.prompt)  # before a load: an empty prompt is refused at once
-        rounds = request.rounds()
+        rounds, forced = request.rounds(), request.forced()
         loaded = cache.get(request.model, warm=True)  # warmed in this process: a forked call warms its copy
         setup = cache.set_up(loaded, request.prompt, request.settings(), exit_head=request.exit_head,
                              chat=request.chat and loaded.chat)
+        if forced is not None:  # the what-if: the same setup, every verdict on a draft a seeded coin
+            setup = ForcedSetup(**vars(setup), acceptance=forced)
         kind, note = _kind_here(request.pipeline, setup) if request.workers else (KINDS["in-process"], "")
         if request.workers and request.pipeline == AUTO and not note:
             choice = _auto(setup)
@@ -159,7 +164,7 @@ def run_comparison(request: RunRequest, cache: ModelCache, *, throttle: float = 
                                 releaser=zerogpu.release_pipeline, executor=lent)
         try:
             for state in comparison.run():
-                if state.done and kind.concurrent and setup.model.info.device == "cpu" and _measuring():
+                if state.done and forced is None and kind.concurrent and setup.model.info.device == "cpu" and _measuring():
                     _note_speed(kind, setup, state)
                 limit, said = first if expired.is_set() else None, note
                 if getattr(stop, "handed_over", False):
@@ -176,6 +181,22 @@ def run_comparison(request: RunRequest, cache: ModelCache, *, throttle: float = 
     finally:
         if timer is not None:
             timer.cancel()
+
+
+@dataclass(frozen=True)
+class ForcedSetup(RunSetup):
+    """A `RunSetup` whose runs decode on their executor wrapped in `ForcedAcceptance`: the real
+    work of every slot at acceptance `acceptance`, rollbacks and flushes included, for timing
+    only (the tokens are not the model's). AR makes no drafts, so its runs are untouched."""
+
+    acceptance: float = 0.0
+
+    def steps(self, *, executor: Executor | None = None, stopwatch: Stopwatch | None = None):
+        stopwatch = stopwatch or Stopwatch(device_sync(self.model))
+        inner = executor or InProcessExecutor(self.model, self.partition, stopwatch)
+        # One seed for every run: each round forces the same verdicts, so the rounds time the same work.
+        wrapped = ForcedAcceptance(inner, self.acceptance, vocab_size=self.model.info.vocab_size, seed=0)
+        return super().steps(executor=wrapped, stopwatch=stopwatch)
 
 
 def prestart(cache: ModelCache, model: str, progress=None) -> str:

@@ -30,8 +30,8 @@ from .components import Slider, refusing_quietly
 from .handlers import (DEFAULT_LAYERS, after_run, idle_outputs, max_tokens_update, model_status, on_decode, on_exit,
                        on_load, on_page_load, on_run_form, on_stages, on_stages_warning, on_stop, ordered)
 from .page_text import STAGES_LABEL, TITLE, WORKERS_LABEL, load_examples
-from .panels import (Single, columns, compile_status, exit_head, gpu_lease, headline, intro, metrics, race, run_message, steps,
-                     summary, theory, timeline)
+from .panels import (Single, columns, compile_status, exit_head, gpu_lease, headline, intro, metrics, race, rounds,
+                     run_message, steps, summary, theory, timeline)
 from .request import DEFAULT_REPEATS, FORM, MAX_REPEATS
 from .guard import Guard, RequestLimits
 from .limits import DELETE_UPLOADS, MAX_UPLOAD_BYTES
@@ -95,6 +95,13 @@ def create_settings(run_seconds: float) -> dict[str, Any]:
                                "interleaved, and the headline gives the median speedup and its range. "
                                f"A run may hold the device {run_seconds:g} s; past that it ends with "
                                "what it has.")
+    c["rounds_cost"] = rounds.create(DEFAULT_REPEATS)  # what the extra rounds cost, said before Run
+    c["forced_acceptance"] = gr.Dropdown(
+        [("off: the model's own drafts", "off"), *((f"a = {i / 10:.1f}", i / 10) for i in range(11))], value="off",
+        allow_custom_value=True, label="What if the draft were right a of the time? (forced acceptance)",
+        elem_id="forced-acceptance",
+        info="Times the same setup with each verdict on a draft a coin of probability a, on both clocks: watch the "
+             "speedup climb towards the ideal as a grows. Greedy only. The tokens are then not the model's answer.")
     c.update(_pipeline_controls())
     c["lease"] = gpu_lease.create()  # ZeroGPU's lease, said before Run
     with gr.Accordion("Sampling and EESD settings", open=False):
@@ -146,10 +153,14 @@ def _sampling_controls() -> dict[str, Any]:
 # for their new size on a window resize.
 PRESENT_JS = ("(on) => { document.body.classList.toggle('present', on); "
               "setTimeout(() => window.dispatchEvent(new Event('resize')), 100); }")
-# P, outside a text box, clicks the Present box: one key in, the same key out.
+# P, outside a text box, clicks the Present box: one key in, the same key out. In Present the
+# answers are kept scrolled to their last line (issue 48: both visible to the end at 1366x768).
 PRESENT_KEY_JS = ("() => { document.addEventListener('keydown', (e) => { if ((e.key === 'p' || e.key === 'P') "
                   "&& !e.ctrlKey && !e.metaKey && !e.altKey && !e.target.closest('textarea, input:not([type=checkbox]), "
-                  "[contenteditable]')) document.querySelector('#present input').click(); }); }")
+                  "[contenteditable]')) document.querySelector('#present input').click(); }); "
+                  "setInterval(() => { if (document.body.classList.contains('present')) "
+                  "document.querySelectorAll('#results .ppsd-stream').forEach((s) => { s.scrollTop = s.scrollHeight; }); "
+                  "}, 250); }")
 QUIET = dict(api_visibility="private", show_progress="hidden")  # the page's own events, kept out of the API
 
 
@@ -213,9 +224,11 @@ def create_demo(state: AppState | None = None) -> gr.Blocks:
                 with gr.Column(elem_id="settings"):
                     c.update(create_settings(state.run_seconds))
             with gr.Column(scale=3, min_width=520, elem_id="results"):
-                top, method_columns, race_panel = headline.create(), columns.create(), race.create()
+                top = headline.create()
+                headline.create_glossary()  # where a student first meets the terms
+                method_columns, race_panel = columns.create(), race.create()
         line = timeline.create()
-        with gr.Row(equal_height=False):
+        with gr.Row(equal_height=False, elem_id="analysis-row"):
             with gr.Column(scale=2, min_width=320):
                 ideal = theory.create()
             with gr.Column(scale=3, min_width=320):
@@ -267,6 +280,7 @@ def _wire_runs(state: AppState, c: dict[str, Any], outputs: list, race_panel: ra
                    c["max_new_tokens"], **QUIET)
     replays = race.wire(race_panel, run_event, QUIET)
     steps.wire(steps_panel, race_panel.state, run_event, QUIET)
+    rounds.wire(c["rounds_cost"], c["repeats"], race_panel.state, run_event, QUIET)
     c["stop"].click(_bind(on_stop, state), None, None, cancels=replays, api_name="stop",
                     concurrency_limit=None, show_progress="hidden")
     c["load"].click(_bind(on_load, state), c["model"],

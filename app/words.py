@@ -5,8 +5,37 @@ from __future__ import annotations
 
 from typing import Mapping, Sequence
 
-METHOD_NAMES = {"ar": "AR", "ppsd": "PPSD", "eesd": "EESD", "plain": "Plain AR, one process"}
+METHOD_NAMES = {"ar": "AR", "ppsd": "PPSD", "eesd": "EESD", "plain": "Plain AR, one process",
+                "ppsd_projected": "PPSD, one device per stage (projected)"}
+PROJECTED_LANE = "ppsd_projected"  # the race's lane of PPSD as on K devices, one per stage: never in the finishing order
 PROJECTED_MEANING = "the measured per-stage costs of this run replayed on K concurrent workers"
+# A what-if run (`ppsd.bench.forced`): every number, stream and saved state of one says so.
+FORCED_WORDS = "forced acceptance: the tokens are not the model's answer"
+PROJECTED_AS = "as on {k} devices, one per stage (projected from this run's stage costs)"  # the paper's setup
+
+
+def forced_words(acceptance: float) -> str:
+    """The what-if's label, on every number and stream of a forced run."""
+    return f"{FORCED_WORDS} (a = {acceptance:.2f})"
+
+
+# The words a student meets on the first screen, one sentence each (the glossary under the headline).
+GLOSSARY = (
+    ("AR", "Autoregressive decoding: the model makes one token at a time, each after the last has passed "
+           "through every layer."),
+    ("AR on the same pipeline", "AR run on the same K stages as PPSD, so only one stage works at a time: the "
+                                "baseline that shows what PPSD's drafting itself gains."),
+    ("plain AR", "AR with no pipeline at all, the whole model in one process: the fastest ordinary way to "
+                 "decode here, the sceptic's baseline."),
+    ("measured clock", "Times read off a stopwatch while the K stages really ran at the same time on this "
+                       "machine."),
+    ("projected clock", "This run's measured stage costs replayed as if each stage had its own device, with "
+                        "the same dependencies and no shared memory bus: the paper's setup, computed, not run."),
+    ("acceptance", "The share of drafts that the full model agreed with, a; the higher it is, the more PPSD "
+                   "can gain."),
+    ("flush", "When a draft is rejected, the work already started on the tokens behind it is thrown away and "
+              "redone."),
+)
 
 
 def duration_text(seconds: float) -> str:

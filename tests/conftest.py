@@ -144,3 +144,23 @@ def set_slider(page, elem_id: str, value: int) -> None:
     box.fill(str(value))
     box.press("Enter")
     box.blur()
+
+
+
+@contextmanager
+def quiet():
+    """The page reads every run as on a quiet machine: no stalls (`ppsd.metrics.stalls`), so a
+    test of how numbers agree is not turned into "not a clean result" by a busy test machine.
+    A page test's server runs in this process, so this reaches it too."""
+    from app import run_view
+    from ppsd.metrics import Stalls
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(run_view, "stalls", lambda trace: Stalls(0, 0.0))
+        yield
+
+
+@pytest.fixture
+def quiet_machine():
+    with quiet():
+        yield

@@ -50,7 +50,11 @@ def test_page_runs_an_example_and_shows_tokens_timeline_and_headline(page_url, t
         # agreement note comes with the last snapshot, after every timed run.
         page.locator(".headline-agreement").wait_for(state="attached", timeout=180_000 if real else 45_000)
         headline = page.locator(".headline-main").inner_text()
-        assert re.match(r"PPSD .* than (plain AR|AR on the same pipeline|AR in one process)$", headline), headline
+        # Issue 48: a number the run's own ideal does not allow, or from a stalled round (a busy
+        # machine), is held back, and the headline says why.
+        clean = re.match(r"PPSD .* than (plain AR|AR on the same pipeline|AR in one process)$", headline)
+        assert clean or (headline == "Not a clean result" and
+                         page.locator(".headline-unclean-why").inner_text().startswith("Why: ")), headline
         # With the cores for K = 2 stages the page runs them at once, measured, and says so.
         assert page.locator("#workers input").is_checked() == workers
         clock = "measured clock" if workers else "projected clock"
@@ -91,7 +95,7 @@ def test_page_runs_an_example_and_shows_tokens_timeline_and_headline(page_url, t
         # timeline, the intro folded away, one timed run next time and a short headline now
         size = lambda selector: page.evaluate(  # noqa: E731 - the rendered height of a text, zoom included
             f"() => document.querySelector('{selector}').getBoundingClientRect().height")
-        tick = size("#timeline svg.main-svg text")
+        tick, theory_tick = size("#timeline svg.main-svg text"), size("#theory svg.main-svg text")
         page.locator("#headline").click()  # the page has the focus, no text box
         page.keyboard.press("p")
         page.wait_for_function("() => document.body.classList.contains('present')", timeout=5_000)
@@ -102,7 +106,9 @@ def test_page_runs_an_example_and_shows_tokens_timeline_and_headline(page_url, t
             f"() => getComputedStyle(document.querySelector('{selector}')).fontSize")[:-2])
         assert font(".headline-main") >= 28
         assert font("#stream-ppsd .ppsd-stream") >= 22 and font("#stream-ar .ppsd-stream") >= 22
-        assert size("#timeline svg.main-svg text") >= 1.3 * tick
+        # Issue 48: the timeline keeps its own size, so its bars are on the first screen at 1366x768
+        # (tests/test_lesson_page.py); the theory's text is the one enlarged.
+        assert size("#timeline svg.main-svg text") >= 0.99 * tick and size("#theory svg.main-svg text") >= 1.3 * theory_tick
         assert page.locator("#intro").is_hidden()
         page.evaluate("() => window.scrollTo(0, 0)")
         for selector in ("#headline .headline-main", "#stream-ar", "#stream-ppsd", "#present"):

@@ -32,11 +32,11 @@ def free_port() -> int:
 def run_args(model: str, *, prompt: str = "def fibonacci(n):", eesd: bool = False, exit_layer: float = 4,
              num_stages: float = 2, max_new_tokens: float = 24, exit_head: str = "", workers: bool = False,
              chat: bool = True, seed: float = 0, draft_len: float = 3, repeats: float = 1,
-             pipeline: str = "processes", temperature: float = 0.0) -> tuple:
+             pipeline: str = "processes", temperature: float = 0.0, forced_acceptance: float | str = "off") -> tuple:
     """Arguments of the `run` endpoint, in the order of the page's inputs (one timed run each,
     unless asked: the spread has its own test)."""
     return (prompt, model, exit_layer, num_stages, eesd, draft_len, max_new_tokens, temperature, 1.0, seed, exit_head,
-            workers, chat, repeats, pipeline)
+            workers, chat, repeats, pipeline, forced_acceptance)
 
 
 def visiting(src: str, address: str) -> Client:
@@ -101,7 +101,11 @@ def test_timed_runs_give_the_ratio_of_the_medians_of_interleaved_rounds(server):
     assert timed["speedup"] == pytest.approx(ratio) and outputs[-1]["speedup_projected"] == pytest.approx(ratio)
     said = f"{max(ratio, 1 / ratio):.2f}× {'faster' if ratio >= 1 else 'slower'}" if abs(ratio - 1) >= 0.005 \
         else "no faster (1.00×)"
-    assert f"PPSD {said} than AR on the same pipeline" in outputs[0] and "median of 3 rounds" in outputs[0]
+    assert "median of 3 rounds" in outputs[0]
+    if "Not a clean result" in outputs[0]:  # issue 48: a ratio the run's own ideal does not allow, or a busy round
+        assert "Why: " in outputs[0] and ("ideal for its own acceptance" in outputs[0] or "busy" in outputs[0])
+    else:
+        assert f"PPSD {said} than AR on the same pipeline" in outputs[0]
 
 
 @pytest.mark.parametrize("args, message", [
@@ -226,9 +230,9 @@ def test_a_call_with_no_values_is_one_line_without_object_reprs(server, capfd):
     event = httpx.post(base, json={"data": []}, timeout=30).json()["event_id"]
     with httpx.stream("GET", f"{base}/{event}", timeout=60) as response:
         lines = [line for line in response.iter_lines() if line.startswith("data:")]
-    assert json.loads(lines[-1][len("data:"):])["error"] == "run takes 15 values; 0 were sent"
+    assert json.loads(lines[-1][len("data:"):])["error"] == "run takes 16 values; 0 were sent"
     logged = capfd.readouterr().err
-    assert "refused a call: run takes 15 values; 0 were sent" in logged and " at 0x" not in logged
+    assert "refused a call: run takes 16 values; 0 were sent" in logged and " at 0x" not in logged
 
 
 @pytest.mark.parametrize("field", ["exit_layer", "seed", "draft_len"])
@@ -298,7 +302,8 @@ def test_a_box_takes_true_or_false_only(server, field, value):
     """Through bool(), "false" was true: a script's typo ran what it did not ask for."""
     client, model = server
     args = dict(zip(("prompt", "model", "exit_layer", "num_stages", "eesd", "draft_len", "max_new_tokens",
-                     "temperature", "top_p", "seed", "exit_head", "workers", "chat", "repeats", "pipeline"),
+                     "temperature", "top_p", "seed", "exit_head", "workers", "chat", "repeats", "pipeline",
+                     "forced_acceptance"),
                     run_args(model, max_new_tokens=2)))
     args[field] = value
     summary = raw_run(client, tuple(args.values()))

@@ -17,7 +17,7 @@ from ppsd import Metrics, Trace
 from ..analysis import Clocks
 from ..run_view import RunView, shown_note
 from ..token_stream import deciding_events, render_legend, render_tokens
-from ..words import duration_text, ratio_text
+from ..words import duration_text, forced_words, ratio_text
 
 METHODS = ("ar", "ppsd", "eesd")
 OUTPUTS = tuple(f"{part}_{m}" for m in METHODS for part in ("stats", "stream"))
@@ -57,7 +57,7 @@ def create() -> ColumnsPanel:
                                             "dashed)", elem_id="drafts",
                          info="Off: each stream (and each lane of the race) shows only its committed text, so "
                               "AR's and PPSD's can be compared word for word. Hover a token for its draft either way.")
-    gr.HTML(render_legend())
+    gr.HTML(render_legend(), elem_id="stream-legend")
     return ColumnsPanel(columns, drafts)
 
 
@@ -113,7 +113,12 @@ def _column(view: RunView, method: str) -> tuple[str, str]:
     limit = run.config.max_new_tokens
     cut = limit if run.done and len(tokens) >= limit and tokens[-1].id not in snap.loaded.model.info.eos_token_ids \
         else None
-    return stats, render_tokens(tokens, piece, prompt=prompt, pending=pending, deciders=deciders, cut=cut)
+    stream = render_tokens(tokens, piece, prompt=prompt, pending=pending, deciders=deciders, cut=cut)
+    forced = snap.request.forced()
+    if forced is not None:  # the what-if: every card's numbers and PPSD's tokens are not the model's
+        note = f'<div class="forced-note">{html.escape(forced_words(forced))}</div>'
+        stats, stream = note + stats, (note + stream if method == "ppsd" else stream)
+    return stats, stream
 
 
 def _ratio_line(method: str, view: RunView) -> str:
@@ -162,4 +167,8 @@ def render_stats(method: str, projected: Metrics | None, measured: Metrics | Non
     body = "".join(f'<div class="stat"><div class="stat-value">{v}</div><div class="stat-name">{k}</div></div>'
                    for k, v in cells)
     ratio = f'<div class="stats-ratio">{html.escape(against)}</div>' if against else ""
-    return f'<div class="stats">{ratio}{body}{shown_note(shown)}</div>'
+    # Each method's own time and rate in one line, AR's as PPSD's: what Present keeps of the card.
+    timed = f"median of rounds, {lead_name}" if median is not None else lead_name
+    time = (f'<div class="stats-time">{duration_text(lead.wall_seconds if median is None else median)} '
+            f'<span class="stats-clock">({html.escape(timed)})</span> · {lead.tokens_per_second:.1f} tok/s</div>')
+    return f'<div class="stats">{time}{ratio}{body}{shown_note(shown)}</div>'

@@ -16,7 +16,7 @@ from ppsd.executors.kinds import KINDS
 from ..analysis import (MIN_TIMED_TOKENS, Comparison, above_ideal, busy_sentence, compared_sentence, ideal_line,
                         plain_sentence, speedup_headline, walls_sentence)
 from ..run_view import RunView
-from ..words import PROJECTED_MEANING, agreement_note, duration_text, ratio_text
+from ..words import GLOSSARY, PROJECTED_MEANING, agreement_note, duration_text, forced_words, ratio_text
 from . import Single
 from .progress import render_progress
 
@@ -26,6 +26,19 @@ OUTPUTS = ("headline",)
 
 def create() -> Single:
     return Single(OUTPUTS[0], gr.HTML(render_headline(None), elem_id="headline"))
+
+
+def create_glossary() -> gr.HTML:
+    """The glossary, under the headline: where a student first meets AR, plain AR and the clocks."""
+    return gr.HTML(render_glossary(), elem_id="glossary")
+
+
+def render_glossary() -> str:
+    """Each term of `app.words.GLOSSARY` in one sentence, in a fold whose summary names them."""
+    terms = "".join(f"<dt>{html.escape(term)}</dt><dd>{html.escape(meaning)}</dd>" for term, meaning in GLOSSARY)
+    names = ", ".join(term for term, _ in GLOSSARY)
+    return (f'<details class="glossary"><summary>Words on this page: {html.escape(names)}</summary>'
+            f"<dl>{terms}</dl></details>")
 
 
 def idle() -> dict[str, Any]:
@@ -42,6 +55,8 @@ def show(view: RunView) -> dict[str, Any]:
         return {"headline": render_headline(None, status=view.status, progress=progress)}
     done = {m: r.result.token_ids for m, r in snap.runs.items() if r.done}
     agreement = agreement_note(done, greedy=snap.request.temperature == 0) if snap.done else ""
+    if snap.done and c.forced is not None:  # forced verdicts change PPSD's tokens: no agreement to check
+        agreement = f"PPSD's text differs from AR's by design here: {forced_words(c.forced)}."
     return {"headline": render_headline(c, status=view.status, agreement=agreement, progress=progress)}
 
 

@@ -14,7 +14,7 @@ from ppsd.metrics import DEFINITIONS
 
 from ..analysis import Clocks
 from ..run_view import RunView, shown_note
-from ..words import METHOD_NAMES, duration_text, ratio_text
+from ..words import METHOD_NAMES, duration_text, forced_words, ratio_text
 from . import Single
 
 OUTPUTS = ("metrics",)
@@ -29,7 +29,11 @@ def idle() -> dict[str, Any]:
 
 
 def show(view: RunView) -> dict[str, Any]:
-    return {"metrics": render_metrics_table(view.finished, on=KINDS[view.snap.pipeline], shown=view.shown)}
+    table = render_metrics_table(view.finished, on=KINDS[view.snap.pipeline], shown=view.shown)
+    forced = view.snap.request.forced()
+    if forced is not None:  # the what-if's numbers, said as such over the table
+        table = f'<div class="forced-note">{html.escape(forced_words(forced))}</div>{table}'
+    return {"metrics": table}
 
 
 # (row name, which run's Metrics it reads, DEFINITIONS key or own definition, format). "measured":

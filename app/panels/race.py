@@ -19,7 +19,7 @@ from ppsd.compare import PLAIN
 from .. import teach
 from ..run_view import RunView
 from ..token_stream import Piece, deciding_events, render_tokens
-from ..words import METHOD_NAMES, duration_text
+from ..words import METHOD_NAMES, PROJECTED_LANE, duration_text, forced_words
 
 OUTPUTS = ("race",)
 REPLAY_SECONDS = 3.0  # least screen time of the slowest lane: a faster race is slowed down, never sped up
@@ -78,9 +78,22 @@ def race_state(view: RunView) -> dict:
                 if token_id is not None:
                     pieces[token_id] = snap.loaded.piece(token_id)
     ppsd_run = snap.runs["ppsd"]
+    if snap.concurrent:  # the paper's setup, a lane of its own: the same tokens at their projected times
+        projected = ppsd_run.trace().project()
+        lanes.append(Lane(PROJECTED_LANE, ppsd_run.result.tokens, commit_times(ppsd_run.result.tokens, projected),
+                          ppsd_run.wall("projected"), ar_total=snap.runs["ar"].wall("projected")))
     steps = teach.slots(ppsd_run.result.trace)  # the same trace the timeline draws
+    forced = snap.request.forced()
     return {"lanes": lanes, "pieces": pieces, "clock": "measured" if snap.concurrent else "projected",
-            "shown": view.shown, "steps": steps, "ppsd_tokens": ppsd_run.result.tokens}
+            "shown": view.shown, "steps": steps, "ppsd_tokens": ppsd_run.result.tokens,
+            "forced": "" if forced is None else forced_words(forced), "round_seconds": round_seconds(snap)}
+
+
+def round_seconds(snap) -> float:
+    """What one timed round took here: every method's measured wall in the round shown (the
+    estimate of what each extra round costs, said before the next Run)."""
+    runs = {**snap.runs, **({PLAIN: snap.plain_run} if snap.plain_run is not None else {})}
+    return sum(run.wall("measured") for run in runs.values() if run.done)
 
 
 def on_replay(race: dict | None) -> Iterator[str]:
@@ -97,7 +110,7 @@ def on_replay(race: dict | None) -> Iterator[str]:
     while True:
         at = (time.perf_counter() - started) / stretch
         yield render_race(lanes, piece, at=min(at, longest), clock=race["clock"], stretch=stretch,
-                          shown=race.get("shown", ""))
+                          shown=race.get("shown", ""), forced=race.get("forced", ""))
         if at >= longest:
             return
         time.sleep(1 / REPLAY_FPS)
@@ -111,6 +124,7 @@ class Lane:
     tokens: tuple[Token, ...]
     times: tuple[float, ...]
     total: float
+    ar_total: float | None = None  # the projected lane: AR's wall on the same projected clock
 
 
 def commit_times(tokens: Sequence[Token], trace: Trace) -> tuple[float, ...]:
@@ -125,7 +139,7 @@ def commit_times(tokens: Sequence[Token], trace: Trace) -> tuple[float, ...]:
 
 
 def render_race(lanes: Sequence[Lane], piece: Piece, *, at: float, clock: str, stretch: float,
-                shown: str = "") -> str:
+                shown: str = "", forced: str = "") -> str:
     """The race at time `at` (seconds on the recorded clock): each lane shows what it had
     committed by then, with a progress bar and its own finishing time; `shown`: which round it
     replays, in the panels' words."""
@@ -136,6 +150,8 @@ def render_race(lanes: Sequence[Lane], piece: Piece, *, at: float, clock: str, s
         finished = at >= lane.total
         committed = render_tokens(lane.tokens[:done], piece)
         clock_text = f"{duration_text(min(at, lane.total))}" + (" ✓ finished" if finished else "")
+        if lane.ar_total is not None:
+            clock_text += f" · AR on this clock: {duration_text(lane.ar_total)}"
         rows.append(
             f'<div class="race-lane"><div class="race-head"><span class="race-name">'
             f'{METHOD_NAMES.get(lane.method, lane.method)}</span><span class="race-clock">{clock_text} · '
@@ -146,9 +162,15 @@ def render_race(lanes: Sequence[Lane], piece: Piece, *, at: float, clock: str, s
     note = (f"Replay of {which}, slowed {stretch:.0f}× from its recorded pace ({clock} clock) so the "
             "eye can follow." if stretch >= 1.5 else
             f"Replay of {which} at its recorded pace ({clock} clock).")
-    verdict = race_verdict(lanes) if at >= longest else ""
+    if any(lane.method == PROJECTED_LANE for lane in lanes):
+        note += (" The lane of PPSD on one device per stage is projected from this run's stage costs (not run so): "
+                 "compare it with AR's time on the same projected clock, beside it.")
+    ended = at >= longest
+    verdict = race_verdict([lane for lane in lanes if lane.method != PROJECTED_LANE]) if ended else ""
     verdict = f'<div class="race-verdict">{html.escape(verdict)}</div>' if verdict else ""
-    return f'<div class="race"><div class="race-note">{html.escape(note)}</div>{verdict}{"".join(rows)}</div>'
+    forced = f'<div class="race-forced">{html.escape(forced)}</div>' if forced else ""
+    return (f'<div class="race">{forced}<div class="race-note">{html.escape(note)}</div>{verdict}'
+            f'{"".join(rows)}</div>')
 
 
 def race_verdict(lanes: Sequence[Lane]) -> str:

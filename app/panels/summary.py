@@ -13,6 +13,7 @@ import gradio as gr
 from ppsd.executors.kinds import KINDS
 
 from ..run_view import RunView
+from ..words import forced_words
 from . import Single
 
 OUTPUTS = ("summary",)
@@ -60,6 +61,9 @@ def summary(view: RunView) -> dict:
                          "speedup": stats.ratio("ar", "ppsd"), "speedup_vs_fastest_ar": stats.against_fastest(),
                          "fastest_ar": (stats.fastest_ar() or (None,))[0],
                          **{f"{m}_wall_seconds": list(stats.runs(m)) for m in stats.walls}}
+    if snap.request.forced() is not None:  # a what-if: the API's result says so too
+        out["forced_acceptance"] = snap.request.forced()
+        out["forced_note"] = forced_words(snap.request.forced())
     if snap.note:
         out["note"] = snap.note
     if snap.plain is not None:  # plain AR is on the measured clock, whatever the page's

@@ -58,9 +58,15 @@ def show(view: RunView) -> dict[str, Any]:
     points = []
     if view.teaches and c.ppsd.acceptance_rate is not None:
         clock = "measured clock, K workers" if snap.concurrent else "projected clock"
+        medians = f", medians of {c.rounds} rounds" if c.rounds > 1 else ""
+        forced = f", forced a = {c.forced:.2f}" if c.forced is not None else ""
         # Two lines: a horizontal legend does not wrap, and one line is clipped at the panel's width.
-        label = f"PPSD measured<br>({clock}{', medians of %d rounds' % c.rounds if c.rounds > 1 else ''})"
+        label = f"PPSD measured<br>({clock}{medians}{forced})"
         points.append(TheoryPoint(label, c.ppsd.acceptance_rate, c.speedup))
+        # Both clocks placed: the other clock's point of the same rounds (issue 48), labelled as what it is.
+        other = (f"PPSD projected<br>(as on {c.num_stages} devices, one per stage{medians}{forced})" if snap.concurrent
+                 else f"PPSD measured<br>(one process, stages in turn{medians}{forced})")
+        points.append(TheoryPoint(other, c.ppsd.acceptance_rate, c.other_speedup, hollow=True))
     if view.teaches and c.eesd is not None and c.eesd.acceptance_rate is not None:
         points.append(TheoryPoint("EESD measured<br>(measured clock, medians)", c.eesd.acceptance_rate, c.eesd_speedup))
     partition = first.trace().partition
@@ -77,6 +83,7 @@ class TheoryPoint:
     label: str
     acceptance: float
     speedup: float
+    hollow: bool = False  # the other clock's point: an open marker beside the page's own
 
 
 def eesd_break_even(draft_len: int, exit_fraction: float, steps: int = 2000) -> float | None:
@@ -120,8 +127,8 @@ def render_theory(
     for point in points:
         fig.add_trace(go.Scatter(
             x=[point.acceptance], y=[point.speedup], mode="markers+text", name=point.label,
-            text=[ratio_text(point.speedup)], textposition="top center",
-            marker=dict(size=14, symbol=symbols.get(point.label.split()[0], "circle"),
+            text=[ratio_text(point.speedup)], textposition="bottom center" if point.hollow else "top center",
+            marker=dict(size=14, symbol=symbols.get(point.label.split()[0], "circle") + ("-open" if point.hollow else ""),
                         color=KIND_COLORS["verify"] if point.label.startswith("PPSD") else KIND_COLORS["draft"],
                         line=dict(width=1.5, color="#111827")),
             hovertemplate=f"{html.escape(point.label.replace('<br>', ' '))}<br>a=%{{x:.2f}}, {ratio_text(point.speedup)}<extra></extra>"))

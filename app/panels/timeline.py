@@ -18,6 +18,7 @@ from ..page_text import TIMELINE_CAPTION
 from ..plots import CORRECTION_COLOR, KIND_COLORS, KIND_LABELS, empty_figure, style
 from ..run_view import RunView
 from ..token_stream import Piece
+from ..words import forced_words
 from . import Single
 
 OUTPUTS = ("timeline",)
@@ -46,9 +47,11 @@ def show(view: RunView) -> dict[str, Any]:
         return {"timeline": empty_figure(EMPTY)}
     live = "" if snap.done else (" · stopped" if snap.stopped else " · live")
     _, top = panels[0]
-    title = timeline_title(top, snap.num_stages) + live + (f"<br><sub>{view.shown}</sub>" if view.shown else "")
+    forced = snap.request.forced()
+    sub = " · ".join(filter(None, (view.shown, None if forced is None else forced_words(forced))))
+    title = timeline_title(top, snap.num_stages) + live + (f"<br><sub>{html.escape(sub, quote=False)}</sub>" if sub else "")
     figure = render_timeline(panels, snap.loaded.piece, title=title)
-    if view.shown:  # the round's line under the title: room for it above the first subplot's title
+    if sub:  # the round's (or the what-if's) line under the title: room for it above the first subplot's title
         figure.update_layout(margin_t=95)
     return {"timeline": figure}
 
