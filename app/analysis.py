@@ -176,7 +176,11 @@ def _rounds(n: int) -> str:
     return f"median of {n} rounds" if n > 1 else "one round"
 
 
-CLEAN_MARGIN = 0.05  # a headline ratio this far above its run's own ideal is still timing noise; further is no result
+# How far above its run's own ideal a headline ratio may be and still count. Not 5 %: AR on the same
+# pipeline pays a hand-over at every stage of every token, which PPSD's overlap partly hides, so a
+# clean run of the default model on 2 worker processes measured 1.68x against an ideal of 1.56x
+# (+8 %). 15 % keeps such runs and still refuses the 1.99x once headlined at acceptance 0 (ideal 1.00x).
+CLEAN_MARGIN = 0.15
 
 
 def allowed_speedup(c: Comparison) -> float | None:
