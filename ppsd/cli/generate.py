@@ -10,6 +10,7 @@ import torch
 import transformers
 
 from . import check_output_file, options, thread_count
+from .. import recording
 from ..chat import check_text
 from ..executors.kinds import ALIASES, KINDS, ExecutorKind
 from ..executors.distributed.wire import PipelineError
@@ -31,11 +32,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                        for kind in KINDS.values()) + " (default in-process)")
     parser.add_argument("--chrome-trace", default=None, help="also write the trace here (Chrome JSON)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--record", default=None, metavar="FILE",
+                        help="also write the run as a recording (ppsd.recording; the page opens comparisons only)")
 
 
 def run(args: argparse.Namespace) -> int:
     check_text(args.prompt)
     check_output_file(args.chrome_trace, "--chrome-trace")
+    check_output_file(args.record, "--record")
     # Settings are checked against the checkpoint's config before any weights load.
     layers = model_config(args.model, progress=_tell).num_hidden_layers
     config = options.decode_config(args, layers)
@@ -56,12 +60,22 @@ def run(args: argparse.Namespace) -> int:
     if args.chrome_trace:
         with open(args.chrome_trace, "w") as f:
             json.dump(result.trace.to_chrome(), f)
+    if args.record:
+        with open(args.record, "wb") as f:
+            f.write(recording.dumps(recording.of_result(result, setup, tokenizer, kind=args.executor,
+                                                        settings=_settings(args))))
     if args.json:
         print(json.dumps(to_json(result, tokenizer, model.info, chat=setup.chat, exit_head=setup.head), ensure_ascii=False))
     else:
         print(tokenizer.decode(result.token_ids, skip_special_tokens=True))
         print(summary_line(result, KINDS[args.executor]))
     return 0
+
+
+def _settings(args: argparse.Namespace) -> dict:
+    """The command's options, as a recording's settings (plain values only)."""
+    return {k: v for k, v in vars(args).items()
+            if k not in ("func", "record") and (v is None or isinstance(v, (str, int, float, bool)))}
 
 
 def _kind_name(name: str) -> str:
