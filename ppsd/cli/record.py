@@ -18,6 +18,7 @@ from ..config import DEFAULTS, MAX_NEW_TOKENS_CAP
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", default=None, help="the model (default the page's)")
     parser.add_argument("--prompt", default=None, help="the question (default: the page's default prompt)")
     parser.add_argument("--pipeline", default="auto",
                         help="where the K stages run at once: auto (the page's default), processes, threads, "
@@ -48,7 +49,8 @@ def run(args: argparse.Namespace) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     in_turn = args.pipeline == "in-process"
-    request = RunRequest(prompt=args.prompt or load_examples()[0]["prompt"], num_stages=args.stages,
+    model = {"model": args.model} if args.model else {}
+    request = RunRequest(prompt=args.prompt or load_examples()[0]["prompt"], num_stages=args.stages, **model,
                          max_new_tokens=args.max_new_tokens, repeats=args.repeats or DEFAULT_REPEATS,
                          workers=not in_turn, pipeline="auto" if in_turn else args.pipeline)
     last, said = None, 0.0
