@@ -578,9 +578,28 @@ def _run(raw: Any, where: str, method: str, prompt_ids: tuple[int, ...], model: 
         raise BadRecording(f"{where}: token {missing[0]} has no text in pieces")
     result = Result(prompt_ids, tuple(tokens), tuple(drafts), trace, config, wall)
     recorder = Recorder(list(tokens), list(drafts), list(events))
-    run = MethodRun(prompt_ids, config, partition, device, concurrent=trace_concurrent, recorder=recorder,
-                    setup=None, clock=clock, result=result)  # no model behind a recorded run
+    run = RecordedRun(prompt_ids, config, partition, device, concurrent=trace_concurrent, recorder=recorder,
+                      setup=None, clock=clock, result=result)  # no model behind a recorded run
     return run, text
+
+
+@dataclass
+class RecordedRun(MethodRun):
+    """A finished run read from a recording. It never changes, so its walls and its projected
+    trace are computed once (a page reads them dozens of times per snapshot)."""
+
+    _known: dict = field(default_factory=dict, repr=False, compare=False, kw_only=True)
+
+    def wall(self, clock: str | None = None) -> float:
+        key = ("wall", clock or self.clock)
+        if key not in self._known:
+            self._known[key] = super().wall(clock)
+        return self._known[key]
+
+    def shown(self) -> Trace:
+        if "shown" not in self._known:
+            self._known["shown"] = super().shown()
+        return self._known["shown"]
 
 
 def _config(raw: Any, where: str, method: str, num_layers: int) -> DecodeConfig:
