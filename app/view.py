@@ -16,7 +16,7 @@ from .request import RunRequest
 from .run_view import RunView
 from .runner import Snapshot
 
-PANELS = (headline, columns, timeline, theory, metrics, run_message, summary, race, recording)
+PANELS = (headline, columns, timeline, theory, metrics, run_message, recording, summary, race)  # the summary stays the API's last
 OUTPUTS = tuple(name for panel in PANELS for name in panel.OUTPUTS)
 FIGURES = (timeline, theory)  # redrawn at most once a second while a run is live (`app.handlers`)
 STOPPED_BEFORE = "Stopped before decoding began. Press Run to start again."
