@@ -11,7 +11,9 @@ import pytest
 
 from app import replay
 from app.state import AppState
-from conftest import ARGS, CHROMIUM, served
+from conftest import ARGS, CHROMIUM, served, set_slider
+
+TINY = replay.ROOT / "assets" / "models" / "ppsd-tiny"
 
 OPEN_SECONDS = 3.0  # the goal: from choosing a recording to its race and timeline on screen
 
@@ -70,3 +72,31 @@ def test_a_bad_upload_gets_one_message_and_the_page_still_works(page_and_state, 
     page.locator("#recording-said .recording-ok").wait_for(timeout=30_000)
     page.locator("#race .race-lane").first.wait_for(timeout=30_000)
     assert len(state.cache) == 0
+
+
+def test_a_finished_run_is_saved_and_opens_with_the_same_headline(page_and_state, tmp_path):
+    page, state = page_and_state
+    page.locator("#model textarea, #model input").first.fill(str(TINY))
+    page.locator("#load").click()  # E and K fitted to its 8 layers
+    page.locator(".model-status", has_text="loaded in").wait_for(timeout=120_000)
+    page.locator("#workers input").uncheck()  # the stages in turn: quick on a busy machine
+    set_slider(page, "max-new-tokens", 24)
+    set_slider(page, "repeats", 2)
+    assert page.locator("#save-recording").is_hidden()  # nothing to save before a run
+    page.locator("#run").click()
+    save = page.locator("#save-recording")
+    try:
+        save.wait_for(timeout=240_000)  # shown once the run is done
+    except Exception:
+        raise AssertionError(page.locator("#headline").inner_text() + " | " + page.locator("#run-message").inner_text())
+    live = page.locator("#headline").inner_text().split("\n")[0]
+    assert "than" in live, live
+    with page.expect_download() as download:
+        save.click()
+    saved = tmp_path / download.value.suggested_filename
+    download.value.save_as(saved)
+    assert saved.name.startswith("ppsd-cpu-in-process-") and saved.stat().st_size > 1000
+    page.locator("#open-recording").locator("xpath=..").locator("input[type=file]").set_input_files(str(saved))
+    page.locator("#recording-said .recording-ok").wait_for(timeout=30_000)
+    page.locator("#headline", has_text="not run now").wait_for(timeout=30_000)
+    assert page.locator("#headline").inner_text().split("\n")[0] == live

@@ -70,7 +70,11 @@ def show(view: RunView) -> dict[str, Any]:
     snap = view.snap
     if not snap.done or view.recorded:
         return {"recording": None}
-    rec = replay.record(snap)
+    try:
+        rec = replay.record(snap)
+    except ValueError as error:  # a run with no whole round to keep: shown as it is, not offered for saving
+        print(f"the run could not be recorded: {error}", file=sys.stderr, flush=True)
+        return {"recording": None}
     return {"recording": (replay.file_name(rec), dumps(rec))}
 
 
