@@ -78,11 +78,7 @@ def snapshot(rec: RunRecord) -> Replayed:
         raise BadRecording(f"the recording holds {', '.join(m.upper() for m in rec.state.methods)} alone (a "
                            "`generate --record` run): the page replays comparisons of AR and PPSD")
     request = _request(rec)
-    if request.rounds() != rec.state.num_rounds:
-        raise BadRecording(f"settings.repeats = {request.repeats} does not match the {rec.state.num_rounds} rounds "
-                           "recorded")
-    if tuple(request.methods) != rec.state.methods:
-        raise BadRecording("settings.eesd does not match the methods recorded")
+    _check_settings(request, rec)
     m = rec.model
     info = ModelInfo(name=m.name, model_type=m.model_type, num_layers=m.num_layers, vocab_size=m.vocab_size,
                      max_context=m.max_context, eos_token_ids=m.eos_token_ids, device=rec.machine.device, dtype=m.dtype)
@@ -106,6 +102,26 @@ def _request(rec: RunRecord) -> RunRequest:
         return RunRequest.from_form(*(rec.settings[name] for name in FORM)).check_texts()
     except (TypeError, ValueError) as error:
         raise BadRecording(f"the recorded settings are not the page's: {error}") from None
+
+
+def _check_settings(request: RunRequest, rec: RunRecord) -> None:
+    """The page's settings must be the ones the recorded runs ran with: the headline and the cards
+    read some of them from the request."""
+    config = rec.state.rounds[0]["ppsd"].config
+    try:
+        rounds = request.rounds()
+    except ValueError as error:
+        raise BadRecording(f"the recorded settings are not the page's: {error}") from None
+    if rounds != rec.state.num_rounds:
+        raise BadRecording(f"settings.repeats = {request.repeats} does not match the {rec.state.num_rounds} rounds "
+                           "recorded")
+    if tuple(request.methods) != rec.state.methods:
+        raise BadRecording("settings.eesd does not match the methods recorded")
+    for name, ran in (("num_stages", config.num_stages), ("max_new_tokens", config.max_new_tokens),
+                      ("draft_len", config.draft_len), ("temperature", config.temperature),
+                      ("top_p", config.top_p), ("seed", config.seed)):
+        if getattr(request, name) != ran:
+            raise BadRecording(f"settings.{name} = {getattr(request, name)} does not match the runs' {ran}")
 
 
 def open_bytes(data: bytes) -> Replayed:

@@ -220,6 +220,9 @@ def test_wrong_types_are_refused(saved):
     refused(tampered(saved, lambda r: r.update(rounds={})), "rounds must be a list")
     refused(tampered(saved, lambda r: r.update(extra=1)), "does not know: 'extra'")
     refused(tampered(saved, lambda r: r["settings"].update(repeats=3)), "rounds recorded")
+    refused(tampered(saved, lambda r: r["settings"].update(repeats=99)), "repeats=99 is out of range")
+    refused(tampered(saved, lambda r: r["settings"].update(max_new_tokens=64)), "settings.max_new_tokens = 64",
+            "runs' 12")
 
 
 def test_not_json_and_not_an_object_are_refused():
