@@ -86,10 +86,9 @@ def _record(raw: Any) -> RunRecord:
     library = top.text("library", 40)
     recorded_at = top.text("recorded_at", 40)
     try:
-        when = _dt.datetime.strptime(recorded_at, "%Y-%m-%dT%H:%M:%SZ")
+        _dt.datetime.strptime(recorded_at, "%Y-%m-%dT%H:%M:%SZ")  # the label shows its first 16 characters
     except ValueError:
         raise BadRecording(f"recorded_at {cut(recorded_at)!r} is not a UTC time like 2026-12-07T03:40:00Z") from None
-    del when
     machine = _machine(top.get("machine"))
     model = _model(top.get("model"))
     settings = _settings(top.get("settings"))
