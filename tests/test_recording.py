@@ -124,11 +124,11 @@ def test_the_save_offers_a_file_named_by_device_and_date(live):
     values = view.snapshot(live)
     name, data = values["recording"]
     assert re.fullmatch(r"ppsd-cpu-in-process-\d{4}-\d\d-\d\dT\d{4}Z\.json", name), name
-    update = panel.on_recorded((name, data))
+    update, said = panel.on_recorded((name, data))
     target = Path(update["value"])
-    assert update["visible"] and target.name == name and target.read_bytes() == data
+    assert update["visible"] and target.name == name and target.read_bytes() == data and said == ""
     assert recording.loads(target.read_bytes()).state.stats() == live.stats()
-    assert panel.on_recorded(None)["visible"] is False
+    assert panel.on_recorded(None)[0]["visible"] is False
 
 
 def test_a_recording_names_model_head_device_date_library_and_settings(live, saved):

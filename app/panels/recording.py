@@ -95,7 +95,7 @@ def wire(panel: RecordingPanel, outputs: list, race_panel: race.RacePanel, steps
                   panel.upload.upload(lambda path: on_upload(path, page), panel.upload, shown, **quiet)):
         event.success(race.on_replay, race_panel.state, race_panel.lanes, **quiet)
         event.success(steps.on_steps_ready, race_panel.state, [steps_panel.slot, steps_panel.view], **quiet)
-    panel.state.change(on_recorded, panel.state, panel.save, **quiet)
+    panel.state.change(on_recorded, panel.state, [panel.save, panel.said], **quiet)
 
 
 def on_shipped(name: str | None, page: Page) -> tuple:
@@ -136,18 +136,18 @@ def _refused(reason: str, page: Page) -> tuple:
     return page.idle() + (f'<div class="recording-said recording-bad">{html.escape(text)}</div>',)
 
 
-def on_recorded(saved: tuple[str, bytes] | None) -> Any:
+def on_recorded(saved: tuple[str, bytes] | None) -> tuple:
     """Save: a finished live run's recording as a file of its own, offered for download (hidden
-    while there is none)."""
+    while there is none), and what was said of an opened recording cleared (a live run is shown)."""
     if not saved:
-        return gr.update(visible=False, value=None)
+        return gr.update(visible=False, value=None), gr.skip()
     name, data = saved
     _prune()
     folder = SAVES / uuid.uuid4().hex
     folder.mkdir(parents=True, exist_ok=True)
     target = folder / Path(name).name
     target.write_bytes(data)
-    return gr.update(visible=True, value=str(target))
+    return gr.update(visible=True, value=str(target)), ""
 
 
 def _prune() -> None:
