@@ -15,6 +15,7 @@ from ppsd.metrics import decode_costs, stalls
 
 from . import analysis
 from .analysis import MIN_TIMED_TOKENS, Clocks
+from .replay import Replayed
 from .runner import Snapshot
 from .words import METHOD_NAMES
 
@@ -23,19 +24,24 @@ from .words import METHOD_NAMES
 class RunView:
     """`snap` as the panels read it: `finished` (method -> its clocks, once done), `comparison`
     (once AR and PPSD are done), `shown` (which round the panels show, in words; "" with one)
-    and `status` (the run's status line)."""
+    and `status` (the run's status line). A recorded run (`app.replay.Replayed`) is `recorded`
+    ("Recorded on <device>, <date>; not run now"), which leads `shown` and the status, so every
+    panel that says which round it shows, and the headline, says so too."""
 
     snap: Snapshot
     finished: Mapping[str, Clocks]
     comparison: analysis.Comparison | None
     shown: str
     status: str
+    recorded: str = ""
 
     @classmethod
     def of(cls, snap: Snapshot) -> "RunView":
         finished = {m: Clocks(r.result.metrics("measured"), r.result.metrics("projected"), snap.concurrent)
                     for m, r in snap.runs.items() if r.done}
-        return cls(snap, finished, _comparison(snap, finished), shown_run(snap), status_line(snap))
+        recorded = snap.recorded if isinstance(snap, Replayed) else ""
+        return cls(snap, finished, _comparison(snap, finished), _joined(recorded, shown_run(snap)),
+                   _joined(recorded, status_line(snap)), recorded)
 
     @property
     def teaches(self) -> bool:
@@ -45,6 +51,10 @@ class RunView:
     @property
     def ended(self) -> bool:
         return self.snap.done or self.snap.stopped
+
+
+def _joined(recorded: str, text: str) -> str:
+    return " · ".join(t for t in (recorded, text) if t)
 
 
 def shown_note(shown: str) -> str:

@@ -30,8 +30,8 @@ from .components import Slider, refusing_quietly
 from .handlers import (DEFAULT_LAYERS, after_run, idle_outputs, max_tokens_update, model_status, on_decode, on_exit,
                        on_load, on_page_load, on_run_form, on_stages, on_stages_warning, on_stop, ordered)
 from .page_text import STAGES_LABEL, TITLE, WORKERS_LABEL, load_examples
-from .panels import (Single, columns, compile_status, exit_head, gpu_lease, headline, intro, metrics, race, rounds,
-                     run_message, steps, summary, theory, timeline)
+from .panels import (Single, columns, compile_status, exit_head, gpu_lease, headline, intro, metrics, race, recording,
+                     rounds, run_message, steps, summary, theory, timeline)
 from .request import DEFAULT_REPEATS, FORM, MAX_REPEATS
 from .guard import Guard, RequestLimits
 from .limits import DELETE_UPLOADS, MAX_UPLOAD_BYTES
@@ -220,6 +220,7 @@ def create_demo(state: AppState | None = None) -> gr.Blocks:
         with gr.Row(equal_height=False, elem_id="first-screen"):
             with gr.Column(scale=2, min_width=420, elem_id="side"):
                 c, message = create_controls()
+                recorded = recording.create()  # Save and Open: on the first screen, under Run
                 picture = intro.create(DEFAULT_LAYERS)
                 with gr.Column(elem_id="settings"):
                     c.update(create_settings(state.run_seconds))
@@ -235,10 +236,13 @@ def create_demo(state: AppState | None = None) -> gr.Blocks:
                 table = metrics.create()
         steps_panel = steps.create()
         raw = summary.create()
-        shown = {name: component for panel in (top, method_columns, line, ideal, table, message, raw, race_panel)
+        shown = {name: component for panel in (top, method_columns, line, ideal, table, message, raw, race_panel,
+                                               recorded)
                  for name, component in panel.outputs().items()}
         outputs = [shown[name] for name in view.OUTPUTS]
         run_event = _wire_runs(state, c, outputs, race_panel, steps_panel)
+        recording.wire(recorded, outputs, race_panel, steps_panel,
+                       recording.Page(lambda snap: ordered(view.snapshot(snap)), idle_outputs), QUIET)
         if zerogpu.active():
             gpu_lease.wire(c["lease"], demo, c, state.gpu_lease(), QUIET)
         _wire_settings(state, c)

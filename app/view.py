@@ -10,13 +10,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from .panels import columns, headline, metrics, race, run_message, summary, theory, timeline
+from .panels import columns, headline, metrics, race, recording, run_message, summary, theory, timeline
 from .panels.progress import render_progress
 from .request import RunRequest
 from .run_view import RunView
 from .runner import Snapshot
 
-PANELS = (headline, columns, timeline, theory, metrics, run_message, summary, race)
+PANELS = (headline, columns, timeline, theory, metrics, run_message, recording, summary, race)  # the summary stays the API's last
 OUTPUTS = tuple(name for panel in PANELS for name in panel.OUTPUTS)
 FIGURES = (timeline, theory)  # redrawn at most once a second while a run is live (`app.handlers`)
 STOPPED_BEFORE = "Stopped before decoding began. Press Run to start again."

@@ -6,6 +6,8 @@ The core: a staged early-exit model (`model`), three decoders (`decoders`) over 
 command line `cli`.
 """
 
+__version__ = "0.1.0"  # pyproject.toml's version (tests/test_recording.py checks they agree); a recording names it
+
 from .config import DecodeConfig, MAX_NEW_TOKENS_CAP, balanced_exit_layer, stage_layers
 from .generate import Result, generate, stream
 from .metrics import Metrics, ideal_eesd_speedup, ideal_ppsd_speedup_slowest_stage

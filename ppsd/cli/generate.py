@@ -12,7 +12,7 @@ import transformers
 
 from . import options
 from .values import check_output_file, thread_count, write_result
-from .. import compile_cache
+from .. import compile_cache, recording
 from ..executors.background import ticking
 from ..executors.kinds import ALIASES, AUTO, KINDS, ExecutorKind, choose_measured, concurrent_kinds
 from ..executors.distributed.wire import PipelineError
@@ -36,6 +36,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                        for kind in KINDS.values()) + " (default in-process)")
     parser.add_argument("--chrome-trace", default=None, help="also write the trace here (Chrome JSON)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--record", default=None, metavar="FILE",
+                        help="also write the run as a recording (ppsd.recording; the page opens comparisons only)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -43,6 +45,7 @@ def run(args: argparse.Namespace) -> int:
     unavailable = None if args.executor == AUTO else KINDS[args.executor].unavailable
     config, _ = options.checked(args, unavailable=unavailable, progress=_tell)
     check_output_file(args.chrome_trace, "--chrome-trace")
+    check_output_file(args.record, "--record")
     transformers.utils.logging.disable_progress_bar()  # keeps stderr to one line on error
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -74,9 +77,14 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(tokenizer.decode(result.token_ids, skip_special_tokens=True))
         print(summary_line(result, kind))
-    if args.chrome_trace:
+    files = {"--chrome-trace": (args.chrome_trace, lambda: json.dumps(result.trace.to_chrome())),
+             "--record": (args.record, lambda: recording.dumps(recording.of_result(
+                 result, setup, tokenizer, kind=kind.name, settings=_settings(args))).decode("utf-8"))}
+    for flag, (path, text) in files.items():
+        if not path:
+            continue
         try:  # checked before the run, but a disk may fill meanwhile: the answer above still stands
-            write_result(args.chrome_trace, json.dumps(result.trace.to_chrome()), "--chrome-trace")
+            write_result(path, text(), flag)
         except ValueError as error:
             print(f"error: {error}", file=sys.stderr)
             return 1
@@ -92,6 +100,12 @@ def _auto(setup) -> ExecutorKind:
                              measures=False)
     _tell(f"--executor auto: the {choice.kind.choice.split(',')[0]}, chosen: {choice.why}")
     return choice.kind
+
+
+def _settings(args: argparse.Namespace) -> dict:
+    """The command's options, as a recording's settings (plain values only)."""
+    return {k: v for k, v in vars(args).items()
+            if k not in ("func", "record") and (v is None or isinstance(v, (str, int, float, bool)))}
 
 
 def _kind_name(name: str) -> str:

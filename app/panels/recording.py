@@ -1,0 +1,162 @@
+"""The recordings panel, under Run: Save (a finished live run as one file, `ppsd.recording`) and
+Open (a shipped recording from assets/runs/, or an uploaded one). An opened recording is
+checked through before anything is shown, then drives every panel as the live run's last
+snapshot did (`app.replay`), with no model loaded; the race then replays its streams at their
+recorded pace. A bad file gets one message here, and the page goes on.
+
+An upload is read from Gradio's temporary folder, at most `ppsd.recording.MAX_BYTES` of it, and
+never handed to an output (no visitor is served another's file); a saved run is written to a
+temporary folder of its own and offered to the visitor who ran it.
+"""
+
+from __future__ import annotations
+
+import html
+import shutil
+import sys
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import gradio as gr
+
+from ppsd.recording import MAX_BYTES, BadRecording, dumps
+
+from .. import replay
+from ..run_view import RunView
+from ..runner import Snapshot
+from . import race, steps
+
+OUTPUTS = ("recording",)
+SAVES = Path(tempfile.gettempdir()) / "ppsd-saved-runs"  # a saved run's file, until Gradio has copied it
+SAVE_SECONDS = 3600.0  # a saved file older than this is removed when the next is written
+CHOOSE = "Choose a recorded run…"
+
+
+@dataclass(frozen=True)
+class RecordingPanel:
+    shipped: gr.Dropdown
+    upload: gr.UploadButton
+    save: gr.DownloadButton
+    said: gr.HTML  # what was opened, or why it could not be
+    state: gr.State  # the finished live run's recording, (file name, bytes); None otherwise
+
+    def outputs(self) -> dict[str, Any]:
+        return {"recording": self.state}
+
+
+def create() -> RecordingPanel:
+    with gr.Accordion("Recorded runs: save this run, or open one recorded before (no model needed)", open=True,
+                      elem_id="recordings"):
+        with gr.Row(equal_height=True):
+            shipped = gr.Dropdown([CHOOSE, *replay.shipped()], value=CHOOSE, label="Open a recorded run",
+                                  elem_id="shipped-runs", scale=3)
+            upload = gr.UploadButton("Open a file…", file_types=[".json"], file_count="single", type="filepath",
+                                     elem_id="open-recording", size="sm", scale=1)
+            save = gr.DownloadButton("Save this run", visible=False, elem_id="save-recording", size="sm", scale=1)
+        said = gr.HTML("", elem_id="recording-said")
+    return RecordingPanel(shipped, upload, save, said, gr.State(None))
+
+
+def idle() -> dict[str, Any]:
+    return {"recording": None}
+
+
+def show(view: RunView) -> dict[str, Any]:
+    """A finished live run's recording, for Save; None while it runs, and for a replay."""
+    snap = view.snap
+    if not snap.done or view.recorded:
+        return {"recording": None}
+    try:
+        rec = replay.record(snap)
+    except ValueError as error:  # a run with no whole round to keep: shown as it is, not offered for saving
+        print(f"the run could not be recorded: {error}", file=sys.stderr, flush=True)
+        return {"recording": None}
+    return {"recording": (replay.file_name(rec), dumps(rec))}
+
+
+@dataclass(frozen=True)
+class Page:
+    """How the page shows a snapshot, and nothing, as its run outputs (`app.view`, in order)."""
+
+    snapshot: Callable[[Snapshot], tuple]
+    idle: Callable[[], tuple]
+
+
+def wire(panel: RecordingPanel, outputs: list, race_panel: race.RacePanel, steps_panel: steps.StepsPanel,
+         page: Page, quiet: dict[str, Any]) -> None:
+    """Open (the list, an upload) fills every run output and this panel's message, then the race
+    replays and the step-through spans the run; Save appears once a live run is done."""
+    shown = [*outputs, panel.said]
+    for event in (panel.shipped.input(lambda name: on_shipped(name, page), panel.shipped, shown, **quiet),
+                  panel.upload.upload(lambda path: on_upload(path, page), panel.upload, shown, **quiet)):
+        event.success(race.on_replay, race_panel.state, race_panel.lanes, **quiet)
+        event.success(steps.on_steps_ready, race_panel.state, [steps_panel.slot, steps_panel.view], **quiet)
+    panel.state.change(on_recorded, panel.state, [panel.save, panel.said], **quiet)
+
+
+def on_shipped(name: str | None, page: Page) -> tuple:
+    """Open the shipped recording `name` (only a name the list offers: never a path a client sends)."""
+    runs = replay.shipped()
+    if name not in runs:
+        return _refused("choose one of the shipped recordings" if name == CHOOSE else
+                        "it is not one of the shipped ones", page)
+    return _opened(lambda: runs[name].read_bytes()[:MAX_BYTES + 1], page)
+
+
+def on_upload(path: str | None, page: Page) -> tuple:
+    """Open an uploaded recording, read from Gradio's temporary folder where it arrived."""
+    if not path:
+        return _refused("no file arrived", page)
+    return _opened(lambda: replay.read_upload(path), page)
+
+
+def _opened(read: Callable[[], bytes], page: Page) -> tuple:
+    started = time.perf_counter()
+    try:
+        snap = replay.open_bytes(read())
+        values = page.snapshot(snap)
+    except BadRecording as error:
+        return _refused(str(error), page)
+    except Exception as error:  # noqa: BLE001 - a file no check foresaw: one message, the server goes on
+        print(f"opening a recording failed: {type(error).__name__}: {error}", file=sys.stderr, flush=True)
+        return _refused("it could not be read as a recording", page)
+    took = time.perf_counter() - started
+    note = (f'<div class="recording-said recording-ok">{html.escape(snap.recorded)}. Opened in {took:.1f} s; '
+            f"the host's load average then {' / '.join(f'{x:.1f}' for x in snap.load_average)} (1/5/15 min). The "
+            "race replays its streams at their recorded pace.</div>")
+    return values + (note,)
+
+
+def _refused(reason: str, page: Page) -> tuple:
+    text = f"This recording cannot be opened: {reason}."
+    return page.idle() + (f'<div class="recording-said recording-bad">{html.escape(text)}</div>',)
+
+
+def on_recorded(saved: tuple[str, bytes] | None) -> tuple:
+    """Save: a finished live run's recording as a file of its own, offered for download (hidden
+    while there is none), and what was said of an opened recording cleared (a live run is shown)."""
+    if not saved:
+        return gr.update(visible=False, value=None), gr.skip()
+    name, data = saved
+    _prune()
+    folder = SAVES / uuid.uuid4().hex
+    folder.mkdir(parents=True, exist_ok=True)
+    target = folder / Path(name).name
+    target.write_bytes(data)
+    return gr.update(visible=True, value=str(target)), ""
+
+
+def _prune() -> None:
+    """Remove saved files older than SAVE_SECONDS (Gradio serves its own copy)."""
+    if not SAVES.is_dir():
+        return
+    for folder in SAVES.iterdir():
+        try:
+            if time.time() - folder.stat().st_mtime > SAVE_SECONDS:
+                shutil.rmtree(folder, ignore_errors=True)
+        except OSError:
+            pass

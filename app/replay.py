@@ -1,0 +1,177 @@
+"""Recorded runs on the page: a finished `Snapshot` as a `ppsd.recording.RunRecord` (`record`),
+and a recording as the `Snapshot` the live run ended with (`snapshot`), which drives the same
+panels through the same `RunView`, labelled "recorded on <device>, <date>; not run now". A
+replay loads no model: token text comes from the recording (`RecordedLoaded`).
+
+Files: `read_upload` reads at most `ppsd.recording.MAX_BYTES` of an upload (never copied
+elsewhere); `shipped` lists the recordings in assets/runs/. No Gradio events here (the panel is
+`app.panels.recording`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Mapping
+
+from ppsd.model import ModelInfo
+from ppsd.recording import (MAX_BYTES, BadRecording, Machine, RunRecord, loads, model_facts,
+                            record as record_state, this_machine)
+
+from .models import Loaded
+from .request import FORM, RunRequest
+from .runner import Snapshot
+
+ROOT = Path(__file__).resolve().parent.parent
+RUNS = ROOT / "assets" / "runs"  # the shipped recordings
+
+
+@dataclass(frozen=True)
+class RecordedModel:
+    """A recorded model's facts, where a `Loaded` has its weights: only `info` is read."""
+
+    info: ModelInfo
+
+
+@dataclass(frozen=True)
+class RecordedLoaded(Loaded):
+    """A `Loaded` whose text comes from a recording: `pieces` (token id -> its text) and `texts`
+    (a run's token ids -> its answer), no tokenizer."""
+
+    pieces: Mapping[int, str] = dataclasses.field(default_factory=dict)
+    texts: Mapping[tuple[int, ...], str] = dataclasses.field(default_factory=dict)
+    has_chat: bool = False
+
+    @property
+    def piece(self) -> Callable[[int], str]:
+        return lambda token_id: self.pieces.get(token_id, "")
+
+    @property
+    def chat(self) -> bool:
+        return self.has_chat
+
+    def decode(self, ids: list[int]) -> str:
+        return self.texts.get(tuple(ids), "".join(self.pieces.get(i, "") for i in ids))
+
+    def encode(self, text: str, *, chat: bool = False) -> list[int]:
+        raise ValueError("a recorded run has no tokenizer: it cannot encode new text")
+
+
+@dataclass(frozen=True)
+class Replayed(Snapshot):
+    """The snapshot a recorded run ended with; `recorded`: where and when, for every panel."""
+
+    recorded: str = ""
+    load_average: tuple[float, ...] = ()  # the recording host's (1, 5, 15 min)
+
+
+def label(rec: RunRecord) -> str:
+    """What every panel of a replay says: "recorded on <device>, <date>; not run now"."""
+    return f"Recorded on {rec.machine.name}, {rec.date}; not run now"
+
+
+def snapshot(rec: RunRecord) -> Replayed:
+    """The finished snapshot of `rec`, as the live run's last one (BadRecording when its settings
+    are not the page's)."""
+    if rec.state.methods[:2] != ("ar", "ppsd"):
+        raise BadRecording(f"the recording holds {', '.join(m.upper() for m in rec.state.methods)} alone (a "
+                           "`generate --record` run): the page replays comparisons of AR and PPSD")
+    request = _request(rec)
+    _check_settings(request, rec)
+    m = rec.model
+    info = ModelInfo(name=m.name, model_type=m.model_type, num_layers=m.num_layers, vocab_size=m.vocab_size,
+                     max_context=m.max_context, eos_token_ids=m.eos_token_ids, device=rec.machine.device, dtype=m.dtype)
+    loaded = RecordedLoaded(m.name, RecordedModel(info), None, 0.0, key=f"recording:{m.sha256}", pieces=rec.pieces,
+                            texts=rec.texts, has_chat=m.chat)
+    first = rec.state.rounds[0]["ppsd"]
+    said = label(rec)  # also in the note, which the message beside Run and the API's summary show
+    return Replayed(request, loaded, rec.state, first.config.num_stages, head=m.head,
+                    note=f"{said}. {rec.note}" if rec.note else f"{said}.", recorded=said,
+                    load_average=rec.machine.load_average)
+
+
+def _request(rec: RunRecord) -> RunRequest:
+    unknown = sorted(set(rec.settings) - set(FORM))
+    if unknown:
+        raise BadRecording(f"settings.{unknown[0][:40]} is not a setting of the page")
+    missing = [name for name in FORM if name not in rec.settings]
+    if missing:
+        raise BadRecording(f"settings lacks {missing[0]}")
+    try:
+        return RunRequest.from_form(*(rec.settings[name] for name in FORM)).check_texts()
+    except (TypeError, ValueError) as error:
+        raise BadRecording(f"the recorded settings are not the page's: {error}") from None
+
+
+def _check_settings(request: RunRequest, rec: RunRecord) -> None:
+    """The page's settings must be the ones the recorded runs ran with: the headline and the cards
+    read some of them from the request."""
+    config = rec.state.rounds[0]["ppsd"].config
+    try:
+        rounds = request.rounds()
+    except ValueError as error:
+        raise BadRecording(f"the recorded settings are not the page's: {error}") from None
+    if rounds != rec.state.num_rounds:
+        raise BadRecording(f"settings.repeats = {request.repeats} does not match the {rec.state.num_rounds} rounds "
+                           "recorded")
+    if tuple(request.methods) != rec.state.methods:
+        raise BadRecording("settings.eesd does not match the methods recorded")
+    for name, ran in (("num_stages", config.num_stages), ("max_new_tokens", config.max_new_tokens),
+                      ("draft_len", config.draft_len), ("temperature", config.temperature),
+                      ("top_p", config.top_p), ("seed", config.seed)):
+        if getattr(request, name) != ran:
+            raise BadRecording(f"settings.{name} = {getattr(request, name)} does not match the runs' {ran}")
+
+
+def open_bytes(data: bytes) -> Replayed:
+    """The finished snapshot of the recording in `data`, checked through (BadRecording says why not)."""
+    return snapshot(loads(data))
+
+
+def read_upload(path: str | Path) -> bytes:
+    """At most MAX_BYTES + 1 bytes of the file at `path` (an upload in Gradio's temporary folder):
+    a larger file is refused by `loads` without reading the rest."""
+    try:
+        with open(path, "rb") as f:
+            return f.read(MAX_BYTES + 1)
+    except OSError as error:
+        raise BadRecording(f"the file could not be read: {error.strerror or error}") from None
+
+
+def shipped() -> dict[str, Path]:
+    """The shipped recordings, by file name, in name order."""
+    return {p.name: p for p in sorted(RUNS.glob("*.json"))}
+
+
+# --------------------------------------------------------------------------- saving a live run
+
+
+def record(snap: Snapshot, machine: Machine | None = None) -> RunRecord:
+    """The recording of the finished live snapshot `snap` (ValueError unless it is done)."""
+    if not snap.done or isinstance(snap, Replayed):
+        raise ValueError("only a finished live run is saved")
+    runs = [run for r in snap.state.rounds for run in r.values()]
+    setup = snap.state.rounds[0]["ppsd"].setup
+    piece = snap.loaded.piece
+    ids = {i for run in runs if run.result is not None for i in (
+        *run.result.token_ids, *(d.id for d in run.result.drafts), *(t.draft for t in run.result.tokens
+                                                                    if t.draft is not None),
+        *(e.token_id for e in run.result.trace.events))}
+    pieces = {i: piece(i) for i in sorted(ids)}
+    texts = {tuple(run.result.token_ids): snap.loaded.decode(run.result.token_ids) for run in runs
+             if run.result is not None}
+    facts = model_facts(setup.model, head=snap.head, chat=snap.loaded.chat)
+    settings = dataclasses.asdict(snap.request)
+    return record_state(snap.state, settings=settings, model=facts, machine=machine or this_machine(snap.device),
+                        pieces=pieces, texts=texts, note=snap.note)
+
+
+def file_name(rec: RunRecord) -> str:
+    """A recording's file name, by device and date: ppsd-cpu-processes-2026-12-07T0340Z.json."""
+    device = rec.machine.device.replace(":", "")
+    return f"ppsd-{device}-{rec.state.kind}-{rec.recorded_at[:16].replace(':', '')}Z.json"
+
+
+__all__ = ["BadRecording", "RecordedLoaded", "Replayed", "file_name", "label", "open_bytes", "read_upload",
+           "record", "shipped", "snapshot"]

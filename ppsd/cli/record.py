@@ -1,0 +1,75 @@
+"""`python -m ppsd record`: run the page's comparison (AR, PPSD and plain AR, the page's defaults
+and its default prompt unless told otherwise, through `app.runner` as a Run does) and write it
+as a recording (`ppsd.recording`) that the page opens with no model loaded. This is how the
+recordings in assets/runs/ are made. The demo's own package (`app`) is imported here, when
+the command runs: the comparison a recording replays is the page's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+from . import check_output_file, thread_count, whole
+from ..config import DEFAULTS, MAX_NEW_TOKENS_CAP
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", default=None, help="the model (default the page's)")
+    parser.add_argument("--prompt", default=None, help="the question (default: the page's default prompt)")
+    parser.add_argument("--pipeline", default="auto",
+                        help="where the K stages run at once: auto (the page's default), processes, threads, "
+                             "graphed (the captured steps); in-process runs them in turn (projected clock)")
+    parser.add_argument("--stages", type=whole(2, 64), default=DEFAULTS.num_stages, help="K (default the page's)")
+    parser.add_argument("--max-new-tokens", type=whole(1, MAX_NEW_TOKENS_CAP), default=DEFAULTS.max_new_tokens)
+    parser.add_argument("--repeats", type=whole(1, 9), default=None, help="timed rounds (default the page's, 3)")
+    parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="cpu", help="where the model loads")
+    parser.add_argument("--threads", type=thread_count, default=None, help="CPU threads for torch")
+    parser.add_argument("--out", default=None,
+                        help="the file to write (default: assets/runs/ppsd-<device>-<pipeline>-<date>.json)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..model import DEVICE_VARIABLE
+
+    os.environ[DEVICE_VARIABLE] = args.device  # what the page's model cache loads on
+    check_output_file(args.out, "--out")
+    import torch
+
+    from app.models import ModelCache
+    from app.page_text import load_examples
+    from app.replay import RUNS, file_name, record
+    from app.request import DEFAULT_REPEATS, RunRequest
+    from app.runner import run_comparison
+    from ..recording import dumps
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    in_turn = args.pipeline == "in-process"
+    model = {"model": args.model} if args.model else {}
+    request = RunRequest(prompt=args.prompt or load_examples()[0]["prompt"], num_stages=args.stages, **model,
+                         max_new_tokens=args.max_new_tokens, repeats=args.repeats or DEFAULT_REPEATS,
+                         workers=not in_turn, pipeline="auto" if in_turn else args.pipeline)
+    last, said = None, 0.0
+    for snap in run_comparison(request, ModelCache(), time_limit=None):
+        last = snap
+        if time.monotonic() - said > 5 and snap.status:
+            print(snap.status, file=sys.stderr, flush=True)
+            said = time.monotonic()
+    if last is None or not last.done:
+        print("error: the comparison did not finish", file=sys.stderr)
+        return 1
+    rec = record(last)
+    target = Path(args.out) if args.out else RUNS / file_name(rec)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_bytes(dumps(rec))
+    stats = last.stats()
+    ratio = stats.ratio("ar", "ppsd")
+    print(f"wrote {target} ({target.stat().st_size / 1e3:.0f} kB): {rec.machine.name}, load "
+          f"{' '.join(f'{x:.2f}' for x in rec.machine.load_average)}; {last.pipeline}, "
+          f"AR {stats.median('ar'):.3f} s, PPSD {stats.median('ppsd'):.3f} s median "
+          f"({ratio:.2f}x AR/PPSD on the {last.state.clock} clock)")
+    return 0
