@@ -18,8 +18,7 @@ from ppsd import Metrics
 from ppsd.compare import PlainWay
 from ppsd.compare_stats import Stats
 from ppsd.executors.kinds import KINDS
-from ppsd.metrics import (DEFINITIONS, Stalls, break_even_acceptance, cost_slot_fraction,
-                          ideal_ppsd_speedup_slowest_stage)
+from ppsd.metrics import DEFINITIONS, Stalls, break_even_acceptance, cost_slot_fraction, ideal_ppsd_speedup_slowest_stage
 
 from .words import PROJECTED_AS, duration_text, forced_words, ratio_text
 
@@ -176,11 +175,8 @@ def _rounds(n: int) -> str:
     return f"median of {n} rounds" if n > 1 else "one round"
 
 
-# How far above its run's own ideal a headline ratio may be and still count. Not 5 %: AR on the same
-# pipeline pays a hand-over at every stage of every token, which PPSD's overlap partly hides, so a
-# clean run of the default model on 2 worker processes measured 1.68x against an ideal of 1.56x
-# (+8 %). 15 % keeps such runs and still refuses the 1.99x once headlined at acceptance 0 (ideal 1.00x).
-CLEAN_MARGIN = 0.15
+# How far above its run's own ideal a headline ratio may be. Not 5 %: a clean run measured 1.68x at an ideal of 1.56x
+CLEAN_MARGIN = 0.15  # (PPSD hides part of the pipeline's hand-overs); 15 % still refuses a 1.99x at a = 0
 
 
 def allowed_speedup(c: Comparison) -> float | None:

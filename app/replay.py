@@ -11,7 +11,7 @@ elsewhere); `shipped` lists the recordings in assets/runs/. No Gradio events her
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
 from typing import Callable, Mapping
 
@@ -95,11 +95,13 @@ def _request(rec: RunRecord) -> RunRequest:
     unknown = sorted(set(rec.settings) - set(FORM))
     if unknown:
         raise BadRecording(f"settings.{unknown[0][:40]} is not a setting of the page")
-    missing = [name for name in FORM if name not in rec.settings]
+    # A setting the page gained after the recording was made takes its default (the run had no such choice).
+    defaults = {f.name: f.default for f in fields(RunRequest) if f.default is not MISSING}
+    missing = [name for name in FORM if name not in rec.settings and name not in defaults]
     if missing:
         raise BadRecording(f"settings lacks {missing[0]}")
     try:
-        return RunRequest.from_form(*(rec.settings[name] for name in FORM)).check_texts()
+        return RunRequest.from_form(*(rec.settings.get(name, defaults.get(name)) for name in FORM)).check_texts()
     except (TypeError, ValueError) as error:
         raise BadRecording(f"the recorded settings are not the page's: {error}") from None
 

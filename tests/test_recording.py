@@ -168,6 +168,14 @@ def refused(data: bytes, *words: str) -> str:
     return message
 
 
+def test_a_setting_the_page_gained_later_takes_its_default_and_the_prompt_is_still_required(saved):
+    """A recording made before the page had the what-if control opens as an ordinary run; one
+    without the prompt, which has no default, is refused in words."""
+    older = replay.open_bytes(tampered(saved, lambda r: r["settings"].pop("forced_acceptance")))
+    assert older.request.forced() is None
+    refused(tampered(saved, lambda r: r["settings"].pop("prompt")), "settings lacks prompt")
+
+
 def test_a_wrong_version_is_refused(saved):
     refused(tampered(saved, lambda r: r.update(version=2)), "version 2", "reads version 1")
     refused(tampered(saved, lambda r: r.update(format="something")), "not a PPSD recording")
@@ -253,10 +261,10 @@ def test_generate_record_writes_a_recording_the_page_refuses_in_words(tmp_path, 
 
 
 def test_record_command_writes_a_recording_the_page_opens(tmp_path):
-    from ppsd.cli import main
+    from app.record import main
 
     target = tmp_path / "run.json"
-    assert main(["record", "--model", str(TINY), "--pipeline", "in-process", "--max-new-tokens", "6",
+    assert main([ "--model", str(TINY), "--pipeline", "in-process", "--max-new-tokens", "6",
                  "--repeats", "1", "--out", str(target)]) == 0
     snap = replay.open_bytes(target.read_bytes())
     assert snap.request.repeats == 1 and snap.pipeline == "in-process" and snap.recorded

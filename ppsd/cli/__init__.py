@@ -22,7 +22,6 @@ SUBCOMMANDS = {
     "bench": ("ppsd.bench.sweep", "benchmark PPSD against EESD and AR over a sweep of settings"),
     "bench-pipeline": ("ppsd.bench.pipeline", "benchmark AR, HF, EESD and PPSD on a K-worker pipeline"),
     "train-head": ("ppsd.heads.train", "train an early-exit head by self-distillation"),
-    "record": ("ppsd.cli.record", "run the page's comparison and write it as a recording the page replays"),
 }
 
 

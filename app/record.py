@@ -1,8 +1,8 @@
-"""`python -m ppsd record`: run the page's comparison (AR, PPSD and plain AR, the page's defaults
+"""`python -m app.record`: run the page's comparison (AR, PPSD and plain AR, the page's defaults
 and its default prompt unless told otherwise, through `app.runner` as a Run does) and write it
 as a recording (`ppsd.recording`) that the page opens with no model loaded. This is how the
-recordings in assets/runs/ are made. The demo's own package (`app`) is imported here, when
-the command runs: the comparison a recording replays is the page's.
+recordings in assets/runs/ are made. It lives in the demo, not in `ppsd.cli`: the comparison a
+recording replays is the page's, and the library never imports the page.
 """
 
 from __future__ import annotations
@@ -13,8 +13,9 @@ import sys
 import time
 from pathlib import Path
 
-from . import check_output_file, thread_count, whole
-from ..config import DEFAULTS, MAX_NEW_TOKENS_CAP
+from ppsd.cli import Parser, guarded
+from ppsd.cli.values import check_output_file, thread_count, whole, write_result
+from ppsd.config import DEFAULTS, MAX_NEW_TOKENS_CAP
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -33,18 +34,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..model import DEVICE_VARIABLE
+    from ppsd.model import DEVICE_VARIABLE
 
     os.environ[DEVICE_VARIABLE] = args.device  # what the page's model cache loads on
     check_output_file(args.out, "--out")
     import torch
 
-    from app.models import ModelCache
-    from app.page_text import load_examples
-    from app.replay import RUNS, file_name, record
-    from app.request import DEFAULT_REPEATS, RunRequest
-    from app.runner import run_comparison
-    from ..recording import dumps
+    # torch and the page's modules after the device is set: the model cache reads it as it loads
+    from ppsd.recording import dumps
+
+    from .models import ModelCache
+    from .page_text import load_examples
+    from .replay import RUNS, file_name, record
+    from .request import DEFAULT_REPEATS, RunRequest
+    from .runner import run_comparison
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -65,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
     rec = record(last)
     target = Path(args.out) if args.out else RUNS / file_name(rec)
     target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_bytes(dumps(rec))
+    write_result(str(target), dumps(rec).decode("utf-8"), "--out")
     stats = last.stats()
     ratio = stats.ratio("ar", "ppsd")
     print(f"wrote {target} ({target.stat().st_size / 1e3:.0f} kB): {rec.machine.name}, load "
@@ -73,3 +76,13 @@ def run(args: argparse.Namespace) -> int:
           f"AR {stats.median('ar'):.3f} s, PPSD {stats.median('ppsd'):.3f} s median "
           f"({ratio:.2f}x AR/PPSD on the {last.state.clock} clock)")
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = Parser(prog="python -m app.record", description=__doc__.splitlines()[0])
+    add_arguments(parser)
+    return guarded(run, parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
