@@ -17,6 +17,8 @@ from typing import Callable, Iterator, Protocol
 
 from ppsd.model_source import Progress
 
+from .words import OPEN_RECORDED
+
 
 class Background:
     """`work(tell)` on a daemon thread, for waits a page must be able to leave (Stop) while
@@ -96,7 +98,8 @@ class DeviceLine:
                 raise ValueError(f"the demo is busy (one run decoding, {len(self._line) - 1} waiting, the most it "
                                  f"queues): while others wait each run may hold the device for its turn, so the "
                                  f"line may take up to {wait_text(longest)}. Please come back in a few minutes "
-                                 f"(runs often end sooner), or in {wait_text(longest)} at the latest")
+                                 f"(runs often end sooner), or in {wait_text(longest)} at the latest. Meanwhile, "
+                                 f"\"{OPEN_RECORDED}\" under Run replays a run recorded earlier, with no wait")
             mine = sum(t.client == client for t in self._line)
             if mine >= self.per_client:
                 raise ValueError(f"you have {mine} runs in line already, the most one visitor may: wait for one "

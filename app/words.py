@@ -76,3 +76,5 @@ def agreement_note(token_ids: Mapping[str, Sequence[int]], *, greedy: bool) -> s
                 "is greedy: this should not happen, please report it.")
     return ("Outputs differ: with temperature > 0 each method draws its own sample. PPSD and EESD keep the "
             "full model's distribution (speculative sampling), not its exact draws.")
+
+OPEN_RECORDED = "Open a recorded run"  # the recordings panel's label, which a visitor told "busy" is pointed to

@@ -26,6 +26,7 @@ import gradio as gr
 from ppsd.recording import MAX_BYTES, BadRecording, dumps
 
 from .. import replay
+from ..words import OPEN_RECORDED
 from ..run_view import RunView
 from ..runner import Snapshot
 from . import race, steps
@@ -52,7 +53,7 @@ def create() -> RecordingPanel:
     with gr.Accordion("Recorded runs: save this run, or open one recorded before (no model needed)", open=True,
                       elem_id="recordings"):
         with gr.Row(equal_height=True):
-            shipped = gr.Dropdown([CHOOSE, *replay.shipped()], value=CHOOSE, label="Open a recorded run",
+            shipped = gr.Dropdown([CHOOSE, *replay.shipped()], value=CHOOSE, label=OPEN_RECORDED,
                                   elem_id="shipped-runs", scale=3)
             upload = gr.UploadButton("Open a file…", file_types=[".json"], file_count="single", type="filepath",
                                      elem_id="open-recording", size="sm", scale=1)
