@@ -11,6 +11,7 @@ except ImportError:  # anywhere but a Space
     pass
 
 import argparse
+import atexit
 import os
 import signal
 import sys
@@ -19,7 +20,7 @@ import time
 
 import ppsd
 from app import AppState, create_demo, launch_kwargs, zerogpu
-from app.runner import prestart
+from app.runner import compiling_in_background, prestart
 from ppsd.cli import thread_count
 from ppsd.executors.background import ticking
 from ppsd.model import DEVICE_VARIABLE
@@ -133,5 +134,25 @@ def main(argv: list[str] | None = None) -> None:
         demo.close()
 
 
+def leave(code: int) -> None:
+    """Exit with `code`. With a background compile still inside torch, the interpreter's teardown
+    can crash under it (a segfault seen on Ctrl-C mid-compile), so the exit handlers run (the
+    worker pipelines close in order) and the process ends without that teardown."""
+    if not compiling_in_background():
+        sys.exit(code)
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except SystemExit as stopping:  # SIGTERM, or a refusal of the command line
+        if not compiling_in_background():
+            raise
+        if isinstance(stopping.code, str):
+            print(stopping.code, file=sys.stderr)
+        leave(stopping.code if isinstance(stopping.code, int) else 1 if stopping.code else 0)
+    leave(0)

@@ -249,6 +249,11 @@ def _compile_in_background(kind: ExecutorKind, setup: RunSetup) -> Background:
     return background
 
 
+def compiling_in_background() -> bool:
+    """Whether a background compile is still running (its thread inside torch)."""
+    return any(background.state == "compiling" for _, background in _BACKGROUND.values())
+
+
 def background_words() -> str:
     """What compiles in the background, in words, for the page ("" when nothing does or did)."""
     return "; ".join(background.words() for _, background in _BACKGROUND.values())

@@ -126,8 +126,9 @@ def kept() -> bool:
 
 
 def last_seconds() -> float | None:
-    """How long the last finished compile here took, in seconds (None: none recorded)."""
-    data = _read(folder()) or {}
+    """How long the last finished compile here took, in seconds (None: none recorded): read where
+    `record` writes, the folder in use once one is."""
+    data = _read(_in_use or folder()) or {}
     seconds = data.get("compile_seconds")
     return float(seconds) if isinstance(seconds, (int, float)) else None
 

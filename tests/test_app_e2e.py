@@ -600,7 +600,8 @@ def test_a_full_line_says_busy_in_words(saved_model):
         assert busy == {"error": f"the demo is busy (one run decoding, 0 waiting, the most it queues): while others "
                                  f"wait each run may hold the device for its turn, so the line may take up to "
                                  f"{longest}. Please come back in a few minutes (runs often end sooner), or in "
-                                 f"{longest} at the latest"}
+                                 f"{longest} at the latest. Meanwhile, \"Open a recorded run\" under Run replays "
+                                 "a run recorded earlier, with no wait"}
         client.predict(api_name="/stop")
         assert "Stopped" in first.result(timeout=30)[0]
 

@@ -170,6 +170,7 @@ def test_the_cli_auto_says_a_one_time_compile_is_coming_and_ticks_while_it_runs(
     from ppsd.cli import generate, main
 
     monkeypatch.setenv("PPSD_CACHE", str(tmp_path))
+    monkeypatch.setattr(compile_cache, "_in_use", None)  # as in a new process: an earlier test's folder is not this one
     monkeypatch.setattr(host, "usable_cores", lambda: 2)
     monkeypatch.setattr(generate, "ticking", lambda say, words, every: ticking(say, words, 0.05))
     slow = dataclasses.replace(KINDS["graphed"], build=lambda setup, tell, options: time.sleep(0.3))
