@@ -252,6 +252,21 @@ ROW_FIELDS = {"method", "exit_layer", "stages", "draft_len", "temperature", "acc
               "tokens_per_second_max"}
 
 
+def test_bench_reports_that_cannot_be_written_after_measuring_are_one_line_and_no_empty_file(saved_model, tmp_path,
+                                                                                              capsys):
+    """The --out folder passes the check before measuring; a report file that cannot be written
+    after it (here a folder stands where bench.md goes) is one error line, exit 1, and no empty or
+    partial file is left; the table is still printed."""
+    (tmp_path / "bench.md").mkdir()
+    status = main(["bench", "--model", saved_model, "--quick", "--out", str(tmp_path)])
+    captured = capsys.readouterr()
+    assert status == 1
+    assert [line for line in captured.err.splitlines() if line.startswith("error:")] == [
+        line for line in captured.err.splitlines()[-1:]] and "bench.md" in captured.err.splitlines()[-1]
+    assert "ar E=4 K=2 T=0" in captured.out  # the measured table still printed
+    assert not [p.name for p in tmp_path.iterdir() if p.name.endswith(".part") or (p.is_file() and p.stat().st_size == 0)]
+
+
 # What --quick may schedule, counted from its plan (never timed): raise these only with a newly
 # measured cost in docs/benchmarks.md and --quick's help (it took 11 minutes when it had grown).
 QUICK_DECODES, QUICK_TOKENS = 10, 16

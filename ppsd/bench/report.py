@@ -7,7 +7,6 @@ import csv
 import io
 import json
 import math
-from pathlib import Path
 
 from ..metrics import ideal_eesd_speedup, ideal_ppsd_speedup_slowest_stage
 from .stats import partition_slot_fraction
@@ -220,10 +219,7 @@ def html(report: dict, *, plotly_js: str = "embed") -> str:
             + "".join(parts) + "</body></html>")
 
 
-def write_all(report: dict, out: Path, *, plotly_js: str = "embed") -> None:
-    """bench.json, bench.csv, bench.md and bench.html in `out` (created if needed)."""
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "bench.json").write_text(json.dumps(finite(report), indent=1, allow_nan=False))
-    (out / "bench.csv").write_text(to_csv(report))
-    (out / "bench.md").write_text(markdown(report))
-    (out / "bench.html").write_text(html(report, plotly_js=plotly_js))
+def files(report: dict, *, plotly_js: str = "embed") -> dict[str, str]:
+    """{file name: text}: bench.json, bench.csv, bench.md and bench.html of `report`."""
+    return {"bench.json": json.dumps(finite(report), indent=1, allow_nan=False), "bench.csv": to_csv(report),
+            "bench.md": markdown(report), "bench.html": html(report, plotly_js=plotly_js)}

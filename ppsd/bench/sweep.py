@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..chat import use_chat
-from ..cli.values import check_output_folder, thread_count, whole
+from ..cli.values import check_output_folder, thread_count, whole, write_result
 from ..config import DecodeConfig
 from ..heads import default_exit_layer
 from ..model import DEFAULT_MODEL, StagedModel
@@ -112,8 +112,15 @@ def run(args: argparse.Namespace) -> int:
     report = measured.bench.report(measured.baselines, machine=measured.machine, interrupted=measured.interrupted,
                                    prompts_source=plan.prompts_source, quick=args.quick,
                                    command=command_line(args))
-    bench_report.write_all(report, Path(args.out), plotly_js=args.plotly_js)
     table = bench_report.table(report)
+    try:  # checked before measuring, but a disk may fill meanwhile: each file whole or not at all
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        for name, text in bench_report.files(report, plotly_js=args.plotly_js).items():
+            write_result(str(Path(args.out) / name), text, "--out's")
+    except (OSError, ValueError) as error:
+        print(table)
+        print(f"error: {getattr(error, 'strerror', None) or error}", file=sys.stderr)
+        return 1
     if args.json:
         print(json.dumps(bench_report.finite(report), allow_nan=False))
         print(table, file=sys.stderr)
