@@ -362,6 +362,8 @@ def test_page_the_race_finishes_in_the_headlines_order(ran):
     """Issue 44: the headline said PPSD 1.33x faster while the race, replaying run 1, ended with PPSD last."""
     ratio = RATIO.search(ran["pipeline"]).group(0)
     order = re.findall(r"\b(AR|PPSD)\b", ran["verdict"].replace("Plain AR, one process", ""))
+    if ratio.startswith("no "):  # "no faster (1.00×)": a tie in the medians, so the replayed round may go either way
+        return
     if "faster" in ratio:
         assert order.index("PPSD") < order.index("AR"), (ratio, ran["verdict"])
     elif "slower" in ratio:
