@@ -133,12 +133,26 @@ def open_bytes(data: bytes) -> Replayed:
 
 def read_upload(path: str | Path) -> bytes:
     """At most MAX_BYTES + 1 bytes of the file at `path` (an upload in Gradio's temporary folder):
-    a larger file is refused by `loads` without reading the rest."""
+    a larger file is refused by `loads` without reading the rest. The upload is then deleted:
+    Gradio would otherwise serve it by its path for an hour, to anyone who has the link."""
     try:
         with open(path, "rb") as f:
             return f.read(MAX_BYTES + 1)
     except OSError as error:
         raise BadRecording(f"the file could not be read: {error.strerror or error}") from None
+    finally:
+        _discard(Path(path))
+
+
+def _discard(path: Path) -> None:
+    """Delete `path` if it lies in Gradio's upload folder (never a file outside it)."""
+    from gradio.utils import get_upload_folder
+
+    try:
+        if path.resolve().is_relative_to(Path(get_upload_folder()).resolve()):
+            path.unlink(missing_ok=True)
+    except OSError:
+        pass  # already gone, or Gradio's own hourly sweep takes it
 
 
 def shipped() -> dict[str, Path]:

@@ -249,6 +249,25 @@ def test_a_bad_upload_gets_one_message_on_the_page(tmp_path, saved):
     assert "cannot be opened" in panel.on_shipped("../../etc/passwd", page)[-1]
 
 
+def test_an_upload_is_deleted_once_read_and_nothing_outside_the_upload_folder_is(tmp_path, saved, monkeypatch):
+    """An opened upload leaves Gradio's folder, so its link serves nobody else; a path outside that
+    folder is read (and refused or opened) but never deleted."""
+    import gradio.utils
+
+    uploads = tmp_path / "uploads"
+    (uploads / "abc").mkdir(parents=True)
+    monkeypatch.setattr(gradio.utils, "get_upload_folder", lambda: str(uploads))
+    page = panel.Page(lambda snap: ordered(view.snapshot(snap)), lambda: ordered(view.idle()))
+    arrived = uploads / "abc" / "run.json"
+    arrived.write_bytes(saved)
+    assert "recording-ok" in panel.on_upload(str(arrived), page)[-1]
+    assert not arrived.exists()
+    outside = tmp_path / "mine.json"
+    outside.write_bytes(saved)
+    panel.on_upload(str(outside), page)
+    assert outside.exists()
+
+
 def test_generate_record_writes_a_recording_the_page_refuses_in_words(tmp_path, capsys):
     from ppsd.cli import main
 
