@@ -16,19 +16,17 @@ import time
 from dataclasses import dataclass
 from typing import Iterator, Mapping
 
-from ppsd.bench.forced import ForcedAcceptance
+from ppsd.bench.forced import ForcedSetup
 from ppsd.chat import check_text
 from ppsd.compare import PLAIN, Comparison, MethodRun, PlainWay, State, Stats, ready
 from ppsd.compare import THROTTLE_SECONDS
 from ppsd.config import DEFAULTS
 from ppsd import compile_cache
-from ppsd.executors import Executor, InProcessExecutor
 from ppsd.executors.background import Background
 from ppsd.executors.kinds import (AUTO, KINDS, Choice, ExecutorKind, choose, choose_measured, concurrent_by_default,
                                   concurrent_kinds)
 from ppsd.executors.distributed.wire import PipelineError
-from ppsd.setup import RunSetup, device_sync
-from ppsd.trace import Stopwatch
+from ppsd.setup import RunSetup
 
 from . import zerogpu
 from .models import Loaded, ModelCache
@@ -181,22 +179,6 @@ def run_comparison(request: RunRequest, cache: ModelCache, *, throttle: float = 
     finally:
         if timer is not None:
             timer.cancel()
-
-
-@dataclass(frozen=True)
-class ForcedSetup(RunSetup):
-    """A `RunSetup` whose runs decode on their executor wrapped in `ForcedAcceptance`: the real
-    work of every slot at acceptance `acceptance`, rollbacks and flushes included, for timing
-    only (the tokens are not the model's). AR makes no drafts, so its runs are untouched."""
-
-    acceptance: float = 0.0
-
-    def steps(self, *, executor: Executor | None = None, stopwatch: Stopwatch | None = None):
-        stopwatch = stopwatch or Stopwatch(device_sync(self.model))
-        inner = executor or InProcessExecutor(self.model, self.partition, stopwatch)
-        # One seed for every run: each round forces the same verdicts, so the rounds time the same work.
-        wrapped = ForcedAcceptance(inner, self.acceptance, vocab_size=self.model.info.vocab_size, seed=0)
-        return super().steps(executor=wrapped, stopwatch=stopwatch)
 
 
 def prestart(cache: ModelCache, model: str, progress=None) -> str:

@@ -11,11 +11,14 @@ say so (`FORCED_NOTE`).
 from __future__ import annotations
 
 import random
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import torch
 
+from ..executors import Executor, InProcessExecutor
 from ..executors.base import Feed, Output
+from ..setup import RunSetup, device_sync
+from ..trace import Stopwatch
 
 FORCED_NOTE = "forced acceptance (timing only): each verdict is a seeded coin, the tokens are not the model's"
 
@@ -63,3 +66,19 @@ class ForcedAcceptance:
         token = draft if self._coin.random() < self.acceptance else (draft + 1) % self.vocab_size
         self.forced += 1
         return replace(out, final_best=(token,))
+
+
+@dataclass(frozen=True)
+class ForcedSetup(RunSetup):
+    """A `RunSetup` whose runs decode on their executor wrapped in `ForcedAcceptance`: the real
+    work of every slot at acceptance `acceptance`, rollbacks and flushes included, for timing
+    only (the tokens are not the model's). AR makes no drafts, so its runs are untouched."""
+
+    acceptance: float = 0.0
+
+    def steps(self, *, executor: Executor | None = None, stopwatch: Stopwatch | None = None):
+        stopwatch = stopwatch or Stopwatch(device_sync(self.model))
+        inner = executor or InProcessExecutor(self.model, self.partition, stopwatch)
+        # One seed for every run: each round forces the same verdicts, so the rounds time the same work.
+        wrapped = ForcedAcceptance(inner, self.acceptance, vocab_size=self.model.info.vocab_size, seed=0)
+        return super().steps(executor=wrapped, stopwatch=stopwatch)
