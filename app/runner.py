@@ -226,7 +226,8 @@ def _compile_in_background(kind: ExecutorKind, setup: RunSetup) -> Background:
         compile_cache.record(None if kept else time.monotonic() - began)  # every step a default Run reaches
         return executor
 
-    background = Background(kind.compiles, build, say=lambda words: print(words[0].upper() + words[1:], flush=True))
+    background = Background(kind.compiles, build, kept=kept,
+                            say=lambda words: print(words[0].upper() + words[1:], flush=True))
     _BACKGROUND[kind.name] = (_setup_key(setup), background.start())
     return background
 

@@ -48,6 +48,16 @@ def test_a_background_compile_says_how_far_it_is_then_hands_over_its_executor():
     assert background.seconds == pytest.approx(52)  # done: the clock stops
 
 
+def test_a_background_build_from_the_kept_compile_says_it_loads_rather_than_compiles():
+    clock, release, built = Clock(), threading.Event(), object()
+    background = Background("the captured steps", lambda: release.wait(5) and built, kept=True, clock=clock).start()
+    clock.now += 9
+    assert background.words() == "loading the kept compile of the captured steps: 9 s so far"
+    release.set()
+    assert background.wait(5)
+    assert background.words() == "the captured steps ready (loaded from the kept compile in 9 s)"
+
+
 def test_a_failed_background_compile_says_why_and_leaves_nothing_to_run_on():
     def fail():
         raise RuntimeError("no C++ compiler\nand more lines")
