@@ -25,7 +25,7 @@ from ppsd import compile_cache
 from ppsd.executors.background import Background
 from ppsd.executors.kinds import (AUTO, KINDS, Choice, ExecutorKind, choose, choose_measured, concurrent_by_default,
                                   concurrent_kinds)
-from ppsd.executors.distributed.wire import PipelineError
+from ppsd.executors import PipelineError
 from ppsd.setup import RunSetup
 
 from . import zerogpu

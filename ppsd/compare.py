@@ -24,9 +24,8 @@ from typing import Callable, Iterator, Mapping, Protocol
 import torch
 
 from .compare_stats import Stats
-from .executors import Executor
+from .executors import Executor, PipelineError
 from .executors.kinds import ExecutorKind, PlainAR, fastest_ar
-from .executors.distributed.wire import PipelineError
 from .generate import Recording, Result
 from .setup import RunSetup, device_sync
 from .stop_guard import StopGuard

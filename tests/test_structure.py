@@ -1,10 +1,12 @@
-"""The code's shape, checked: no module over 400 lines, no function over 60, and no import
-cycle between the project's modules (imports inside functions count: a lazy import is still a
-dependency)."""
+"""The code's shape, checked: no module over 400 lines, no function over 60, no import cycle
+between the project's modules (imports inside functions count: a lazy import is still a
+dependency), and the K-process package imported only where it is wanted."""
 
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -75,3 +77,12 @@ def test_no_import_cycle():
     for module in sorted(graph):
         if module not in state:
             visit(module, [module])
+
+
+@pytest.mark.parametrize("module", ["ppsd.compare", "ppsd.generate", "app.request"])
+def test_the_k_process_package_is_not_imported_by(module):
+    """`ppsd.executors.distributed` brings torch.distributed: a comparison, a decode or the
+    page's plain request data must not pull it in (in a fresh interpreter: a test imports it)."""
+    code = f"import sys, {module}; print(sorted(m for m in sys.modules if m.startswith('ppsd.executors.distributed')))"
+    found = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert found.stdout.strip() == "[]", f"importing {module} imported {found.stdout.strip()}"

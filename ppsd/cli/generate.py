@@ -15,7 +15,7 @@ from .values import check_output_file, thread_count, write_result
 from .. import compile_cache, recording
 from ..executors.background import ticking
 from ..executors.kinds import ALIASES, AUTO, KINDS, ExecutorKind, choose_measured, concurrent_kinds
-from ..executors.distributed.wire import PipelineError
+from ..executors import PipelineError
 from ..generate import Result, decode
 from ..model import load_model
 from ..setup import set_up_text

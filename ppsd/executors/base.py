@@ -73,6 +73,12 @@ class Executor(Protocol):
     def end(self) -> None: ...  # the run is over (finished, stopped or failed)
 
 
+class PipelineError(RuntimeError):
+    """A worker died, hung or failed; the pool has been shut down. Raised by the K-process
+    pipeline (`distributed`), defined here so a caller (the comparison, a front end) catches it
+    without importing that package and torch.distributed."""
+
+
 def logit_width(kind: Kind, width: int) -> int:
     """How many of a final-stage piece's last positions get logits: a prefill needs only the
     next token's (the LM head is skipped on the rest), anything else every position's."""
