@@ -26,6 +26,7 @@ from ppsd.executors.background import Background
 from ppsd.executors.kinds import (AUTO, KINDS, Choice, ExecutorKind, choose, choose_measured, concurrent_by_default,
                                   concurrent_kinds)
 from ppsd.executors import PipelineError
+from ppsd.generate import warm_up
 from ppsd.setup import RunSetup
 
 from . import zerogpu
@@ -219,7 +220,7 @@ def _compile_in_background(kind: ExecutorKind, setup: RunSetup) -> Background:
 
     def build():
         began = time.monotonic()
-        executor = kind.ready(setup)
+        executor = kind.ready(setup, warm_up=warm_up)
         for _ in Comparison(setup, ("ar", "ppsd"), kind=kind, rounds=1, plain=True, executor=executor,
                             throttle=float("inf")).run():
             pass

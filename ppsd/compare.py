@@ -26,7 +26,7 @@ import torch
 from .compare_stats import Stats
 from .executors import Executor, PipelineError
 from .executors.kinds import ExecutorKind, PlainAR, fastest_ar
-from .generate import Recording, Result
+from .generate import Recording, Result, warm_up
 from .setup import RunSetup, device_sync
 from .stop_guard import StopGuard
 from .trace import Stopwatch, Trace
@@ -43,9 +43,10 @@ _STARTING = threading.Lock()  # one executor starts at a time in a process: two 
 
 
 def ready(kind: ExecutorKind, setup: RunSetup, progress: Callable[[str], None] | None = None) -> Executor | None:
-    """`kind.ready(setup)`, one start at a time in this process (`_STARTING`)."""
+    """`kind.ready(setup)`, warmed up by `ppsd.generate.warm_up`, one start at a time in this
+    process (`_STARTING`)."""
     with _STARTING:
-        return kind.ready(setup, progress=progress)
+        return kind.ready(setup, warm_up=warm_up, progress=progress)
 
 
 class Stop(Protocol):
@@ -278,7 +279,7 @@ class Comparison:
         """Plain AR once, on the way kept (round 1: each way timed, the faster kept; a way still
         decoding at PLAIN_CUT times the fastest so far is cut there)."""
         if not hasattr(self, "_ways"):
-            self._ways = fastest_ar(self.setup, self.kind.name, executor)
+            self._ways = fastest_ar(self.setup, self.kind.name, executor, warm_up=warm_up)
         ways = [w for w in self._ways if w.threads == self._plain_threads] if self._plain_threads else self._ways
         timed: list[tuple[PlainAR, MethodRun]] = []
         trials: list[tuple[int, float, bool]] = []

@@ -35,7 +35,7 @@ from ..compare import Comparison
 from ..model_source import resolve
 from ..config import DEFAULTS, DecodeConfig, balanced_exit_layer
 from ..executors.kinds import KINDS, ExecutorKind, WorkerOptions, concurrent_kinds
-from ..generate import Result, generate
+from ..generate import Result, generate, warm_up
 from ..metrics import break_even_acceptance, ideal_ppsd_speedup_slowest_stage, slot_fraction, speedup
 from ..model import StagedModel, load_model, model_shape, resolve_device
 from ..setup import RunSetup, resolve_config, set_up
@@ -105,7 +105,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         for kind in at_once:
             started = time.perf_counter()
-            executors[kind.name] = kind.ready(setup, options=options, progress=lambda text: print(f"{text}…", flush=True))
+            executors[kind.name] = kind.ready(setup, warm_up=warm_up, options=options,
+                                              progress=lambda text: print(f"{text}…", flush=True))
             startup[kind.name] = time.perf_counter() - started
         print(f"model: {source}; {len(prompts)} prompts x {args.new_tokens} tokens; K={args.stages}, "
               f"E={config.exit_layer}, exit head {setup.head}; pool started and warmed up in "
