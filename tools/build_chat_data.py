@@ -9,7 +9,7 @@ the model's chat template and is answered greedily by Hugging Face `generate()` 
 same answers the page shows by default). One JSON line per answer: {"category", "prompt",
 "temperature", "prompt_ids", "answer_ids"}. Appends, and skips prompts already answered at that
 temperature, so a run can be resumed or extended; with `--temperature 0.8` it adds a sampled
-answer per prompt. Not part of the library: `ppsd.heads.train` reads what it writes.
+answer per prompt. Not part of the library: `python -m ppsd train-head` reads what it writes.
 """
 
 from __future__ import annotations
