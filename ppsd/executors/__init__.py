@@ -1,7 +1,7 @@
 """Executors run stage work for the decoders; the decoders decide what runs.
 
 A pipeline of K stages: stage 1 is layers [0, E) plus the exit head, stage K ends with the final
-head. `base` holds the protocol, the compute at both ends and the error a failed pipeline raises, `schedule` which stage computes
+head. `base` holds the protocol and the compute at both ends, `schedule` which stage computes
 what in each call (as data), `local` the in-process executor (stages in turn), `threads` the
 same with a slot's stages at once on a thread each, `graphed` each stage as one pure step on a
 static KV cache (CUDA graphs on a stream each, or compiled steps on stage threads on a CPU),

@@ -1,5 +1,6 @@
 """What every executor shares: the call's input (`Feed`) and result (`Output`), the `Executor`
-protocol the decoders drive, and the compute at the pipeline's two ends.
+protocol the decoders drive, the error a failed pipeline raises (`PipelineError`), and the
+compute at the pipeline's two ends.
 
 Boundary: no schedule (that is `schedule`) and no processes; both executors, and the worker
 holding the final stage, compute stage 1 and the final logits with these functions.
