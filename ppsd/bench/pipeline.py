@@ -31,7 +31,7 @@ import torch
 from ..chat import encode_prompt, use_chat
 from ..cli import options
 from ..cli.values import check_output_file, thread_count, whole, write_result
-from ..compare import Comparison
+from ..compare import Comparison, ExecutorSource
 from ..model_source import resolve
 from ..config import DEFAULTS, DecodeConfig, balanced_exit_layer
 from ..executors.kinds import KINDS, ExecutorKind, WorkerOptions, concurrent_kinds
@@ -205,7 +205,7 @@ def _measure(args, model: StagedModel, config: DecodeConfig, methods: list[Metho
                 kind = KINDS[executor]
                 names = tuple(dict.fromkeys(m.method for m in group))
                 comparison = Comparison(replace(setup, prompt_ids=tuple(prompt)), names, kind=kind, rounds=1,
-                                        executor=executors.get(executor), throttle=float("inf"))
+                                        source=ExecutorSource(executors.get(executor)), throttle=float("inf"))
                 active = None
                 for state in comparison.run():
                     if state.active != active and state.active is not None:
