@@ -1,4 +1,6 @@
-"""Build the self-distillation data for the default model's exit heads: its own greedy chat answers.
+"""Build the self-distillation data for the default model's exit heads: its own greedy chat answers
+(the shipped asset `assets/data/smollm2-135m-instruct-chat-answers.jsonl.gz`; assets/data/README.md
+holds the commands that built it).
 
     python tools/build_chat_data.py --out runs/chat-data/answers.jsonl --minutes 30
 
