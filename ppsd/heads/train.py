@@ -1,4 +1,4 @@
-"""`python -m ppsd train-head`: train an early-exit head by self-distillation.
+"""Train an early-exit head by self-distillation (the loop behind `python -m ppsd train-head`).
 
 The base model is frozen. One full forward pass per batch gives both the hidden state after layer
 E (the head's input) and the full model's next-token distribution p at every position (the
