@@ -183,7 +183,7 @@ def test_the_cli_auto_says_a_one_time_compile_is_coming_and_ticks_while_it_runs(
     monkeypatch.setattr(compile_cache, "_in_use", None)  # as in a new process: an earlier test's folder is not this one
     monkeypatch.setattr(host, "usable_cores", lambda: 2)
     monkeypatch.setattr(generate, "ticking", lambda say, words, every: ticking(say, words, 0.05))
-    slow = dataclasses.replace(KINDS["graphed"], build=lambda setup, tell, options: time.sleep(0.3))
+    slow = dataclasses.replace(KINDS["graphed"], build=lambda setup, warm_up, tell, options: time.sleep(0.3))
     monkeypatch.setitem(KINDS, "graphed", slow)
     assert main(["generate", "--model", saved_model, "--prompt", "The quick", "--max-new-tokens", "4",
                  "--executor", "auto"]) == 0
@@ -227,10 +227,9 @@ def test_plain_ar_on_the_captured_steps_has_its_buffers_at_their_final_size_befo
     monkeypatch.setenv("PPSD_CACHE", str(tmp_path))
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "torch"))
     monkeypatch.setattr(compile_cache, "_in_use", None)
-    monkeypatch.setattr(kinds, "_warmed", lambda setup, executor: executor)
     setup = set_up(llama, DecodeConfig(method="ppsd", num_stages=2, exit_layer=4, max_new_tokens=200),
                    exit_head="shared")
-    (way,) = kinds.fastest_ar(setup, "graphed", None)
+    (way,) = kinds.fastest_ar(setup, "graphed", None, warm_up=lambda *args, **kwargs: None)
     try:
         assert way.executor.cache.capacity >= kinds.reach(setup) > 64
     finally:
