@@ -13,11 +13,20 @@ def check_text(text: str) -> str:
     point says it alike)."""
     if not str(text).strip():
         raise ValueError("prompt is empty: give some text to continue")
+    unicode_text("prompt", text)
+    return text
+
+
+def unicode_text(name: str, text: object) -> str:
+    """`text` as a str, or ValueError naming the field `name` when it holds a lone surrogate (raw
+    JSON can send "\\ud800"): no tokenizer, file system or reply can take one, and a reply that
+    echoed it could not be sent at all (the connection drops). The message never echoes the text."""
+    text = "" if text is None else str(text)
     try:
-        str(text).encode("utf-8")
-    except UnicodeEncodeError as error:  # a lone surrogate ("\ud800" over raw JSON): the tokenizer's TypeError
-        raise ValueError(f"prompt is not valid Unicode text: character {error.start} is a lone surrogate "
-                         f"(U+{ord(str(text)[error.start]):04X})") from None
+        text.encode("utf-8")
+    except UnicodeEncodeError as error:
+        raise ValueError(f"{name} is not valid Unicode text: character {error.start} is a lone surrogate "
+                         f"(U+{ord(text[error.start]):04X})") from None
     return text
 
 
