@@ -21,9 +21,7 @@ def _sources() -> dict[str, str]:
 @pytest.mark.parametrize("check, home", [
     ("is a lone surrogate", "ppsd/chat.py"),  # every text field, page and library alike
     ("The prompt is empty", "app/request.py"),  # the page's words for a blank prompt
-    ('whole_number("repeats"', "app/request.py"),
     ('whole_number("max_new_tokens"', "app/request.py"),
-    ("forced_acceptance={", "app/request.py"),
 ])
 def test_each_check_on_a_run_is_written_once(check, home):
     assert [path for path, text in _sources().items() if check in text] == [home]

@@ -10,12 +10,14 @@ torch.distributed are imported only when a kind needs them.
 Adding a kind: write its executor in a module of its own (the `Executor` protocol of `base`,
 with `close()`), then add one `ExecutorKind` to `KINDS`: its name and words (a concurrent kind
 also says how a run of it ran, for the page's headline), whether its stages run at once, why it cannot run somewhere (`unavailable`), and `build`, which constructs it and
-warms it up untimed (`ready` checks `unavailable` before it calls `build`). "stacked" is the
-newest such entry: `_stacked_unavailable`, `_stacked` and one line in `KINDS`.
+warms it up untimed (`ready` checks `unavailable` before it calls `build`), and, when it runs
+faster than eager on a GPU, what a token costs there (`gpu_token_seconds`, which sizes a ZeroGPU
+lease) and whether it captures each length bucket first (`gpu_captures`). "stacked" is the newest
+such entry: `_stacked_unavailable`, `_stacked` and one line in `KINDS`.
 
 A kind whose steps compile before first use on a CPU names what compiles in `compiles`: the page
-builds it in the background at start-up (`app.runner.prestart`), and "auto" moves to it once it
-is ready where this machine measured it fastest (`choose_measured`; the compile is kept by
+builds it in the background at start-up (`ppsd.ready_here`, from `app.runner.prestart`), and
+"auto" moves to it once it is ready where this machine measured it fastest (`choose_measured`; the compile is kept by
 `ppsd.compile_cache`).
 
 Every front end then offers it: the CLI's `--executor` by name; the page, when it is
