@@ -11,7 +11,7 @@ from typing import Any
 
 import ppsd
 from ppsd import DecodeConfig
-from ppsd.chat import unicode_text
+from ppsd.chat import check_text, unicode_text
 from ppsd.compare import PLAIN  # plain AR's key: the comparison's one definition
 from ppsd.config import DEFAULTS, real_number, whole_number
 
@@ -105,9 +105,8 @@ class CheckedRequest(RunRequest):
         prompt = prompt_text(self.prompt)
         for name in TEXTS[1:]:  # the prompt's own check above says its length first
             unicode_text(name, getattr(self, name))
-        if not prompt.strip():
-            wanted = "a question for the model" if self.chat else "some text for the model to continue"
-            raise ValueError(f"The prompt is empty: type {wanted}, or click an example.")
+        wanted = "a question for the model" if self.chat else "some text for the model to continue"
+        check_text(prompt, empty=f"The prompt is empty: type {wanted}, or click an example.")
         object.__setattr__(self, "rounds", _rounds(self.repeats))
         object.__setattr__(self, "forced", _forced(self.forced_acceptance, self.temperature))
         object.__setattr__(self, "config", _config(self))

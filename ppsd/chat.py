@@ -8,11 +8,14 @@ instead of continuing the question. Token ids in `ppsd.generate` never know whic
 from __future__ import annotations
 
 
-def check_text(text: str) -> str:
-    """`text`, or ValueError when it holds nothing to decode or is no valid Unicode (every entry
-    point says it alike)."""
+EMPTY_PROMPT = "prompt is empty: give some text to continue"  # the library's words, for text or token ids
+
+
+def check_text(text: str, *, empty: str = EMPTY_PROMPT) -> str:
+    """`text`, or ValueError when it holds nothing to decode (said as `empty`: a front end may say
+    it in its own words) or is no valid Unicode (`unicode_text`): the one check of a prompt's text."""
     if not str(text).strip():
-        raise ValueError("prompt is empty: give some text to continue")
+        raise ValueError(empty)
     unicode_text("prompt", text)
     return text
 
