@@ -33,6 +33,7 @@ from .request import MAX_RUN_SECONDS, CheckedRequest, RunRequest
 
 __all__ = ["MethodRun", "Snapshot", "background_words", "compiling_in_background", "prestart", "run_comparison"]
 
+
 @dataclass(frozen=True)
 class Limit:
     """What may end a run by time: `seconds` after it starts, said as `words` after "Ended by "."""
@@ -116,12 +117,12 @@ def run_comparison(request: RunRequest, cache: ModelCache, *, throttle: float = 
                    stop: threading.Event | None = None,
                    time_limit: float | None = MAX_RUN_SECONDS,
                    shared_limit: float | None = None, lease: Limit | None = None) -> Iterator[Snapshot]:
-    """Validate everything first, then the comparison, yielding snapshots at most every
-    `throttle` seconds of its first round and once when each method finishes. Once `stop` is
-    set, or `time_limit` seconds have passed since this call (or the `lease` of a ZeroGPU call,
-    if it ends first), the running method ends at its next step and a last snapshot says so
-    (`stopped`, and the `limit` when one ended it; a `stop` that was `handed_over` to a waiting
-    visitor ended it at `shared_limit`, and says so)."""
+    """The comparison `request` asks for (checked first, unless it is a `CheckedRequest` already:
+    `RunRequest.checked`), yielding snapshots at most every `throttle` seconds of its first round
+    and once when each method finishes. Once `stop` is set, or `time_limit` seconds have passed
+    since this call (or the `lease` of a ZeroGPU call, if it ends first), the running method ends
+    at its next step and a last snapshot says so (`stopped`, and the `limit` when one ended it; a
+    `stop` that was `handed_over` to a waiting visitor ended it at `shared_limit`, and says so)."""
     stop = stop or threading.Event()
     expired = threading.Event()  # a limit, not a user, stopped it
     limits = [limit for limit in (None if time_limit is None else Limit.device(time_limit), lease) if limit]
@@ -174,8 +175,9 @@ def prestart(cache: ModelCache, model: str, progress=None) -> str:
     """What a first Run of `model` with the page's defaults needs beyond the model: its shared
     pipeline (the worker processes), started and warmed up now, so that Run's first token does
     not wait for them; then the kinds that compile first (on a CPU) start compiling in the
-    background (`ppsd.ready_here.compile_in_background`). `progress` hears each step as it begins. Returns what
-    was started, in words ("" when the defaults run the stages in turn, or on a kind built per run)."""
+    background (`ppsd.ready_here.compile_in_background`). `progress` hears each step as it
+    begins. Returns what was started, in words ("" when the defaults run the stages in turn, or
+    on a kind built per run)."""
     tell = progress or (lambda message: None)
     tell(f"Loading {model} and warming it up (untimed)")
     loaded = cache.get(model, progress=progress, warm=True)
