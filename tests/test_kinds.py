@@ -145,4 +145,5 @@ def test_each_kind_carries_its_gpu_cost_a_token_and_whether_it_captures():
         assert 0 < kind.gpu_token_seconds <= kinds.EAGER_GPU_TOKEN_SECONDS
         assert kind.gpu_captures == (kind.gpu_token_seconds < kinds.EAGER_GPU_TOKEN_SECONDS)
     assert KINDS["stacked"].gpu_captures and KINDS["graphed"].gpu_captures and not kinds.IN_TURN.gpu_captures
-    assert not kinds.IN_TURN.concurrent
+    assert not kinds.IN_TURN.concurrent and not kinds.IN_TURN.times_plain
+    assert all(kind.times_plain for kind in concurrent_kinds())  # plain AR timed beside the stages at once

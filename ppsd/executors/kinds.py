@@ -87,6 +87,12 @@ class ExecutorKind:
     gpu_token_seconds: float = EAGER_GPU_TOKEN_SECONDS
     gpu_captures: bool = False  # on a GPU, each length bucket a run reaches is captured (a CUDA graph) first
 
+    @property
+    def times_plain(self) -> bool:
+        """Does a comparison on this kind time plain AR beside it? With the stages at once, PPSD
+        is put against the fastest AR with no pipeline; in turn, AR is that already."""
+        return self.concurrent
+
     def compiles_on(self, device: str) -> bool:
         """Does this kind compile before its first use on `device` (a CPU; a GPU captures in seconds)?"""
         return bool(self.compiles) and not device.startswith("cuda")
