@@ -65,7 +65,7 @@ def gpu_seconds(request: RunRequest | None, run_seconds: float = MAX_RUN_SECONDS
         run = request.checked()
         kind = choose(run.pipeline, run.config.num_stages, LEASED_DEVICE) if run.workers else IN_TURN
         runs = run.rounds * (len(run.methods) + kind.times_plain)
-        decode = runs * run.config.max_new_tokens * (CARD_SHARE * kind.gpu_token_seconds)  # the product as before
+        decode = runs * run.config.max_new_tokens * (CARD_SHARE * kind.gpu_token_seconds)  # a token: the docs's 9.86 or 42.8 ms
         prompt = count_tokens(run) if count_tokens else len(run.prompt) // PROMPT_CHARS_PER_TOKEN
         capture = len(buckets_to(reach(prompt, run))) * CAPTURE_SECONDS_PER_BUCKET if kind.gpu_captures else 0.0
     except (TypeError, ValueError, OverflowError):
