@@ -17,7 +17,7 @@ from typing import Mapping
 from ppsd import Metrics
 from ppsd.compare import PlainWay
 from ppsd.compare_stats import Stats
-from ppsd.executors.kinds import KINDS
+from ppsd.executors.kinds import KINDS, concurrent_kinds
 from ppsd.metrics import DEFINITIONS, Stalls, break_even_acceptance, cost_slot_fraction, ideal_ppsd_speedup_slowest_stage
 
 from .words import PROJECTED_AS, duration_text, forced_words, ratio_text
@@ -87,7 +87,7 @@ class Comparison:
     stats: Stats
     eesd: Metrics | None = None
     plain: PlainWay | None = None  # how plain AR ran, when it was timed (with the stages at once)
-    pipeline: str = "processes"  # with `workers`: the name of the kind that ran (`ppsd.executors.kinds`)
+    pipeline: str = concurrent_kinds()[0].name  # with `workers`: the name of the kind that ran (`ppsd.executors.kinds`)
     stalls: Mapping[str, Stalls] = field(default_factory=dict)  # method -> its shown run's stalls
     stages: Stages | None = None
     shown: int | None = None  # which round the panels show (0-based)

@@ -29,7 +29,7 @@ from .line import Background, wait_text
 from .panels import run_message
 from .page_text import STAGES_LABEL, WORKERS_LABEL
 from .models import ModelCache
-from .request import RunRequest, prompt_text, unicode_text
+from .request import CheckedRequest, RunRequest, prompt_text, unicode_text
 from .runner import Limit, Snapshot, run_comparison
 from .state import AppState
 from .visitors import visitor
@@ -160,17 +160,18 @@ def _session(request: gr.Request | None) -> str:
 def on_run_form(state: AppState, decode: Callable[..., Iterator[tuple]], request: gr.Request | None,
                 *form: Any) -> Iterator[tuple]:
     """Run AR, then PPSD (then EESD) on the prompt and time them, the page's Run button and the `run`
-    API: the inputs, in the order of `app.request.FORM`, parsed into a `RunRequest` for `on_run`;
-    a form that does not parse is refused in words. The last output is the run as JSON."""
+    API: the inputs, in the order of `app.request.FORM`, parsed into a checked request for
+    `on_run`; a form that does not parse or check out is refused in words. The last output is
+    the run as JSON."""
     try:
-        run = RunRequest.from_form(*form).check_texts()
+        run = RunRequest.from_form(*form).checked()
     except ValueError as error:
         yield ordered(view.failed(str(error)))
         return
     yield from on_run(state, decode, run, request)
 
 
-def on_run(state: AppState, decode: Callable[..., Iterator[tuple]], run: RunRequest,
+def on_run(state: AppState, decode: Callable[..., Iterator[tuple]], run: CheckedRequest,
            request: gr.Request | None = None) -> Iterator[tuple]:
     """Run the comparison `run` asks for, yielding every output at the runner's throttled pace.
     Here, in the server's process: the model loads, then the run waits in line for the device;
@@ -178,9 +179,6 @@ def on_run(state: AppState, decode: Callable[..., Iterator[tuple]], run: RunRequ
     Stop by its slot."""
     with state.stops.running(_session(request)) as stop:
         try:
-            if not run.prompt.strip():
-                wanted = "a question for the model" if run.chat else "some text for the model to continue"
-                raise ValueError(f"The prompt is empty: type {wanted}, or click an example.")
             if problem := stages_problem(run.num_stages, run.workers, run.pipeline):
                 raise ValueError(problem)
             if request is not None and not state.listeners.wait(_session(request)):
@@ -210,7 +208,7 @@ def on_run(state: AppState, decode: Callable[..., Iterator[tuple]], run: RunRequ
             yield ordered(view.failed(str(error)))
 
 
-def on_decode(state: AppState, stop_slot: int, run: RunRequest) -> Iterator[tuple]:
+def on_decode(state: AppState, stop_slot: int, run: CheckedRequest) -> Iterator[tuple]:
     """The device's part of a Run: the comparison `run` asks for, its outputs as they come. On
     ZeroGPU this is the GPU call, in a forked child: it finds the model in its copy of the
     server's memory, its Stop by `stop_slot` (`app.line.StopRegistry.flag`), and chooses the
@@ -233,13 +231,13 @@ def on_decode(state: AppState, stop_slot: int, run: RunRequest) -> Iterator[tupl
         yield ordered(view.failed(str(error)))
 
 
-def _turn(state: AppState, run: RunRequest) -> float:
+def _turn(state: AppState, run: CheckedRequest) -> float:
     """`run`'s turn (`AppState.turn_seconds`) on the device its model is loaded on."""
     loaded = state.cache.find(run.model)
     return state.turn_seconds(run, loaded.model.info.device if loaded is not None else resolve_device("auto"))
 
 
-def _lease_left(state: AppState, run: RunRequest, started: float) -> Limit | None:
+def _lease_left(state: AppState, run: CheckedRequest, started: float) -> Limit | None:
     """On ZeroGPU's GPU, what is left of the lease the call that started at `started` asked for."""
     loaded = state.cache.find(run.model)
     if loaded is None or not zerogpu.leases_gpu(loaded.model.info.device):

@@ -15,17 +15,17 @@ from __future__ import annotations
 import math
 from typing import Any, Callable
 
-from ppsd.config import whole_number
+from ppsd.executors.kinds import IN_TURN, choose
 from ppsd.static_cache import buckets_to, run_reach
 
-from .request import MAX_PROMPT_CHARS, MAX_RUN_SECONDS, RunRequest
+from .request import MAX_PROMPT_CHARS, MAX_RUN_SECONDS, CheckedRequest, RunRequest
 
-# A token on the captured steps (the GPU's default pipeline): graphed PPSD at acceptance 0, the
-# slower of the two captured methods, 4.93 ms a token measured on a whole NVIDIA H200 (graphed AR
-# 3.74 ms; docs/benchmarks.md, "The captured-step engine"), doubled because ZeroGPU lends about
-# half a card. A token with the stages in turn in one process (eager, no capture): 21.4 ms, doubled.
-CAPTURED_TOKEN_SECONDS = 2 * 0.00493
-EAGER_TOKEN_SECONDS = 2 * 0.0214
+# A token costs what its kind says it costs on a whole GPU (`ExecutorKind.gpu_token_seconds`: on
+# the captured steps, graphed PPSD's measured 4.93 ms; with the stages in turn, eager, 21.4 ms),
+# this many times over, because ZeroGPU lends about half a card.
+CARD_SHARE = 2
+EAGER_TOKEN_SECONDS = CARD_SHARE * IN_TURN.gpu_token_seconds  # the slowest way a token runs there
+LEASED_DEVICE = "cuda"  # what ZeroGPU lends: the kind "auto" picks is a GPU's
 # The call's set-up. Projected, not measured on ZeroGPU (no ZeroGPU was reachable from the build
 # machine): a fresh worker's CUDA start and the weights onto the card (270 MB) plus the warm-up's
 # few tokens of every method; and per length bucket the run reaches, its steps' capture (two
@@ -44,30 +44,30 @@ ANONYMOUS_DAILY_SECONDS = 120  # a visitor not signed in, a day (Hugging Face's 
 PROMPT_CHARS_PER_TOKEN = 1  # a prompt's tokens when its model's tokenizer is not at hand: at most one a character
 
 
-def reach(prompt_tokens: int, request: RunRequest) -> int:
+def reach(prompt_tokens: int, request: CheckedRequest) -> int:
     """The furthest position a run of `request` may write (`ppsd.static_cache.run_reach`)."""
-    return run_reach(prompt_tokens, whole_number("max_new_tokens", request.max_new_tokens),
-                     whole_number("stages", request.num_stages), whole_number("draft_len", request.draft_len))
+    config = request.config
+    return run_reach(prompt_tokens, config.max_new_tokens, config.num_stages, config.draft_len)
 
 
 def gpu_seconds(request: RunRequest | None, run_seconds: float = MAX_RUN_SECONDS,
                 count_tokens: Callable[[RunRequest], int] | None = None) -> int:
     """Seconds of GPU to ask ZeroGPU for the run `request`: the set-up, the capture of every bucket
-    it reaches, then every token of every timed run of every method (plain AR too, with the stages
-    at once), on the captured steps when the stages run at once, else eager; never more than the
-    run's own time limit allows. `count_tokens` gives the prompt's tokens (default: its
+    it reaches (on a kind that captures), then every token of every timed run of every method
+    (plain AR too, with the stages at once) at its kind's cost a token on a GPU; never more than
+    the run's own time limit allows. `count_tokens` gives the prompt's tokens (default: its
     characters). The default run on a GPU (64 tokens, 2 timed runs of AR, PPSD and plain AR on
     the captured steps, 2-3 buckets) asks for 14-15 s. A request that does not check out (it
     will be refused in words), or None (a form that does not parse), asks for the least."""
     if request is None:
         return math.ceil(SETUP_SECONDS)
     try:
-        runs = request.rounds() * (len(request.methods) + request.workers)
-        tokens = whole_number("max_new_tokens", request.max_new_tokens)
-        captured = request.workers and request.pipeline in ("auto", "graphed")
-        decode = runs * tokens * (CAPTURED_TOKEN_SECONDS if captured else EAGER_TOKEN_SECONDS)
-        prompt = count_tokens(request) if count_tokens else len(request.prompt) // PROMPT_CHARS_PER_TOKEN
-        capture = len(buckets_to(reach(prompt, request))) * CAPTURE_SECONDS_PER_BUCKET if captured else 0.0
+        run = request.checked()
+        kind = choose(run.pipeline, run.config.num_stages, LEASED_DEVICE) if run.workers else IN_TURN
+        runs = run.rounds * (len(run.methods) + kind.times_plain)
+        decode = runs * run.config.max_new_tokens * (CARD_SHARE * kind.gpu_token_seconds)  # a token: the docs's 9.86 or 42.8 ms
+        prompt = count_tokens(run) if count_tokens else len(run.prompt) // PROMPT_CHARS_PER_TOKEN
+        capture = len(buckets_to(reach(prompt, run))) * CAPTURE_SECONDS_PER_BUCKET if kind.gpu_captures else 0.0
     except (TypeError, ValueError, OverflowError):
         decode = capture = 0.0
     return math.ceil(SETUP_SECONDS + capture + min(decode, run_seconds))

@@ -25,7 +25,7 @@ from ppsd.heads import AUTO_HEAD, SHARED_HEAD, HeadChoice, NotAHead, choose_exit
 from ppsd.generate import warm_up
 from ppsd.cache_files import NoSpace
 from ppsd.model_source import UNREACHABLE, Progress, is_default, resolve, shown
-from ppsd.setup import RunSetup, set_up_text
+from ppsd.setup import RunSetup, set_up
 
 
 @dataclass(frozen=True)
@@ -170,10 +170,11 @@ class ModelCache:
 
     def set_up(self, loaded: "Loaded", text: str, config: DecodeConfig, *, exit_head: str,
                chat: bool) -> RunSetup:
-        """`ppsd.setup.set_up_text` on `loaded`, with the exit head checked as `exit_head` does."""
+        """`ppsd.setup.set_up` on `loaded` for `text` (a `CheckedRequest`'s prompt, whose checks are
+        not repeated here), with the exit head checked as `exit_head` does."""
         spec = self.head_spec(exit_head)
         with _neutral_head_errors(spec):
-            return set_up_text(loaded.model, loaded.tokenizer, text, config, exit_head=spec, chat=chat)
+            return set_up(loaded.model, config, exit_head=spec, prompt_ids=loaded.encode(text, chat=chat), chat=chat)
 
     def offers(self, name: str) -> bool:
         """May `name` be loaded (or its config read) here? Every handler asks before it touches a

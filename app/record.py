@@ -17,14 +17,16 @@ from pathlib import Path
 from ppsd.cli import Parser, guarded
 from ppsd.cli.values import check_output_file, thread_count, whole, write_result
 from ppsd.config import DEFAULTS, MAX_NEW_TOKENS_CAP
+from ppsd.executors.kinds import AUTO, IN_TURN, concurrent_kinds
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=None, help="the model (default the page's)")
     parser.add_argument("--prompt", default=None, help="the question (default: the page's default prompt)")
-    parser.add_argument("--pipeline", default="auto",
-                        help="where the K stages run at once: auto (the page's default), processes, threads, "
-                             "graphed (the captured steps); in-process runs them in turn (projected clock)")
+    parser.add_argument("--pipeline", default=AUTO,
+                        help=f"where the K stages run at once: {AUTO} (the page's default), "
+                             f"{', '.join(kind.name for kind in concurrent_kinds())}; {IN_TURN.name} runs them in "
+                             "turn (projected clock)")
     parser.add_argument("--stages", type=whole(2, 64), default=DEFAULTS.num_stages, help="K (default the page's)")
     parser.add_argument("--max-new-tokens", type=whole(1, MAX_NEW_TOKENS_CAP), default=DEFAULTS.max_new_tokens)
     parser.add_argument("--repeats", type=whole(1, 9), default=None, help="timed rounds (default the page's, 3)")
@@ -52,11 +54,11 @@ def run(args: argparse.Namespace) -> int:
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    in_turn = args.pipeline == "in-process"
+    in_turn = args.pipeline == IN_TURN.name
     model = {"model": args.model} if args.model else {}
     request = RunRequest(prompt=args.prompt or load_examples()[0]["prompt"], num_stages=args.stages, **model,
                          max_new_tokens=args.max_new_tokens, repeats=args.repeats or DEFAULT_REPEATS,
-                         workers=not in_turn, pipeline="auto" if in_turn else args.pipeline)
+                         workers=not in_turn, pipeline=AUTO if in_turn else args.pipeline).checked()
     cache = ModelCache()
     # One untimed comparison first, as the page's start-up runs one: what a first use compiles or
     # starts (the captured steps' kept compile, the worker processes) stays out of the recorded rounds.

@@ -20,7 +20,7 @@ from ppsd.recording import (MAX_BYTES, BadRecording, Machine, RunRecord, loads, 
                             record as record_state, this_machine)
 
 from .models import Loaded
-from .request import FORM, RunRequest
+from .request import FORM, CheckedRequest, RunRequest
 from .runner import Snapshot
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -91,7 +91,7 @@ def snapshot(rec: RunRecord) -> Replayed:
                     load_average=rec.machine.load_average)
 
 
-def _request(rec: RunRecord) -> RunRequest:
+def _request(rec: RunRecord) -> CheckedRequest:
     unknown = sorted(set(rec.settings) - set(FORM))
     if unknown:
         raise BadRecording(f"settings.{unknown[0][:40]} is not a setting of the page")
@@ -101,20 +101,16 @@ def _request(rec: RunRecord) -> RunRequest:
     if missing:
         raise BadRecording(f"settings lacks {missing[0]}")
     try:
-        return RunRequest.from_form(*(rec.settings.get(name, defaults.get(name)) for name in FORM)).check_texts()
+        return RunRequest.from_form(*(rec.settings.get(name, defaults.get(name)) for name in FORM)).checked()
     except (TypeError, ValueError) as error:
         raise BadRecording(f"the recorded settings are not the page's: {error}") from None
 
 
-def _check_settings(request: RunRequest, rec: RunRecord) -> None:
+def _check_settings(request: CheckedRequest, rec: RunRecord) -> None:
     """The page's settings must be the ones the recorded runs ran with: the headline and the cards
     read some of them from the request."""
     config = rec.state.rounds[0]["ppsd"].config
-    try:
-        rounds = request.rounds()
-    except ValueError as error:
-        raise BadRecording(f"the recorded settings are not the page's: {error}") from None
-    if rounds != rec.state.num_rounds:
+    if request.rounds != rec.state.num_rounds:
         raise BadRecording(f"settings.repeats = {request.repeats} does not match the {rec.state.num_rounds} rounds "
                            "recorded")
     if tuple(request.methods) != rec.state.methods:
@@ -178,7 +174,7 @@ def record(snap: Snapshot, machine: Machine | None = None) -> RunRecord:
     texts = {tuple(run.result.token_ids): snap.loaded.decode(run.result.token_ids) for run in runs
              if run.result is not None}
     facts = model_facts(setup.model, head=snap.head, chat=snap.loaded.chat)
-    settings = dataclasses.asdict(snap.request)
+    settings = {name: getattr(snap.request, name) for name in FORM}  # as sent, not what was checked from it
     return record_state(snap.state, settings=settings, model=facts, machine=machine or this_machine(snap.device),
                         pieces=pieces, texts=texts, note=snap.note)
 

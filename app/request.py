@@ -1,15 +1,17 @@
 """What a visitor asks for: one comparison's settings as the page's form sends them
-(`RunRequest`, its fields in `FORM`'s order), checked where they are used (the GPU lease such a
-run needs on ZeroGPU is `app.lease`'s). Plain data: nothing here loads or decodes.
+(`RunRequest`, its fields in `FORM`'s order), and the same checked once (`CheckedRequest`), the
+one home of each check on a run's settings (the GPU lease such a run needs on ZeroGPU is
+`app.lease`'s). Plain data: nothing here loads or decodes.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import ppsd
 from ppsd import DecodeConfig
+from ppsd.chat import check_text, unicode_text
 from ppsd.compare import PLAIN  # plain AR's key: the comparison's one definition
 from ppsd.config import DEFAULTS, real_number, whole_number
 
@@ -64,32 +66,10 @@ class RunRequest:
             form["forced_acceptance"] = None
         return cls(**form)
 
-    def forced(self) -> float | None:
-        """`forced_acceptance`, checked: None (off) or a real number in [0, 1]; forced verdicts
-        replace the greedy choice, so a sampled run (temperature > 0) is refused in words."""
-        if self.forced_acceptance is None:
-            return None
-        a = real_number("forced_acceptance", self.forced_acceptance)
-        if not 0.0 <= a <= 1.0:
-            raise ValueError(f"forced_acceptance={a} is out of range: 0 <= forced_acceptance <= 1")
-        if real_number("temperature", self.temperature) != 0:
-            raise ValueError("forced acceptance replaces the greedy choice: set Temperature to 0 to use it")
-        return a
-
-    def check_texts(self) -> "RunRequest":
-        """Itself, or ValueError naming the first text field that is no valid Unicode
-        (`unicode_text`), or a prompt past `MAX_PROMPT_CHARS` (`prompt_text`)."""
-        prompt_text(self.prompt)
-        for name in TEXTS:
-            unicode_text(name, getattr(self, name))
-        return self
-
-    def rounds(self) -> int:
-        """`repeats`, checked: a whole number in [1, MAX_REPEATS]."""
-        rounds = whole_number("repeats", self.repeats)
-        if not 1 <= rounds <= MAX_REPEATS:
-            raise ValueError(f"repeats={rounds} is out of range: 1 <= repeats <= {MAX_REPEATS}")
-        return rounds
+    def checked(self) -> "CheckedRequest":
+        """This request checked, once (`CheckedRequest`); ValueError in words for the first value
+        that does not check out."""
+        return CheckedRequest(**{name: getattr(self, name) for name in FORM})
 
     @property
     def methods(self) -> tuple[str, ...]:
@@ -103,17 +83,69 @@ class RunRequest:
         workers = ("workers",) if self.workers else ()
         return ("model", *workers, *self.methods, *((PLAIN,) if self.workers else ()), *repeats)
 
-    def settings(self) -> DecodeConfig:
-        """The run's settings as typed, for `ppsd.setup` to resolve against the model (ValueError
-        names the bad value: a form or an API client may send 2.5 layers, NaN or a seed past
-        2^63, and none of it is rounded away)."""
-        return DecodeConfig(
-            method="ppsd", exit_layer=None if self.exit_layer is None else whole_number("exit_layer", self.exit_layer),
-            num_stages=whole_number("stages", self.num_stages), draft_len=whole_number("draft_len", self.draft_len),
-            max_new_tokens=whole_number("max_new_tokens", self.max_new_tokens),
-            temperature=real_number("temperature", self.temperature), top_p=real_number("top_p", self.top_p),
-            seed=whole_number("seed", self.seed),
-        )
+
+@dataclass(frozen=True)
+class CheckedRequest(RunRequest):
+    """A `RunRequest` whose values checked out: the one place each is checked, with its one
+    message, before anything loads (`RunRequest.checked` builds it; `dataclasses.replace` checks
+    again). The page's form, its API and `app.record` each build one; everything downstream takes
+    it as true. Its texts are valid Unicode and the prompt neither blank nor past
+    `MAX_PROMPT_CHARS`; `rounds` is `repeats`, whole and in [1, MAX_REPEATS]; `forced` is
+    `forced_acceptance`, None (off) or in [0, 1] on a greedy run; `config` is the run's settings
+    as typed, every number whole or real as its field is, for `ppsd.setup` to resolve against the
+    model (a form or an API client may send 2.5 layers, NaN or a seed past 2^63, and none of it is
+    rounded away). Which kind runs it is the library's to check, against the device
+    (`ppsd.ready_here.kind_here`)."""
+
+    rounds: int = field(init=False)
+    forced: float | None = field(init=False)
+    config: DecodeConfig = field(init=False)
+
+    def __post_init__(self) -> None:
+        prompt = prompt_text(self.prompt)
+        for name in TEXTS[1:]:  # the prompt's own check above says its length first
+            unicode_text(name, getattr(self, name))
+        wanted = "a question for the model" if self.chat else "some text for the model to continue"
+        check_text(prompt, empty=f"The prompt is empty: type {wanted}, or click an example.")
+        object.__setattr__(self, "rounds", _rounds(self.repeats))
+        object.__setattr__(self, "forced", _forced(self.forced_acceptance, self.temperature))
+        object.__setattr__(self, "config", _config(self))
+
+    def checked(self) -> "CheckedRequest":
+        return self
+
+
+def _rounds(repeats: Any) -> int:
+    """`repeats`, checked: a whole number in [1, MAX_REPEATS]."""
+    rounds = whole_number("repeats", repeats)
+    if not 1 <= rounds <= MAX_REPEATS:
+        raise ValueError(f"repeats={rounds} is out of range: 1 <= repeats <= {MAX_REPEATS}")
+    return rounds
+
+
+def _forced(acceptance: Any, temperature: Any) -> float | None:
+    """The forced acceptance, checked: None (off) or a real number in [0, 1]; forced verdicts
+    replace the greedy choice, so a sampled run (temperature > 0) is refused in words."""
+    if acceptance is None:
+        return None
+    a = real_number("forced_acceptance", acceptance)
+    if not 0.0 <= a <= 1.0:
+        raise ValueError(f"forced_acceptance={a} is out of range: 0 <= forced_acceptance <= 1")
+    if real_number("temperature", temperature) != 0:
+        raise ValueError("forced acceptance replaces the greedy choice: set Temperature to 0 to use it")
+    return a
+
+
+def _config(request: RunRequest) -> DecodeConfig:
+    """The run's settings as typed (ValueError names the bad value)."""
+    return DecodeConfig(
+        method="ppsd",
+        exit_layer=None if request.exit_layer is None else whole_number("exit_layer", request.exit_layer),
+        num_stages=whole_number("stages", request.num_stages), draft_len=whole_number("draft_len", request.draft_len),
+        max_new_tokens=whole_number("max_new_tokens", request.max_new_tokens),
+        temperature=real_number("temperature", request.temperature), top_p=real_number("top_p", request.top_p),
+        seed=whole_number("seed", request.seed),
+    )
 
 
 def boolean(name: str, value: Any) -> bool:
@@ -125,19 +157,6 @@ def boolean(name: str, value: Any) -> bool:
     raise ValueError(f"{name} must be true or false, not {shown if len(shown) <= 40 else shown[:40] + '…'}")
 
 
-def unicode_text(name: str, text: Any) -> str:
-    """`text` as a str, or ValueError naming the field `name` when it holds a lone surrogate (raw
-    JSON can send "\\ud800"): no tokenizer, file system or reply can take one, and a reply that
-    echoed it could not be sent at all (the connection drops). The message never echoes the text."""
-    text = "" if text is None else str(text)
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as error:
-        raise ValueError(f"{name} is not valid Unicode text: character {error.start} is a lone surrogate "
-                         f"(U+{ord(text[error.start]):04X})") from None
-    return text
-
-
 def prompt_text(prompt: Any) -> str:
     """`prompt` as valid Unicode text of at most `MAX_PROMPT_CHARS` characters, else ValueError
     in words: checked before any tokenizer reads it."""
@@ -147,5 +166,5 @@ def prompt_text(prompt: Any) -> str:
     return unicode_text("prompt", text)
 
 
-TEXTS = ("prompt", "model", "exit_head", "pipeline")  # the run's text fields, each checked by `unicode_text`
+TEXTS = ("prompt", "model", "exit_head", "pipeline")  # the run's text fields, each checked by `unicode_text`, prompt first
 FORM = tuple(f.name for f in fields(RunRequest))  # the page's run inputs, in the order it sends them

@@ -65,7 +65,7 @@ def shown_note(shown: str) -> str:
 def shown_run(snap: Snapshot) -> str:
     """Which round the panels show, when there are several: the first while it decodes live,
     then the one closest to the medians, whose times the headline gives."""
-    rounds, index = snap.request.rounds(), snap.state.shown_index()
+    rounds, index = snap.request.rounds, snap.state.shown_index()
     if rounds == 1:
         return ""
     if index is None:
@@ -83,7 +83,7 @@ def status_line(snap: Snapshot) -> str:
                  if run is not None else " before decoding began")
         return f"{ended}{where}. " + ("Press Run to start again." if snap.limit is None else
                                       "Ask for fewer new tokens or fewer timed runs.")
-    timed, rounds = len(snap.stats().runs("ppsd")), snap.request.rounds()
+    timed, rounds = len(snap.stats().runs("ppsd")), snap.request.rounds
     if snap.done and timed < rounds:
         return f"{ended} while timing again: the medians are over {timed} round{'s' * (timed != 1)}."
     if snap.active == "workers":
@@ -110,9 +110,9 @@ def _comparison(snap: Snapshot, finished: Mapping[str, Clocks]) -> analysis.Comp
         device=snap.device, workers=snap.concurrent, stats=snap.stats(),
         eesd=finished["eesd"].measured if "eesd" in finished else None, plain=snap.plain,
         pipeline=snap.pipeline, stalls={m: stalls(snap.runs[m].trace()) for m in ("ar", "ppsd")}, stages=stages,
-        shown=snap.state.shown_index(), rounds_asked=snap.request.rounds(),
-        final=snap.done or snap.stopped or len(snap.stats().runs("ppsd")) >= snap.request.rounds(),
-        round_busy=round_busy(snap), forced=snap.request.forced())
+        shown=snap.state.shown_index(), rounds_asked=snap.request.rounds,
+        final=snap.done or snap.stopped or len(snap.stats().runs("ppsd")) >= snap.request.rounds,
+        round_busy=round_busy(snap), forced=snap.request.forced)
 
 
 def round_busy(snap: Snapshot) -> tuple[float, ...]:

@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 import ppsd
-from ppsd.config import whole_number
 from ppsd.executors.host import on_zerogpu
 
 from . import lease
@@ -35,14 +34,15 @@ CPU_TURN_TOKEN_SECONDS = 90 / 640
 TURN_MARGIN = 1.5  # a turn is this much longer than the run needs at that pace
 
 
-DEFAULT_RUN = RunRequest(prompt="", workers=True)  # what a first Run asks for, its stages at once
+# What a first Run asks for, its stages at once (its prompt, which the turn does not count, any text).
+DEFAULT_RUN = RunRequest(prompt="a first Run", workers=True).checked()
 
 
 def decoded_tokens(run: RunRequest) -> int:
     """The tokens `run` decodes: every method of every timed round, plain AR too when the stages
-    run at once (timed two ways in the first round). ValueError names a value that is not whole."""
-    tokens = whole_number("max_new_tokens", run.max_new_tokens)
-    return tokens * (run.rounds() * (len(run.methods) + run.workers) + run.workers)
+    run at once (timed two ways in the first round). ValueError when `run` does not check out."""
+    run = run.checked()
+    return run.config.max_new_tokens * (run.rounds * (len(run.methods) + run.workers) + run.workers)
 
 
 def allowed_models() -> tuple[str, ...] | None:

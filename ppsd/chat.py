@@ -8,16 +8,28 @@ instead of continuing the question. Token ids in `ppsd.generate` never know whic
 from __future__ import annotations
 
 
-def check_text(text: str) -> str:
-    """`text`, or ValueError when it holds nothing to decode or is no valid Unicode (every entry
-    point says it alike)."""
+EMPTY_PROMPT = "prompt is empty: give some text to continue"  # the library's words, for text or token ids
+
+
+def check_text(text: str, *, empty: str = EMPTY_PROMPT) -> str:
+    """`text`, or ValueError when it holds nothing to decode (said as `empty`: a front end may say
+    it in its own words) or is no valid Unicode (`unicode_text`): the one check of a prompt's text."""
     if not str(text).strip():
-        raise ValueError("prompt is empty: give some text to continue")
+        raise ValueError(empty)
+    unicode_text("prompt", text)
+    return text
+
+
+def unicode_text(name: str, text: object) -> str:
+    """`text` as a str, or ValueError naming the field `name` when it holds a lone surrogate (raw
+    JSON can send "\\ud800"): no tokenizer, file system or reply can take one, and a reply that
+    echoed it could not be sent at all (the connection drops). The message never echoes the text."""
+    text = "" if text is None else str(text)
     try:
-        str(text).encode("utf-8")
-    except UnicodeEncodeError as error:  # a lone surrogate ("\ud800" over raw JSON): the tokenizer's TypeError
-        raise ValueError(f"prompt is not valid Unicode text: character {error.start} is a lone surrogate "
-                         f"(U+{ord(str(text)[error.start]):04X})") from None
+        text.encode("utf-8")
+    except UnicodeEncodeError as error:
+        raise ValueError(f"{name} is not valid Unicode text: character {error.start} is a lone surrogate "
+                         f"(U+{ord(text[error.start]):04X})") from None
     return text
 
 

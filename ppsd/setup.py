@@ -20,7 +20,7 @@ from typing import Callable, Iterator
 
 import torch
 
-from .chat import check_text, encode_prompt, use_chat
+from .chat import EMPTY_PROMPT, check_text, encode_prompt, use_chat
 from .config import DecodeConfig, balanced_exit_layer, stage_bounds, stage_layers
 from .decoders import DECODERS
 from .executors import Executor, InProcessExecutor
@@ -134,7 +134,7 @@ def check_prompt_length(tokens: int, max_context: int, max_new_tokens: int) -> N
     """`check_prompt` by numbers alone: an entry point checks a prompt against the model's config
     before its weights load."""
     if not tokens:
-        raise ValueError("prompt is empty: give some text to continue")
+        raise ValueError(EMPTY_PROMPT)
     room = max_context - max_new_tokens
     if tokens > room:
         raise ValueError(

@@ -5,6 +5,7 @@ saying why it cannot run where it cannot, and every front end offering exactly t
 from __future__ import annotations
 
 import argparse
+import ast
 import re
 from pathlib import Path
 from types import SimpleNamespace
@@ -123,3 +124,27 @@ def test_the_kinds_names_and_words_are_written_only_in_their_module():
         assert not listed.search(text), f"{path}: a list of executor kinds: {listed.search(text).group(0)}"
         for w in words:
             assert f'"{w}"' not in text, f"{path} repeats {w!r}"
+
+
+def test_no_executor_kind_is_named_in_the_page():
+    """app/ takes a kind's name, words and costs from the kind itself (`KINDS`, `IN_TURN`, `choose`),
+    so a new kind needs no change there, the GPU lease included. A dict's key is a record's field
+    (the API's "threads": a thread count), not a kind; "auto" is a choice, not a kind."""
+    found = []
+    for path in sorted((ROOT / "app").rglob("*.py")):
+        tree = ast.parse(path.read_text())
+        keys = {id(key) for node in ast.walk(tree) if isinstance(node, ast.Dict) for key in node.keys}
+        found += [f"{path.relative_to(ROOT)}:{node.lineno} {node.value!r}" for node in ast.walk(tree)
+                  if isinstance(node, ast.Constant) and node.value in KINDS and id(node) not in keys]
+    assert not found, found
+
+
+def test_each_kind_carries_its_gpu_cost_a_token_and_whether_it_captures():
+    """What the ZeroGPU lease asks of a kind is the kind's: the captured steps and the stacked
+    chain (CUDA graphs a bucket) at graphed PPSD's measured token, the rest eager."""
+    for kind in KINDS.values():
+        assert 0 < kind.gpu_token_seconds <= kinds.EAGER_GPU_TOKEN_SECONDS
+        assert kind.gpu_captures == (kind.gpu_token_seconds < kinds.EAGER_GPU_TOKEN_SECONDS)
+    assert KINDS["stacked"].gpu_captures and KINDS["graphed"].gpu_captures and not kinds.IN_TURN.gpu_captures
+    assert not kinds.IN_TURN.concurrent and not kinds.IN_TURN.times_plain
+    assert all(kind.times_plain for kind in concurrent_kinds())  # plain AR timed beside the stages at once

@@ -152,13 +152,13 @@ def test_forced_acceptance_runs_the_same_setup_and_every_panel_says_so(tiny_cach
 
 def test_forced_acceptance_is_checked():
     form = {name: getattr(RunRequest(prompt="hi"), name) for name in FORM}
-    assert RunRequest.from_form(*{**form, "forced_acceptance": "off"}.values()).forced() is None  # the page's "off"
-    assert RunRequest.from_form(*{**form, "forced_acceptance": 0.3}.values()).forced() == 0.3
+    assert RunRequest.from_form(*{**form, "forced_acceptance": "off"}.values()).checked().forced is None  # the page's "off"
+    assert RunRequest.from_form(*{**form, "forced_acceptance": 0.3}.values()).checked().forced == 0.3
     for bad, says in ((1.5, "out of range"), ("x", "not a number"), (float("nan"), "out of range")):
         with pytest.raises(ValueError, match=says):
-            RunRequest(prompt="hi", forced_acceptance=bad).forced()
+            RunRequest(prompt="hi", forced_acceptance=bad).checked()
     with pytest.raises(ValueError, match="Temperature to 0"):
-        RunRequest(prompt="hi", forced_acceptance=0.5, temperature=0.7).forced()
+        RunRequest(prompt="hi", forced_acceptance=0.5, temperature=0.7).checked()
 
 
 # --------------------------------------------------------------------------- words and motion

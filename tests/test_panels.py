@@ -13,7 +13,7 @@ import gradio as gr
 
 import app.panels
 from app import handlers, view
-from app.request import RunRequest
+from app.request import CheckedRequest, RunRequest
 
 
 def test_every_panel_module_says_its_boundary():
@@ -50,7 +50,8 @@ def test_the_run_handler_takes_a_parsed_request_not_the_forms_values():
     for handler in (handlers.on_run, handlers.on_decode):
         parameters = inspect.signature(handler).parameters.values()
         assert not any(p.kind is p.VAR_POSITIONAL for p in parameters), handler.__name__
-        assert [p.name for p in parameters if p.annotation in (RunRequest, "RunRequest")] == ["run"], handler.__name__
+        assert [p.name for p in parameters if p.annotation in (CheckedRequest, "CheckedRequest")] == ["run"], \
+            handler.__name__
 
 
 def test_a_form_that_does_not_parse_is_refused_in_words_before_any_work():

@@ -172,7 +172,7 @@ def test_a_setting_the_page_gained_later_takes_its_default_and_the_prompt_is_sti
     """A recording made before the page had the what-if control opens as an ordinary run; one
     without the prompt, which has no default, is refused in words."""
     older = replay.open_bytes(tampered(saved, lambda r: r["settings"].pop("forced_acceptance")))
-    assert older.request.forced() is None
+    assert older.request.forced is None
     refused(tampered(saved, lambda r: r["settings"].pop("prompt")), "settings lacks prompt")
 
 

@@ -99,7 +99,7 @@ def _column(view: RunView, method: str) -> tuple[str, str]:
     deciders = deciding_events(trace.events, trace.num_stages)
     if run.done:
         clocks = view.finished[method]
-        median = snap.stats().median(method) if snap.request.rounds() > 1 else None
+        median = snap.stats().median(method) if snap.request.rounds > 1 else None
         stats = render_stats(method, clocks.projected, clocks.measured, workers=snap.concurrent, shown=view.shown,
                              median=median, against=_ratio_line(method, view))
         pending = ()
@@ -114,7 +114,7 @@ def _column(view: RunView, method: str) -> tuple[str, str]:
     cut = limit if run.done and len(tokens) >= limit and tokens[-1].id not in snap.loaded.model.info.eos_token_ids \
         else None
     stream = render_tokens(tokens, piece, prompt=prompt, pending=pending, deciders=deciders, cut=cut)
-    forced = snap.request.forced()
+    forced = snap.request.forced
     if forced is not None:  # the what-if: every card's numbers and PPSD's tokens are not the model's
         note = f'<div class="forced-note">{html.escape(forced_words(forced))}</div>'
         stats, stream = note + stats, (note + stream if method == "ppsd" else stream)

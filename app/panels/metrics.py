@@ -9,7 +9,7 @@ from typing import Any, Mapping
 
 import gradio as gr
 
-from ppsd.executors.kinds import KINDS, ExecutorKind
+from ppsd.executors.kinds import IN_TURN, KINDS, ExecutorKind
 from ppsd.metrics import DEFINITIONS
 
 from ..analysis import Clocks
@@ -30,7 +30,7 @@ def idle() -> dict[str, Any]:
 
 def show(view: RunView) -> dict[str, Any]:
     table = render_metrics_table(view.finished, on=KINDS[view.snap.pipeline], shown=view.shown)
-    forced = view.snap.request.forced()
+    forced = view.snap.request.forced
     if forced is not None:  # the what-if's numbers, said as such over the table
         table = f'<div class="forced-note">{html.escape(forced_words(forced))}</div>{table}'
     return {"metrics": table}
@@ -64,7 +64,7 @@ _TABLE_ROWS = (
 )
 
 
-def render_metrics_table(runs: Mapping[str, Clocks], *, on: ExecutorKind = KINDS["in-process"],
+def render_metrics_table(runs: Mapping[str, Clocks], *, on: ExecutorKind = IN_TURN,
                          shown: str = "") -> str:
     """Every metric of every run, each beside its definition; each row names the clock it reads
     when the clock matters; `on`: the kind of executor the measured runs ran on; `shown`: which

@@ -83,7 +83,7 @@ def race_state(view: RunView) -> dict:
         lanes.append(Lane(PROJECTED_LANE, ppsd_run.result.tokens, commit_times(ppsd_run.result.tokens, projected),
                           ppsd_run.wall("projected"), ar_total=snap.runs["ar"].wall("projected")))
     steps = teach.slots(ppsd_run.result.trace)  # the same trace the timeline draws
-    forced = snap.request.forced()
+    forced = snap.request.forced
     return {"lanes": lanes, "pieces": pieces, "clock": "measured" if snap.concurrent else "projected",
             "shown": view.shown, "steps": steps, "ppsd_tokens": ppsd_run.result.tokens,
             "forced": "" if forced is None else forced_words(forced), "round_seconds": round_seconds(snap)}

@@ -61,9 +61,9 @@ def summary(view: RunView) -> dict:
                          "speedup": stats.ratio("ar", "ppsd"), "speedup_vs_fastest_ar": stats.against_fastest(),
                          "fastest_ar": (stats.fastest_ar() or (None,))[0],
                          **{f"{m}_wall_seconds": list(stats.runs(m)) for m in stats.walls}}
-    if snap.request.forced() is not None:  # a what-if: the API's result says so too
-        out["forced_acceptance"] = snap.request.forced()
-        out["forced_note"] = forced_words(snap.request.forced())
+    if snap.request.forced is not None:  # a what-if: the API's result says so too
+        out["forced_acceptance"] = snap.request.forced
+        out["forced_note"] = forced_words(snap.request.forced)
     if snap.note:
         out["note"] = snap.note
     if snap.plain is not None:  # plain AR is on the measured clock, whatever the page's
@@ -71,7 +71,7 @@ def summary(view: RunView) -> dict:
         # each way plain AR was first timed, when there was a choice: the faster was kept
         out["timed_runs"]["plain_first_timings"] = [{"threads": t, "wall_seconds": w, "finished": done}
                                                     for t, w, done in snap.plain.trials]
-    if len(stats.runs("ppsd")) < snap.request.rounds():  # Stop or the time limit cut the timing again short
+    if len(stats.runs("ppsd")) < snap.request.rounds:  # Stop or the time limit cut the timing again short
         out["stopped"] = view.status
     return out
 

@@ -47,7 +47,7 @@ def show(view: RunView) -> dict[str, Any]:
         return {"timeline": empty_figure(EMPTY)}
     live = "" if snap.done else (" · stopped" if snap.stopped else " · live")
     _, top = panels[0]
-    forced = snap.request.forced()
+    forced = snap.request.forced
     sub = " · ".join(filter(None, (view.shown, None if forced is None else forced_words(forced))))
     title = timeline_title(top, snap.num_stages) + live + (f"<br><sub>{html.escape(sub, quote=False)}</sub>" if sub else "")
     figure = render_timeline(panels, snap.loaded.piece, title=title)

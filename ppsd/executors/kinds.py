@@ -11,13 +11,15 @@ Adding a kind: write its executor in a module of its own (the `Executor` protoco
 with `close()`), then add one `ExecutorKind` to `KINDS`: its name and words (a concurrent kind
 also says how a run of it ran, for the page's headline), whether its stages run at once, why it cannot run somewhere (`unavailable`), and `build`, which constructs it and
 warms it up untimed with the warm-up its caller gives (`ready` checks `unavailable` before it calls
-`build`). The warm-up decodes, so it comes from above (`ppsd.generate.warm_up`): the kinds sit
-below the decoding entry points and import none of them. "stacked" is the
-newest such entry: `_stacked_unavailable`, `_stacked` and one line in `KINDS`.
+`build`; the warm-up decodes, so it comes from above, `ppsd.generate.warm_up`: the kinds sit
+below the decoding entry points and import none of them), and, when it runs faster than eager on
+a GPU, what a token costs there (`gpu_token_seconds`, which sizes a ZeroGPU lease) and whether it
+captures each length bucket first (`gpu_captures`). "stacked" is the newest such entry:
+`_stacked_unavailable`, `_stacked` and one line in `KINDS`.
 
 A kind whose steps compile before first use on a CPU names what compiles in `compiles`: the page
-builds it in the background at start-up (`app.runner.prestart`), and "auto" moves to it once it
-is ready where this machine measured it fastest (`choose_measured`; the compile is kept by
+builds it in the background at start-up (`ppsd.ready_here`, from `app.runner.prestart`), and
+"auto" moves to it once it is ready where this machine measured it fastest (`choose_measured`; the compile is kept by
 `ppsd.compile_cache`).
 
 Every front end then offers it: the CLI's `--executor` by name; the page, when it is
@@ -39,10 +41,16 @@ from ..config import DecodeConfig
 from ..model import StagedModel
 from .base import Executor
 
-__all__ = ["AUTO", "AUTO_CHOICE", "Choice", "ExecutorKind", "KINDS", "PlainAR", "WorkerOptions", "choose", "choose_measured",
+__all__ = ["AUTO", "AUTO_CHOICE", "Choice", "ExecutorKind", "IN_TURN", "KINDS", "PlainAR", "WorkerOptions", "choose", "choose_measured",
            "concurrent_by_default", "concurrent_kinds", "fastest_ar", "kind_named"]
 
 Progress = Callable[[str], None]
+
+# A token on a whole NVIDIA H200 (docs/benchmarks.md, "The captured-step engine"): eager, the
+# stages in turn in one process (21.38 ms), and graphed PPSD at acceptance 0, the slower of the
+# two captured methods (4.93 ms; graphed AR 3.74 ms).
+EAGER_GPU_TOKEN_SECONDS = 0.0214
+CAPTURED_GPU_TOKEN_SECONDS = 0.00493
 
 
 class Setup(Protocol):
@@ -96,6 +104,16 @@ class ExecutorKind:
     # What compiles before its first use on a CPU ("the captured steps": minutes cold, seconds once
     # kept by `ppsd.compile_cache`), so a front end builds it in the background; "" for none.
     compiles: str = ""
+    # What a token of any method costs on a whole GPU, in seconds, for a front end that leases GPU
+    # time by the token (ZeroGPU: `app.lease`): the stages in turn, eager, unless a kind says less.
+    gpu_token_seconds: float = EAGER_GPU_TOKEN_SECONDS
+    gpu_captures: bool = False  # on a GPU, each length bucket a run reaches is captured (a CUDA graph) first
+
+    @property
+    def times_plain(self) -> bool:
+        """Does a comparison on this kind time plain AR beside it? With the stages at once, PPSD
+        is put against the fastest AR with no pipeline; in turn, AR is that already."""
+        return self.concurrent
 
     def compiles_on(self, device: str) -> bool:
         """Does this kind compile before its first use on `device` (a CPU; a GPU captures in seconds)?"""
@@ -234,15 +252,20 @@ KINDS: dict[str, ExecutorKind] = {kind.name: kind for kind in (
                  "{k} captured steps", concurrent=True, unavailable=_graphed_unavailable, build=_graphed,
                  ran="each of the K={k} stages ran as one captured step in this one process ({where}), sharing the "
                      "weights and a static KV cache; AR ran on the same steps",
-                 stages="the {k}-stage pipeline ({where})", compiles="the captured steps"),
+                 stages="the {k}-stage pipeline ({where})", compiles="the captured steps",
+                 gpu_token_seconds=CAPTURED_GPU_TOKEN_SECONDS, gpu_captures=True),
     ExecutorKind("stacked", "K stages stacked in one chain", "stacked stages, one chain a slot",
                  "every stage at once in one chain of stacked layers (a CUDA graph a slot, or eager on a CPU)",
                  "{k} stacked stages", concurrent=True, unavailable=_stacked_unavailable, build=_stacked,
                  ran="the K={k} stages ran as one stacked chain in this one process ({where}): each slot runs layer "
                      "j of every stage as one batched step over the K stages' tokens, on one KV cache; AR ran on the "
                      "same engine",
-                 stages="the {k}-stage pipeline ({where})", overhead=None),
+                 stages="the {k}-stage pipeline ({where})", overhead=None,
+                 # Not measured on a GPU yet: its slot dispatches a quarter of graphed PPSD's ops
+                 # (docs/benchmarks.md, "The stacked engine"), so graphed PPSD's token bounds it.
+                 gpu_token_seconds=CAPTURED_GPU_TOKEN_SECONDS, gpu_captures=True),
 )}
+IN_TURN = KINDS["in-process"]  # the stages in turn in one process: a run that is not "at once"
 # On a GPU "auto" takes the first of these that can run: the fastest PPSD measured on a GPU first
 # (docs/benchmarks.md). Only "graphed" has been measured there so far; "stacked" joins this order
 # where a device check measures it faster.

@@ -1,0 +1,119 @@
+"""Which executor kind a run takes in this process, and what is ready for it: the kinds whose
+steps compile first (on a CPU) building in the background since start-up, "auto" among those
+ready (the fastest PPSD measured on this machine), and the speeds it compares. One process, one
+front end: module state, as the shared worker processes are.
+
+Boundary: choosing and readying kinds for the runs of this process. The kinds and the rules of
+"auto" are `ppsd.executors.kinds`', a background build's own state is
+`ppsd.executors.background`'s, the measured speeds are kept by `ppsd.compile_cache`; what a front
+end says of the choice, and its run loop, are the front end's (`app.runner`).
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import time
+
+from . import compile_cache
+from .compare import Comparison, ExecutorSource, State
+from .executors import Executor
+from .executors.background import Background
+from .executors.kinds import Choice, ExecutorKind, choose, choose_measured, concurrent_kinds
+from .generate import warm_up
+from .setup import RunSetup
+
+__all__ = ["auto", "background_words", "compile_in_background", "compiling_in_background", "kept", "kind_here",
+           "measuring", "note_speed", "setup_key"]
+
+# The kinds compiling (or compiled) in the background since start-up, by name, each with the key
+# of the run setup it was built for (the weights, exit head and stages): "auto" runs on one only
+# for a setup it fits.
+_BACKGROUND: dict[str, tuple[tuple, Background]] = {}
+
+
+def compile_in_background(kind: ExecutorKind, setup: RunSetup) -> Background:
+    """`kind` built, compiled and run once through a default comparison round (untimed: every
+    step a default Run reaches compiles now, not in a Run) on a thread of its own; the terminal
+    hears how far it is every 10 s. Runs meanwhile go on the kind that needs no compile."""
+    kept_steps = compile_cache.kept()
+    last = compile_cache.last_seconds()
+    said = (f"loading the kept compiled steps ({compile_cache.folder()})" if kept_steps else
+            "a one-time compile" + (f" (it took {last:.0f} s last time)" if last else " (a minute or more on a small CPU)"))
+    print(f"Compiling {kind.compiles} in the background, {said}; Runs use the kind that needs no compile meanwhile",
+          flush=True)
+
+    def build():
+        began = time.monotonic()
+        executor = kind.ready(setup, warm_up=warm_up)
+        for _ in Comparison(setup, ("ar", "ppsd"), kind=kind, rounds=1, plain=True, source=ExecutorSource(executor),
+                            throttle=float("inf")).run():
+            pass
+        compile_cache.record(None if kept_steps else time.monotonic() - began)  # every step a default Run reaches
+        return executor
+
+    background = Background(kind.compiles, build, kept=kept_steps,
+                            say=lambda words: print(words[0].upper() + words[1:], flush=True))
+    _BACKGROUND[kind.name] = (setup_key(setup), background.start())
+    return background
+
+
+def compiling_in_background() -> bool:
+    """Whether a background compile is still running (its thread inside torch)."""
+    return any(background.state == "compiling" for _, background in _BACKGROUND.values())
+
+
+def background_words() -> str:
+    """What compiles in the background, in words, for the page ("" when nothing does or did)."""
+    return "; ".join(background.words() for _, background in _BACKGROUND.values())
+
+
+def setup_key(setup: RunSetup) -> tuple:
+    """What a kept executor was built for: the weights, the exit head and the stages."""
+    return id(setup.model.hf_model), id(setup.model.exit_head), setup.partition
+
+
+def kept(kind: ExecutorKind, setup: RunSetup) -> Executor | None:
+    """The background-built executor of `kind` when it is ready and fits `setup`, else None."""
+    key, background = _BACKGROUND.get(kind.name, (None, None))
+    return background.executor if background and background.state == "ready" and key == setup_key(setup) else None
+
+
+def auto(setup: RunSetup) -> Choice:
+    """"auto" here: the fastest PPSD measured on this machine among what is ready for `setup`."""
+    ready_here = tuple(name for name, (key, b) in _BACKGROUND.items()
+                       if b.state == "ready" and key == setup_key(setup))
+    return choose_measured(setup.config.num_stages, setup.model.info.device, ready_here,
+                           compile_cache.speeds(setup.model.info.name))
+
+
+def measuring() -> bool:
+    """Does a Run's PPSD speed count for "auto"? On a server that compiles a kind in the background
+    (tests never write the user's cache), once nothing compiles: a Run beside a compile ran at a
+    fraction of its speed (3.9 tokens/s against 8.0 after it, at load 8-9 on 2 cores, measured here)."""
+    return bool(_BACKGROUND) and all(b.state != "compiling" for _, b in _BACKGROUND.values())
+
+
+def note_speed(kind: ExecutorKind, setup: RunSetup, state: State) -> None:
+    """PPSD's tokens/s of this run (the median of its timed rounds), kept for "auto" to compare."""
+    median = state.stats().median("ppsd")
+    run = state.rounds[0].get("ppsd") if state.rounds else None
+    if median and run is not None and run.result is not None:
+        compile_cache.note_speed(setup.model.info.name, kind.name, len(run.result.token_ids) / median)
+
+
+def kind_here(requested: str, setup: RunSetup) -> tuple[ExecutorKind, str]:
+    """The concurrent kind to run `setup` on, decided in the process that runs it, and a note for
+    the page when it is not the one `requested`. A ZeroGPU call runs in a daemonic child, where
+    worker processes cannot start, whatever the page's own process could: there a kind that
+    cannot run gives way to what "auto" picks in the call. Elsewhere it is refused in words (by
+    `ready`), as is a non-concurrent kind."""
+    device, stages = setup.model.info.device, setup.config.num_stages
+    kind = choose(requested, stages, device)
+    if not kind.concurrent:
+        raise ValueError(f"pipeline {kind.name!r} runs the stages in turn; at once they run on: "
+                         f"{', '.join(k.name for k in concurrent_kinds())}")
+    reason = kind.unavailable(device, stages)
+    here = choose("auto", stages, device)
+    if reason is None or not multiprocessing.current_process().daemon or here.unavailable(device, stages) is not None:
+        return kind, ""
+    return here, f"The {kind.choice} cannot run here ({reason}), so the stages ran on {here.choice}."
