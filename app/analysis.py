@@ -1,6 +1,7 @@
-"""The comparison's analysis for the page: one typed `Comparison`, the headline's sentences and
-the notes in its fold (laid out by `app.panels.headline`). Strings in, HTML out; every number
-says its clock.
+"""What the page says of a comparison, in sentences: whether its result is clean, the headline's
+rounds, plain AR, why the two headline lines differ, the ideal and every round's walls, each from
+one `app.reading.Reading` (laid out as HTML by `app.panels.headline`). Plain text out; every
+number says its clock.
 
 One statistic: every ratio is a ratio of medians of the rounds' walls (`ppsd.compare_stats.Stats`),
 so the headline, the sentences, the theory star, the cards and the API's summary agree and
@@ -10,137 +11,15 @@ every duration by `words.duration_text`.
 
 from __future__ import annotations
 
-import html
-from dataclasses import dataclass, field
-from typing import Mapping
+from ppsd.metrics import Stalls, break_even_acceptance, ideal_ppsd_speedup_slowest_stage
 
-from ppsd import Metrics
-from ppsd.compare import PlainWay
-from ppsd.compare_stats import Stats
-from ppsd.executors.kinds import KINDS, concurrent_kinds
-from ppsd.metrics import DEFINITIONS, Stalls, break_even_acceptance, cost_slot_fraction, ideal_ppsd_speedup_slowest_stage
-
-from .words import PROJECTED_AS, duration_text, forced_words, ratio_text
-
-
-@dataclass(frozen=True)
-class Clocks:
-    """One finished run's metrics on both clocks, and the one the page leads with (`lead`):
-    measured when the stages ran on K worker processes at once (`workers`), else projected, as on
-    one device the measured clock runs the stages in turn and cannot show their overlap."""
-
-    measured: Metrics
-    projected: Metrics
-    workers: bool = False
-
-    @property
-    def lead(self) -> Metrics:
-        return self.measured if self.workers else self.projected
-
-    @property
-    def other(self) -> Metrics:
-        return self.projected if self.workers else self.measured
-
-    def on(self, clock: str) -> Metrics:
-        return self.projected if clock == "projected" else self.measured
-
-
-@dataclass(frozen=True)
-class Stages:
-    """The run's K stages two ways: by layers, the ideal model's view (the largest stage sets its
-    slot), and by time on the page's clock: `utilization` of PPSD's run, what the timeline's rows
-    say, and `costs`, each stage's seconds of decode work in AR's run, whose shares are a token's
-    cost (`ppsd.metrics.decode_costs`)."""
-
-    layers: tuple[int, ...]
-    utilization: tuple[float, ...]
-    costs: tuple[float, ...] = ()
-
-    @property
-    def largest(self) -> int:
-        """The stage with the most layers (1-based; the first of equals)."""
-        return 1 + self.layers.index(max(self.layers))
-
-    @property
-    def busiest(self) -> int:
-        """The stage the timeline shows busiest (1-based): the slowest stage of this run."""
-        return 1 + self.utilization.index(max(self.utilization))
-
-    @property
-    def cost_slot(self) -> float | None:
-        return cost_slot_fraction(self.costs) if self.costs else None
-
-
-@dataclass(frozen=True)
-class Comparison:
-    """What the headline reports. `stats`: every round's walls (`ppsd.compare_stats.Stats`), the
-    source of every ratio (medians over medians); `ar`, `ppsd` (`_other`: on the other clock)
-    and `eesd`: the metrics of the round shown (`shown`, 0-based), the one closest to the medians."""
-
-    ar: Metrics
-    ppsd: Metrics
-    ar_other: Metrics
-    ppsd_other: Metrics
-    num_stages: int
-    device: str
-    workers: bool
-    stats: Stats
-    eesd: Metrics | None = None
-    plain: PlainWay | None = None  # how plain AR ran, when it was timed (with the stages at once)
-    pipeline: str = concurrent_kinds()[0].name  # with `workers`: the name of the kind that ran (`ppsd.executors.kinds`)
-    stalls: Mapping[str, Stalls] = field(default_factory=dict)  # method -> its shown run's stalls
-    stages: Stages | None = None
-    shown: int | None = None  # which round the panels show (0-based)
-    rounds_asked: int = 0  # R, the timed rounds asked for (0: as many as were timed)
-    final: bool = True  # every round that will be timed is in `stats` (False while rounds 2..R run)
-    round_busy: tuple[float, ...] = ()  # each finished round's largest share of a method's time added by stalls
-    forced: float | None = None  # the forced acceptance (`ppsd.bench.forced`) the run was timed at, if any
-
-    @property
-    def speedup(self) -> float:
-        """PPSD against AR on the same pipeline, on the page's clock: median AR wall over median
-        PPSD wall (the headline's second line, the theory star, the cards, the API's summary)."""
-        return self.stats.ratio("ar", "ppsd") or 0.0
-
-    @property
-    def rounds(self) -> int:
-        return len(self.stats.runs("ppsd"))
-
-    @property
-    def other_speedup(self) -> float:
-        """The same medians' ratio on the other clock."""
-        return self.stats.ratio("ar", "ppsd", clock="projected" if self.workers else "measured") or 0.0
-
-    @property
-    def fastest(self) -> tuple[str, float]:
-        """The fastest AR measured here: ("plain" or "ar", its median measured wall)."""
-        return self.stats.fastest_ar() or ("ar", self.stats.median("ar", clock="measured") or 0.0)
-
-    @property
-    def against_fastest(self) -> float:
-        """PPSD (median, the page's clock) against the fastest AR measured here: the first line."""
-        return self.stats.against_fastest() or 0.0
-
-    @property
-    def eesd_speedup(self) -> float:
-        """EESD against AR, both measured (EESD has no pipeline to project onto)."""
-        return self.stats.ratio("ar", "eesd", clock="measured") or 0.0
-
-    @property
-    def projected_speedup(self) -> float:
-        """The medians' ratio on the projected clock: as on K devices, one per stage."""
-        return self.stats.ratio("ar", "ppsd", clock="projected") or 0.0
-
-    def spread(self, method: str) -> float:
-        """`method`'s slowest round over its fastest (1: one round, or all alike)."""
-        runs = self.stats.runs(method)
-        return max(runs) / min(runs) if runs and min(runs) > 0 else 1.0
-
+from .reading import Reading
+from .words import PROJECTED_AS, duration_text, ratio_text
 
 BUSY_SHARE = 0.05  # stalls adding this share of a run's wall time make the machine "busy" on the headline
 
 
-def _stalled(c: Comparison) -> list[tuple[str, Stalls, float]]:
+def _stalled(c: Reading) -> list[tuple[str, Stalls, float]]:
     """(name, stalls, measured wall) of each method whose shown run stalled, when stalls added
     at least `BUSY_SHARE` of some method's time (the machine was busy); else []."""
     hit = []
@@ -153,7 +32,7 @@ def _stalled(c: Comparison) -> list[tuple[str, Stalls, float]]:
     return hit
 
 
-def busy_sentence(c: Comparison) -> str:
+def busy_sentence(c: Reading) -> str:
     """A warning when stalls (the machine's doing, not the method's) added a real share of time
     to the run shown; "" on a quiet run."""
     hit = _stalled(c)
@@ -171,7 +50,8 @@ def _threads(n: int) -> str:
     return f"{n} thread{'s' * (n != 1)}"
 
 
-def _rounds(n: int) -> str:
+def rounds_text(n: int) -> str:
+    """What a median stands on: "median of 3 rounds", or "one round"."""
     return f"median of {n} rounds" if n > 1 else "one round"
 
 
@@ -179,7 +59,7 @@ def _rounds(n: int) -> str:
 CLEAN_MARGIN = 0.15  # (PPSD hides part of the pipeline's hand-overs); 15 % still refuses a 1.99x at a = 0
 
 
-def allowed_speedup(c: Comparison) -> float | None:
+def allowed_speedup(c: Reading) -> float | None:
     """The most the run's own acceptance allows, margin included: the ideal S_PPSD(a, s) with the
     slowest stage's share s counted by layers or by the stages' measured costs (the larger), times
     1 + `CLEAN_MARGIN`; None when no draft was verified (no acceptance, no ideal)."""
@@ -191,7 +71,7 @@ def allowed_speedup(c: Comparison) -> float | None:
     return max(ideal, at_costs) * (1 + CLEAN_MARGIN)
 
 
-def unclean_reason(c: Comparison, clock: str | None = None) -> str:
+def unclean_reason(c: Reading, clock: str | None = None) -> str:
     """Why the ratio on `clock` (None: the page's) is not a clean result ("" when it is): a round the
     machine stalled in (`BUSY_SHARE`), or a ratio above its run's own ideal by over `CLEAN_MARGIN`."""
     busy = [(i, share) for i, share in enumerate(c.round_busy) if share >= BUSY_SHARE]
@@ -209,7 +89,7 @@ def unclean_reason(c: Comparison, clock: str | None = None) -> str:
     return ""
 
 
-def rounds_tag(c: Comparison) -> str:
+def rounds_tag(c: Reading) -> str:
     """What the headline's number stands on, said beside it: "provisional, round r of R" until the
     last round is timed, "one round" for a single round, else ""."""
     if not c.final:
@@ -217,7 +97,7 @@ def rounds_tag(c: Comparison) -> str:
     return "one round" if c.rounds == 1 else ""
 
 
-def projected_line(c: Comparison) -> str:
+def projected_line(c: Reading) -> str:
     """The paper's setup as a result of its own, where the measured clock exists (K stages ran at
     once): "As on K devices, one per stage (…): PPSD X× faster than AR", or why it is not clean."""
     if not c.workers:
@@ -230,13 +110,13 @@ def projected_line(c: Comparison) -> str:
     return f"{said[0].upper()}{said[1:]}: {result}"
 
 
-def plain_sentence(c: Comparison) -> str:
+def plain_sentence(c: Reading) -> str:
     """PPSD against plain decoding (never called just "AR": that is AR on the pipeline), which
     way plain AR was kept, and the acceptance a* PPSD would need to beat it on this pipeline,
     said only where it is defined. Every ratio is of the medians, so they multiply."""
     p, stats = c.plain, c.stats
     seconds = stats.median("plain", clock="measured")
-    kind = KINDS[c.pipeline]
+    kind = c.kind
     on = kind.words(kind.stages, c.num_stages, c.device)
     kept = ""
     if len(p.trials) > 1:
@@ -246,7 +126,7 @@ def plain_sentence(c: Comparison) -> str:
     ratio = stats.ratio("plain", "ppsd") or 0.0
     verdict = "beats it" if ratio > 1 else "does not beat it"
     text = (f"Plain decoding, the best AR here with no pipeline: AR {p.words}{kept}, {duration_text(seconds)} "
-            f"({_rounds(len(stats.runs('plain')))}, measured). PPSD on {on}: {ratio_text(ratio)} than plain AR, "
+            f"({rounds_text(len(stats.runs('plain')))}, measured). PPSD on {on}: {ratio_text(ratio)} than plain AR, "
             f"so PPSD {verdict} here.")
     need = stats.ratio("ar", "plain") or 0.0  # what PPSD must gain over the pipeline's AR to match plain AR
     rate = "" if c.ppsd.acceptance_rate is None else f" (this run: a = {c.ppsd.acceptance_rate:.2f})"
@@ -262,17 +142,7 @@ def plain_sentence(c: Comparison) -> str:
                    f"makes PPSD beat it here (even a = 1 gives {ratio_text(1 / slot)} than AR on the pipeline).")
 
 
-def _fastest_name(c: Comparison) -> tuple[str, str]:
-    """The fastest AR measured here, short (for the big line) and in full (beside it)."""
-    key, _ = c.fastest
-    if key == "plain":
-        return "plain AR", f"plain AR {c.plain.words if c.plain else 'with no pipeline'}, measured"
-    if c.workers:
-        return "AR on the same pipeline", ""
-    return "AR in one process", "AR measured in this one process, the stages in turn"
-
-
-def why_sentence(c: Comparison) -> str:
+def why_sentence(c: Reading) -> str:
     """Why the first line (against the fastest AR) and the second (against AR on the pipeline)
     differ, in one short sentence; "" when they are the same comparison."""
     key, _ = c.fastest
@@ -287,67 +157,11 @@ def why_sentence(c: Comparison) -> str:
     return f"AR on the pipeline ran {slower} than plain AR: {cause}; PPSD hides that cost only in part."
 
 
-def speedup_headline(c: Comparison) -> str:
-    """The big lines: PPSD against the fastest AR measured here (the sceptic's baseline), then
-    against AR on the same pipeline (the algorithm's own effect) when that is another run,
-    with one sentence on why they differ. Ratios of medians, in `ratio_text`'s words."""
-    base, detail = _fastest_name(c)
-    timed = _rounds(c.rounds) if c.final else f"{c.rounds} of {c.rounds_asked} rounds timed so far"
-    clock = "; ".join(filter(None, (detail, f"{c.ppsd.clock} clock, {timed}, {c.device}")))
-    tag = rounds_tag(c)
-    tag = f'<span class="headline-rounds">{html.escape(tag)}</span>' if tag else ""
-    forced = (f'<div class="headline-forced">{html.escape(forced_words(c.forced))}</div>'
-              if c.forced is not None else "")
-    reason = unclean_reason(c)
-    if reason:  # no number: a class would read it as the method's
-        return (f'{forced}<div class="headline"><span class="headline-main headline-unclean">Not a clean result'
-                f'</span>{tag}<span class="headline-clock">({html.escape(clock)})</span></div>'
-                f'<div class="headline-unclean-why">Why: {html.escape(reason)}.</div>{_projected_div(c)}')
-    first = f'<span class="headline-main">PPSD {ratio_text(c.against_fastest)} than {base}</span>'
-    lines = [forced, f'<div class="headline">{first}{tag}<span class="headline-clock">({html.escape(clock)})</span></div>']
-    if c.fastest[0] == "plain" or not c.workers:
-        lines.append(f'<div class="headline headline-second"><span class="headline-pipeline">PPSD '
-                     f"{ratio_text(c.speedup)} than AR on the same pipeline</span></div>")
-    lines.append(_projected_div(c))
-    why = why_sentence(c)
-    if why:
-        lines.append(f'<div class="headline-why">{html.escape(why)}</div>')
-    return "".join(lines)
-
-
-def _projected_div(c: Comparison) -> str:
-    head, said, why = projected_line(c).partition("not a clean result: ")  # Present folds the reason away
-    why = f'{html.escape(said[:-2])}<span class="headline-projected-why">: {html.escape(why)}</span>' if said else ""
-    return f'<div class="headline headline-projected">{html.escape(head)}{why}</div>' if head else ""
-
-
-
-def ideal_line(c: Comparison) -> str:
-    """The ideal at the measured acceptance, the slowest stage as the timeline shows it, and why a
-    run above the ideal is there (`above_ideal`)."""
-    rate, slot, stages = c.ppsd.acceptance_rate, c.ppsd.slot_fraction, c.stages
-    if rate is None:
-        ideal = "no draft was verified: acceptance undefined"
-    else:
-        layers = ("" if slot is None else
-                  f", counting layers (stage {stages.largest} holds the most: {slot:.0%})" if stages is not None else
-                  f", counting layers (the largest stage holds {slot:.0%})")
-        ideal = (f"ideal S<sub>PPSD</sub>(a={rate:.2f}, K={c.num_stages}) = {ratio_text(c.ppsd.ideal_speedup)}"
-                 f"{layers}")
-    slowest = ("" if stages is None or not stages.utilization else
-               f'<span class="headline-slowest">slowest stage: stage {stages.busiest} '
-               f"(util {max(stages.utilization):.0%} on the timeline, {c.ppsd.clock} clock)</span>")
-    flag = above_ideal(c)
-    flag = f'<span class="headline-flag">{html.escape(flag)}</span>' if flag else ""
-    return (f'<div class="headline-note headline-ideal-line"><span class="headline-ideal" '
-            f'title="{html.escape(DEFINITIONS["ideal_speedup"])}">{ideal}</span>{slowest}{flag}</div>')
-
-
 NOISE = 0.05  # a timed run this far above an ideal is within run-to-run timing noise
 SPREAD_FLAG = 1.25  # a method's rounds further apart than this (slowest / fastest wall) are not one measurement
 
 
-def above_ideal(c: Comparison) -> str:
+def above_ideal(c: Reading) -> str:
     """Why the measured speedup (the medians') is above the ideal, said beside the ideal: the busy
     machine or a wide spread, flagged (⚠) as no clean result; the stages' measured costs (the
     ideal counts layers) or timing noise, explained; anything else flagged. "" when it is not."""
@@ -376,9 +190,9 @@ def above_ideal(c: Comparison) -> str:
     return f"⚠ {which}{costs}: not explained by this run, so no clean result; run again when the machine is quiet."
 
 
-def compared_sentence(c: Comparison) -> str:
+def compared_sentence(c: Reading) -> str:
     """In one sentence, what was compared with what, and which round the panels show."""
-    where = (KINDS[c.pipeline].where if c.workers else
+    where = (c.kind.where if c.workers else
              f"one process, the measured stage costs replayed on {c.num_stages} workers")
     timed = (f"each timed in {c.rounds} interleaved rounds; each method's time is the median of its rounds, and "
              "every ratio is of those medians" if c.rounds > 1 else "each timed once")
@@ -386,7 +200,7 @@ def compared_sentence(c: Comparison) -> str:
             f"{c.num_stages}-stage pipeline ({where}), {timed}; the decoder alone is timed.")
 
 
-def walls_sentence(c: Comparison) -> str:
+def walls_sentence(c: Reading) -> str:
     """Every round's walls, so a reader can check the medians and see the spread."""
     if c.rounds < 2:
         return ""
@@ -396,5 +210,3 @@ def walls_sentence(c: Comparison) -> str:
     shown = "" if c.shown is None else f"; the panels show round {c.shown + 1}, the one closest to the medians"
     return f"Every round's wall: {'; '.join(parts)}{shown}."
 
-
-MIN_TIMED_TOKENS = 8  # an answer shorter than this is over before the pipeline fills: no speedup is told

@@ -1,8 +1,9 @@
 """The Gradio page: its layout (the controls and settings, then each panel of `app.panels` where
 it stands) and the Run event, its handlers (`app.handlers`) bound to the server's `AppState` that
 `create_demo` is given (or builds from the environment, when called: importing this reads
-nothing). A panel is one module in `app.panels` and one line here; what a run shows in it is its
-own `show` (`app.view` gathers them).
+nothing). A panel is one module in `app.panels` and one `place` here; every panel placed is
+wired the same way (`wire(made, page)`), and the run's outputs are the results panels' in
+`app.view.PANELS` order.
 
 Nothing here decodes, times or renders a result. Nothing loads a model before a user asks for
 one (a Run or a Load click), so building the page is cheap and safe to import.
@@ -14,6 +15,7 @@ import functools
 import inspect
 import sys
 from pathlib import Path
+from types import ModuleType
 from typing import Any, Callable
 
 import gradio as gr
@@ -30,12 +32,11 @@ from .components import Slider, refusing_quietly
 from .handlers import (DEFAULT_LAYERS, after_run, idle_outputs, max_tokens_update, model_status, on_decode, on_exit,
                        on_load, on_page_load, on_run_form, on_stages, on_stages_warning, on_stop, ordered)
 from .page_text import STAGES_LABEL, TITLE, WORKERS_LABEL, load_examples
-from .panels import (Single, columns, compile_status, exit_head, gpu_lease, headline, intro, metrics, race, recording,
-                     rounds, run_message, steps, summary, theory, timeline)
+from .panels import (QUIET, Page, Shows, columns, compile_status, exit_head, gpu_lease, headline, intro, metrics, race,
+                     recording, rounds, run_message, steps, summary, theory, timeline)
 from .request import DEFAULT_REPEATS, FORM, MAX_REPEATS
 from .guard import Guard, RequestLimits
 from .limits import DELETE_UPLOADS, MAX_UPLOAD_BYTES
-from .runner import background_words
 from .sessions import sweep_sessions
 from .state import AppState
 from .visitors import distrust_forwarded_headers
@@ -44,10 +45,23 @@ ROOT = Path(__file__).resolve().parent.parent
 CSS = ROOT / "assets" / "styles" / "app.css"
 
 
-def create_controls() -> tuple[dict[str, Any], Single]:
+Made = dict[ModuleType, Any]  # each panel placed on the page -> its components (its `create()`)
+
+
+def place(made: Made, panel: ModuleType, *args: Any) -> Any:
+    """`panel`'s components, created here in the layout and kept in `made` for the wiring."""
+    made[panel] = panel.create(*args)
+    return made[panel]
+
+
+def _name(panel: ModuleType) -> str:
+    return panel.__name__.rpartition(".")[2]
+
+
+def create_controls(made: Made) -> dict[str, Any]:
     """Prompt (a default one filled in, so Run works with nothing typed), examples, Run and Stop
     with the message box beside them, and Chat: the top of the side column, always on the first
-    screen. Returns the form's controls by name (`request.FORM`'s) and the message box."""
+    screen. Returns the form's controls by name (`request.FORM`'s)."""
     c: dict[str, Any] = {}
     examples = load_examples()
     c["prompt"] = gr.Textbox(label="Prompt", lines=3, value=examples[0]["prompt"], elem_id="prompt",
@@ -58,15 +72,15 @@ def create_controls() -> tuple[dict[str, Any], Single]:
     with gr.Row():
         c["run"] = gr.Button("▶ Run AR vs PPSD", variant="primary", elem_id="run", scale=3)
         c["stop"] = gr.Button("■ Stop", variant="stop", elem_id="stop", scale=1)
-    message = run_message.create()
-    compile_status.wire(compile_status.create(background_words()), background_words)  # what compiles meanwhile
+    place(made, run_message)
+    place(made, compile_status)  # what compiles meanwhile
     c["chat"] = gr.Checkbox(value=True, label="Chat: ask the model (its chat template)", elem_id="chat",
                             info="Off: raw completion, the model continues the text. Models without a "
                                  "chat template always continue the text.")
-    return c, message
+    return c
 
 
-def create_settings(run_seconds: float) -> dict[str, Any]:
+def create_settings(made: Made, run_seconds: float) -> dict[str, Any]:
     """The model box and every decoding setting; `run_seconds` is how long a run may hold the
     device (said beside the timed runs). A K the cores cannot run at once is warned of here, as
     the slider moves."""
@@ -84,7 +98,7 @@ def create_settings(run_seconds: float) -> dict[str, Any]:
         c["exit_layer"] = Slider(1, DEFAULT_LAYERS - 1, value=e_default, step=1, label="Exit layer E",
                                  elem_id="exit-layer")
     c["stages_warning"] = gr.HTML(run_message.render(), elem_id="stages-warning")
-    c["exit_panel"] = exit_head.create()
+    place(made, exit_head)
     with gr.Row():
         c["max_new_tokens"] = Slider(1, ppsd.MAX_NEW_TOKENS_CAP, value=DEFAULTS.max_new_tokens, step=1,
                                      label="Max new tokens", elem_id="max-new-tokens")
@@ -95,7 +109,7 @@ def create_settings(run_seconds: float) -> dict[str, Any]:
                                "interleaved, and the headline gives the median speedup and its range. "
                                f"A run may hold the device {run_seconds:g} s; past that it ends with "
                                "what it has.")
-    c["rounds_cost"] = rounds.create(DEFAULT_REPEATS)  # what the extra rounds cost, said before Run
+    place(made, rounds, DEFAULT_REPEATS)  # what the extra rounds cost, said before Run
     c["forced_acceptance"] = gr.Dropdown(
         [("off: the model's own drafts", "off"), *((f"a = {i / 10:.1f}", i / 10) for i in range(11))], value="off",
         allow_custom_value=True, label="What if the draft were right a of the time? (forced acceptance)",
@@ -103,7 +117,7 @@ def create_settings(run_seconds: float) -> dict[str, Any]:
         info="Times the same setup with each verdict on a draft a coin of probability a, on both clocks: watch the "
              "speedup climb towards the ideal as a grows. Greedy only. The tokens are then not the model's answer.")
     c.update(_pipeline_controls())
-    c["lease"] = gpu_lease.create()  # ZeroGPU's lease, said before Run
+    place(made, gpu_lease)  # ZeroGPU's lease, said before Run
     with gr.Accordion("Sampling and EESD settings", open=False):
         c.update(_sampling_controls())
     return c
@@ -161,7 +175,6 @@ PRESENT_KEY_JS = ("() => { document.addEventListener('keydown', (e) => { if ((e.
                   "setInterval(() => { if (document.body.classList.contains('present')) "
                   "document.querySelectorAll('#results .ppsd-stream').forEach((s) => { s.scrollTop = s.scrollHeight; }); "
                   "}, 250); }")
-QUIET = dict(api_visibility="private", show_progress="hidden")  # the page's own events, kept out of the API
 
 
 def _bind(handler: Callable, state: AppState, *also: Any) -> Callable:
@@ -211,6 +224,7 @@ def create_demo(state: AppState | None = None) -> gr.Blocks:
     if state is None:
         state = AppState.from_environment()
     distrust_forwarded_headers()  # the device line counts visitors by address: no client names its own
+    made: Made = {}
     # Uploads older than an hour are deleted (Gradio's own sweep of the files it stored).
     with gr.Blocks(title="PPSD: pipeline-parallel self-speculative decoding", delete_cache=DELETE_UPLOADS) as demo:
         with gr.Row(equal_height=False, elem_id="title-row"):
@@ -219,37 +233,33 @@ def create_demo(state: AppState | None = None) -> gr.Blocks:
                                   info="For a room: large type, one timed run, a short headline. P again to leave.")
         with gr.Row(equal_height=False, elem_id="first-screen"):
             with gr.Column(scale=2, min_width=420, elem_id="side"):
-                c, message = create_controls()
-                recorded = recording.create()  # Save and Open: on the first screen, under Run
-                picture = intro.create(DEFAULT_LAYERS)
+                c = create_controls(made)
+                place(made, recording)  # Save and Open: on the first screen, under Run
+                place(made, intro, DEFAULT_LAYERS)
                 with gr.Column(elem_id="settings"):
-                    c.update(create_settings(state.run_seconds))
+                    c.update(create_settings(made, state.run_seconds))
             with gr.Column(scale=3, min_width=520, elem_id="results"):
-                top = headline.create()
+                place(made, headline)
                 headline.create_glossary()  # where a student first meets the terms
-                method_columns, race_panel = columns.create(), race.create()
-        line = timeline.create()
+                place(made, columns)
+                place(made, race)
+        place(made, timeline)
         with gr.Row(equal_height=False, elem_id="analysis-row"):
             with gr.Column(scale=2, min_width=320):
-                ideal = theory.create()
+                place(made, theory)
             with gr.Column(scale=3, min_width=320):
-                table = metrics.create()
-        steps_panel = steps.create()
-        raw = summary.create()
-        shown = {name: component for panel in (top, method_columns, line, ideal, table, message, raw, race_panel,
-                                               recorded)
-                 for name, component in panel.outputs().items()}
-        outputs = [shown[name] for name in view.OUTPUTS]
-        run_event = _wire_runs(state, c, outputs, race_panel, steps_panel)
-        recording.wire(recorded, outputs, race_panel, steps_panel,
-                       recording.Page(lambda snap: ordered(view.snapshot(snap)), idle_outputs), QUIET)
-        if zerogpu.active():
-            gpu_lease.wire(c["lease"], demo, c, state.gpu_lease(), QUIET)
+                place(made, metrics)
+        place(made, steps)
+        place(made, summary)
+        outputs = run_outputs(made)
+        run_handlers, run_event = _wire_runs(state, c, outputs)
+        page = Page(demo, c, run_event, outputs, {_name(panel): components for panel, components in made.items()},
+                    Shows(lambda snap: ordered(view.snapshot(snap)), idle_outputs), state.gpu_lease())
+        for panel, components in made.items():
+            panel.wire(components, page)
+        c["stop"].click(_bind(on_stop, state), None, None, cancels=page.cancels, api_name="stop",
+                        concurrency_limit=None, show_progress="hidden")
         _wire_settings(state, c)
-        exit_head.wire(c["exit_panel"], c, QUIET)
-        intro.wire(picture, c, QUIET)
-        theory.wire(ideal, c, QUIET)
-        columns.wire(method_columns, c["eesd"], c["run"], QUIET)
         present.change(None, present, None, js=PRESENT_JS)
         demo.load(None, None, None, js=PRESENT_KEY_JS)
         present.change(lambda on: 1 if on else DEFAULT_REPEATS, present, c["repeats"], **QUIET)
@@ -257,17 +267,26 @@ def create_demo(state: AppState | None = None) -> gr.Blocks:
         demo.load(_bind(on_page_load, state), c["model"], [c["exit_layer"], c["num_stages"], c["layers"],
                                                              c["model_status"]], **QUIET)
     # Gradio's own queue is a backstop far above the device line's bound, which answers "busy" in words.
-    demo.queue(max_size=4 * run_event)
+    demo.queue(max_size=4 * run_handlers)
     sweep_sessions(demo, state.session_seconds)  # an API script's sessions are never closed: forget idle ones
     Guard(state.proxy_hops, state.listeners).attach(demo)  # what `RequestLimits` holds each request to
     return refusing_short_calls(demo)
 
 
-def _wire_runs(state: AppState, c: dict[str, Any], outputs: list, race_panel: race.RacePanel,
-               steps_panel: steps.StepsPanel) -> int:
-    """Run, Stop, Load, and what follows a Run (the race, the step-through, the sliders). Returns
-    how many run handlers may run at once: every run that may wait in line and a few refused
-    ones, below Gradio's 40 threads."""
+def run_outputs(made: Made) -> list:
+    """The run's output components in `app.view.OUTPUTS` order: each results panel's
+    (`view.PANELS`), from the components made for it; a panel not placed fails here, at start-up,
+    naming its module."""
+    missing = [_name(panel) for panel in view.PANELS if panel not in made]
+    if missing:
+        raise RuntimeError(f"results panels not placed on the page: {', '.join(missing)}")
+    return [made[panel].outputs()[name] for panel in view.PANELS for name in panel.OUTPUTS]
+
+
+def _wire_runs(state: AppState, c: dict[str, Any], outputs: list) -> tuple[int, Any]:
+    """Run, Load, and what follows a Run of the form (the sliders). Returns how many run handlers
+    may run at once (every run that may wait in line and a few refused ones, below Gradio's 40
+    threads) and the Run event, which the panels follow."""
     run_handlers = state.line.max_waiting + 4
     # The device's part of a run, a GPU call on ZeroGPU, leased per call from the run's request.
     # The state is bound before `spaces.GPU` wraps it: ZeroGPU pickles the call's arguments to its
@@ -282,15 +301,10 @@ def _wire_runs(state: AppState, c: dict[str, Any], outputs: list, race_panel: ra
                    [c["model_status"], c["exit_layer"], c["num_stages"], c["layers"]], **QUIET)
     run_event.then(_bind(max_tokens_update, state), [c["prompt"], c["model"], c["chat"], c["max_new_tokens"]],
                    c["max_new_tokens"], **QUIET)
-    replays = race.wire(race_panel, run_event, QUIET)
-    steps.wire(steps_panel, race_panel.state, run_event, QUIET)
-    rounds.wire(c["rounds_cost"], c["repeats"], race_panel.state, run_event, QUIET)
-    c["stop"].click(_bind(on_stop, state), None, None, cancels=replays, api_name="stop",
-                    concurrency_limit=None, show_progress="hidden")
     c["load"].click(_bind(on_load, state), c["model"],
                     [c["model_status"], c["exit_layer"], c["num_stages"], c["layers"], c["load"]],
                     api_name="load", concurrency_limit=2, concurrency_id="load", show_progress="hidden")
-    return run_handlers
+    return run_handlers, run_event
 
 
 def _wire_settings(state: AppState, c: dict[str, Any]) -> None:

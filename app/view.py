@@ -1,9 +1,9 @@
 """Snapshot -> page: what every output of a run shows, as plain values keyed by output name. Each
-panel gives its own part (`idle`, `show`) from one `RunView` of the snapshot, read once.
+results panel gives its own part (`idle`, `show`) from one `RunView` of the snapshot, read once.
 
-`OUTPUTS` is the order of a run's outputs, the `run` API's by position: the panels' own, in the
-order of `PANELS`. A view leaves any output it does not name as it is. Pure: no Gradio events,
-no decoding.
+`PANELS` is the one list of the results panels (`app.panels`), in the order of the run's outputs;
+`OUTPUTS`, the `run` API's order by position, is theirs in turn (`app.ui` takes both from here).
+A view leaves any output it does not name as it is. Pure: no Gradio events, no decoding.
 """
 
 from __future__ import annotations
@@ -11,7 +11,6 @@ from __future__ import annotations
 from typing import Any
 
 from .panels import columns, headline, metrics, race, recording, run_message, summary, theory, timeline
-from .panels.progress import render_progress
 from .request import RunRequest
 from .run_view import RunView
 from .runner import Snapshot
@@ -43,7 +42,7 @@ def status(text: str, request: RunRequest | None = None, phase: str | None = Non
     """Only the status changes (loading a model, waiting for the device): the headline's status
     line, with the run's phases as steps when `request` and its current `phase` are given, and the
     same words beside Run, where the visitor is looking when they press it."""
-    progress = render_progress(request.phases(), phase) if request is not None else ""
+    progress = headline.render_progress(request.phases(), phase) if request is not None else ""
     return {"headline": headline.render_headline(None, status=text, progress=progress),
             "message": run_message.render(text, "status")}
 
@@ -52,7 +51,7 @@ def snapshot(snap: Snapshot, *, figures: bool = True) -> dict[str, Any]:
     """Every output for one snapshot (live, stopped or final); without `figures` the two plots
     are left as they are."""
     view = RunView.of(snap)
-    if not snap.runs:  # the worker processes are starting: only the status changes
+    if not view.runs:  # the worker processes are starting: only the status changes
         stopped = {"summary": summary.stopped(view)} if snap.stopped else {}  # the API's last output says so
         return {**headline.show(view), **run_message.show(view), **stopped}
     values: dict[str, Any] = {}

@@ -43,11 +43,11 @@ def duration_text(seconds: float) -> str:
     return f"{seconds * 1e3:.1f} ms" if seconds < 1 else f"{seconds:.2f} s"
 
 
-def ratio_text(ratio: float) -> str:
+def ratio_text(ratio: float | None) -> str:
     """A speedup (baseline wall / method wall) in words, the factor always at least 1: "1.35×
     faster", for 0.74 "1.35× slower", within half a percent of 1 "no faster (1.00×)". The one way the page writes a ratio, so a headline, a
     range, a star and a sentence never show one number two ways (0.74× beside 1.35× slower)."""
-    if ratio <= 0:
+    if ratio is None or ratio <= 0:  # None: a median not timed (`ppsd.compare_stats.Stats.ratio`)
         return "not timed"
     if round(ratio, 2) == 1.0 or round(1 / ratio, 2) == 1.0:
         return "no faster (1.00×)"  # "1.00× slower" is no phrase: within half a percent, neither way

@@ -152,11 +152,11 @@ def quiet():
     """The page reads every run as on a quiet machine: no stalls (`ppsd.metrics.stalls`), so a
     test of how numbers agree is not turned into "not a clean result" by a busy test machine.
     A page test's server runs in this process, so this reaches it too."""
-    from app import run_view
+    from app import reading
     from ppsd.metrics import Stalls
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(run_view, "stalls", lambda trace: Stalls(0, 0.0))
+        patch.setattr(reading, "stalls", lambda trace: Stalls(0, 0.0))
         yield
 
 

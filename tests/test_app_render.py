@@ -13,9 +13,9 @@ import pytest
 import torch
 
 import ppsd
-from app import analysis, plots, token_stream, words
+from app import plots, reading, token_stream, words
 from app.panels import columns, headline, theory, timeline, metrics as metrics_panel, race as race_panel, steps as steps_panel
-from app.run_view import RunView, shown_run
+from app.run_view import RunView
 from app.models import ModelCache
 from app.request import RunRequest
 from app.runner import run_comparison
@@ -149,7 +149,7 @@ def test_headline_names_speedup_clock_device_and_ideal():
 
     ar, fast = metrics(wall=2.0), metrics(wall=1.0, accepted=8, rejected=2,
                                   ideal=ideal_ppsd_speedup_slowest_stage(0.8, 1 / 2))
-    one = analysis.Comparison(ar, fast, metrics(wall=2.0, clock="measured"), metrics(wall=2.5, clock="measured"),
+    one = reading.Reading(ar, fast, metrics(wall=2.0, clock="measured"), metrics(wall=2.5, clock="measured"),
                              num_stages=2, device="cpu", workers=False,
                              stats=stats_of({"ar": [2.0], "ppsd": [1.0]}, {"ar": [2.0], "ppsd": [2.5]}))
     out = headline.render_headline(one)
@@ -163,7 +163,7 @@ def test_headline_names_speedup_clock_device_and_ideal():
     assert "AR 2.00 s, PPSD 2.50 s (PPSD 1.25× slower than AR, medians)" in out and "cannot be faster there" in out
     assert "Compared: AR and PPSD decoding the same prompt to the same 10 tokens on the same 2-stage pipeline" in out
     assert "above the ideal" in out  # 2.00x against an ideal of 1.67x is explained, not left standing
-    slow = headline.render_headline(analysis.Comparison(ar, metrics(wall=4.0, accepted=1, rejected=9), ar, ar,
+    slow = headline.render_headline(reading.Reading(ar, metrics(wall=4.0, accepted=1, rejected=9), ar, ar,
                                                       num_stages=2, device="cpu", workers=False,
                                                       stats=stats_of({"ar": [2.0], "ppsd": [4.0]})))
     assert "PPSD 2.00× slower than AR on the same pipeline" in slow and "above the ideal" not in slow
@@ -173,7 +173,7 @@ def test_headline_gives_ratios_of_the_medians_and_every_rounds_wall():
     ar, ppsd_ = metrics(wall=2.0, clock="measured"), metrics(wall=1.6, accepted=8, rejected=2, clock="measured",
                                                              ideal=ideal_ppsd_speedup_slowest_stage(0.8, 1 / 2))
     # Per-round ratios 1.30, 1.10, 1.20 (median 1.20); the medians' ratio is 2.0 / 1.7 = 1.18.
-    c = analysis.Comparison(ar, ppsd_, ar, ppsd_, num_stages=2, device="cpu", workers=True, shown=2,
+    c = reading.Reading(ar, ppsd_, ar, ppsd_, num_stages=2, device="cpu", workers=True, shown=2,
                            stats=stats_of({"ar": [2.08, 1.87, 2.0], "ppsd": [1.6, 1.7, 1.7]}))
     out = headline.render_headline(c)
     assert "PPSD 1.18× faster than AR on the same pipeline" in out and "1.20×" not in out
@@ -189,7 +189,7 @@ def test_headline_leads_with_the_fastest_ar_and_says_why_the_pipelines_ar_differ
                                                                      ideal=ideal_ppsd_speedup_slowest_stage(0.5, 0.6)),
                                                              slot_fraction=0.6)
     way = PlainWay(2, "in this one process on 2 threads with no pipeline")
-    c = analysis.Comparison(ar, ppsd_, ar, ppsd_, num_stages=2, device="cpu", workers=True, plain=way,
+    c = reading.Reading(ar, ppsd_, ar, ppsd_, num_stages=2, device="cpu", workers=True, plain=way,
                            stats=stats_of({"ar": [2.0, 2.0, 2.0], "ppsd": [1.6, 1.6, 1.6], "plain": [1.8, 1.9, 1.7]}))
     out = headline.render_headline(c)
     lines = re.findall(r'<div class="headline[^"]*">(.*?)</div>', out)
@@ -210,7 +210,7 @@ def test_headline_leads_with_the_fastest_ar_and_says_why_the_pipelines_ar_differ
 def test_everything_but_the_headline_lines_is_folded():
     ar, ppsd_ = metrics(wall=2.0, clock="measured"), metrics(wall=1.6, accepted=5, rejected=5, clock="measured",
                                                              ideal=ideal_ppsd_speedup_slowest_stage(0.5, 1 / 2))
-    c = analysis.Comparison(ar, ppsd_, ar, ppsd_, num_stages=2, device="cpu", workers=True,
+    c = reading.Reading(ar, ppsd_, ar, ppsd_, num_stages=2, device="cpu", workers=True,
                            stats=stats_of({"ar": [2.0], "ppsd": [1.6]}))
     out = headline.render_headline(c, agreement="✓ Identical output")
     visible, folded = out.split('<details class="headline-more">')
@@ -225,7 +225,7 @@ def test_a_busy_machine_is_said_on_the_headline_not_explained_away():
 
     ar, ppsd_ = metrics(wall=2.0, clock="measured"), metrics(wall=1.0, accepted=8, rejected=2, clock="measured",
                                                              ideal=1.2)
-    c = analysis.Comparison(ar, ppsd_, ar, ppsd_, num_stages=2, device="cpu", workers=True,
+    c = reading.Reading(ar, ppsd_, ar, ppsd_, num_stages=2, device="cpu", workers=True,
                            stats=stats_of({"ar": [2.0], "ppsd": [1.0]}),
                            stalls={"ar": Stalls(3, 0.6), "ppsd": Stalls(0, 0.0)})
     out = headline.render_headline(c)  # 2.0x measured against an ideal of 1.2x, with AR stalled 0.6 s
@@ -250,8 +250,8 @@ def test_stalls_are_work_far_slower_than_the_same_stages_usual_work():
 
 
 def test_metrics_table_puts_each_definition_beside_its_values():
-    runs = {"ar": analysis.Clocks(metrics(wall=2.0, clock="measured"), metrics(wall=1.5)),
-            "ppsd": analysis.Clocks(metrics(wall=3.0, accepted=3, rejected=1, clock="measured"),
+    runs = {"ar": reading.Clocks(metrics(wall=2.0, clock="measured"), metrics(wall=1.5)),
+            "ppsd": reading.Clocks(metrics(wall=3.0, accepted=3, rejected=1, clock="measured"),
                                    metrics(wall=0.5, accepted=3, rejected=1))}
     out = metrics_panel.render_metrics_table(runs)
     for key in ("acceptance_rate", "tokens_per_second", "stage_utilization", "bubble_fraction",
@@ -267,7 +267,7 @@ def test_metrics_table_puts_each_definition_beside_its_values():
 def test_metrics_table_names_the_executor_the_measured_runs_ran_on():
     from ppsd.executors.kinds import KINDS
 
-    runs = {"ar": analysis.Clocks(metrics(wall=2.0, clock="measured"), metrics(wall=1.5))}
+    runs = {"ar": reading.Clocks(metrics(wall=2.0, clock="measured"), metrics(wall=1.5))}
     out = metrics_panel.render_metrics_table(runs, on=KINDS["threads"])
     assert "wall, measured (K threads in one process)" in out and "worker process" not in out
     assert "stage utilization, measured" in out  # the stages ran at once: their measured overlap means something
@@ -653,7 +653,7 @@ def test_a_run_in_flight_shows_its_phases_done_now_and_to_come(tiny_cache):
     assert "Timing again" not in final["headline"] and not snap.status  # nor what it was doing last
     assert "run-message-empty" in final["message"]
     # every panel says which round it shows, the one closest to the medians the headline gives
-    label = shown_run(snap)
+    label = RunView.of(snap).shown
     assert label.startswith(f"Round {snap.state.shown_index() + 1} of 2, the one closest to the medians")
     assert label.replace("'", "&#x27;") in final["stats_ar"] and label.replace("'", "&#x27;") in final["stats_ppsd"]
     assert label.replace("'", "&#x27;") in final["metrics"] and label in final["timeline"].layout.title.text

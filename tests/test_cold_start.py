@@ -207,7 +207,7 @@ def test_the_page_says_what_compiles_under_run_refreshed_by_a_timer():
     words = ["compiling the captured steps: 40 s so far"]
     with gr.Blocks() as demo:
         panel = compile_status.create()
-        timer = compile_status.wire(panel, lambda: words[0])
+        timer = compile_status.refresh(panel, lambda: words[0])
     assert timer.value == compile_status.REFRESH_SECONDS <= 5
     tick = next(block.fn for block in demo.fns.values() if block.outputs == [panel.component])
     assert tick() == ('<div class="run-message run-message-status" role="status">Compiling the captured steps: '

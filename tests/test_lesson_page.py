@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from app import analysis, view, words
+from app import analysis, reading, view, words
 from app.panels import headline, race as race_panel, rounds, steps, theory
 from app.request import DEFAULT_REPEATS, FORM, RunRequest
 from app.run_view import RunView
@@ -74,7 +74,7 @@ def test_no_headline_number_exceeds_the_runs_own_ideal_by_more_than_the_margin(w
                     ppsd_ = metrics(wall=2.0 / speedup, accepted=accepted, rejected=10 - accepted)
                     walls = {"ar": (2.0,), "ppsd": (2.0 / speedup,)}
                     stats = Stats(walls, walls, {"ar": (2.0,), "ppsd": (2.0 / projected,)})
-                    c = analysis.Comparison(metrics(wall=2.0), ppsd_, metrics(wall=2.0), ppsd_, num_stages=2,
+                    c = reading.Reading(metrics(wall=2.0), ppsd_, metrics(wall=2.0), ppsd_, num_stages=2,
                                             device="cpu", workers=workers, stats=stats, round_busy=busy)
                     allowed = ideal_ppsd_speedup_slowest_stage(accepted / 10, 0.6) * (1 + analysis.CLEAN_MARGIN)
                     said = [float(x) for x in FASTER.findall(first_lines(headline.render_headline(c)))]
@@ -96,7 +96,7 @@ def test_the_projected_clock_is_a_result_of_its_own_never_the_big_number():
     walls = {"ar": (2.0,), "ppsd": (2.5,)}
     stats = Stats(walls, walls, {"ar": (2.0,), "ppsd": (1.6,)})
     ppsd_ = metrics(wall=2.5, accepted=9, rejected=1)
-    c = analysis.Comparison(metrics(wall=2.0), ppsd_, metrics(wall=2.0), ppsd_, num_stages=2, device="cpu",
+    c = reading.Reading(metrics(wall=2.0), ppsd_, metrics(wall=2.0), ppsd_, num_stages=2, device="cpu",
                             workers=True, stats=stats)
     html_ = headline.render_headline(c)
     main = re.search(r'class="headline-main">([^<]*)<', html_).group(1)
@@ -117,7 +117,7 @@ def threads_run(tiny_cache):  # noqa: F811
 
 def test_the_race_and_the_theory_place_the_projected_clock_beside_the_measured(threads_run):
     snap = threads_run
-    c = RunView.of(snap).comparison
+    c = RunView.of(snap).reading
     race = race_panel.race_state(RunView.of(snap))
     lane = next(lane for lane in race["lanes"] if lane.method == words.PROJECTED_LANE)
     assert lane.total == snap.runs["ppsd"].wall("projected") and lane.ar_total == snap.runs["ar"].wall("projected")
@@ -128,7 +128,7 @@ def test_the_race_and_the_theory_place_the_projected_clock_beside_the_measured(t
     assert "projected" not in verdict  # the finishing order is the measured clock's
     points = {t.name.split("<br>")[0]: t.y[0] for t in theory.show(RunView.of(snap))["theory"].data
               if t.name.startswith("PPSD ")}
-    if c.ppsd.acceptance_rate is not None and c.ar.tokens >= analysis.MIN_TIMED_TOKENS:
+    if c.ppsd.acceptance_rate is not None and c.ar.tokens >= reading.MIN_TIMED_TOKENS:
         assert points == {"PPSD measured": c.speedup, "PPSD projected": c.projected_speedup}
 
 

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import ppsd
-from app import analysis, view, words
+from app import analysis, reading, view, words
 from app.panels import headline, metrics as metrics_panel, race as race_panel
 from app.models import ModelCache
 from app.request import RunRequest
@@ -40,12 +40,12 @@ def metrics(*, wall: float, accepted: int = 5, rejected: int = 5, clock: str = "
                         ideal, slot_fraction=slot)
 
 
-def comparison(speedups=(), plain_walls=(), **fields) -> analysis.Comparison:
+def comparison(speedups=(), plain_walls=(), **fields) -> reading.Reading:
     """AR at 2.0 s every round, PPSD at 2.0 / speedup: the medians' ratio is the median speedup."""
     ar_walls, ppsd_walls = [2.0] * max(1, len(speedups)), [2.0 / s for s in speedups] or [2.0 / 1.6]
     walls = {"ar": tuple(ar_walls), "ppsd": tuple(ppsd_walls), **({"plain": tuple(plain_walls)} if plain_walls else {})}
     ar, ppsd_ = metrics(wall=2.0), metrics(wall=sorted(ppsd_walls)[len(ppsd_walls) // 2])
-    return analysis.Comparison(ar, ppsd_, ar, ppsd_, num_stages=2, device="cpu", workers=True,
+    return reading.Reading(ar, ppsd_, ar, ppsd_, num_stages=2, device="cpu", workers=True,
                               stats=Stats(walls, walls, walls), **fields)
 
 
@@ -94,13 +94,13 @@ def test_every_ratio_in_the_headline_says_its_direction_on_either_clock():
     ar, slow = metrics(wall=2.0, clock="projected"), metrics(wall=2.02, clock="projected")
     stats = Stats(walls={"ar": (2.0,), "ppsd": (2.02,), "eesd": (2.6,)},
                   measured={"ar": (2.0,), "ppsd": (2.5,), "eesd": (2.6,)})
-    one = analysis.Comparison(ar, slow, metrics(wall=2.0), metrics(wall=2.5), num_stages=2, device="cpu",
+    one = reading.Reading(ar, slow, metrics(wall=2.0), metrics(wall=2.5), num_stages=2, device="cpu",
                              workers=False, eesd=metrics(wall=2.6, ideal=0.8), stats=stats)
     out = text(headline.render_headline(one))
     assert "PPSD 1.01× slower than AR on the same pipeline" in out and "PPSD 1.25× slower than AR, medians)" in out
     assert "EESD (draft then verify, one device): 1.30× slower than AR" in out and "1.25× slower." in out
     assert_one_story(out, "1.01× slower", "projected")
-    table = metrics_panel.render_metrics_table({m: analysis.Clocks(metrics(wall=1.0, ideal=0.8), metrics(wall=1.0))
+    table = metrics_panel.render_metrics_table({m: reading.Clocks(metrics(wall=1.0, ideal=0.8), metrics(wall=1.0))
                                           for m in ("ar", "ppsd", "eesd")})
     assert BARE.findall(text(table)) == [] and "<td>the reference</td><td>1.25× slower</td>" in table
 
@@ -158,7 +158,7 @@ def test_the_theory_star_the_headline_and_the_card_show_one_value(tiny_run, slow
     values = view.snapshot(snap)
     y, label = star(values)
     assert y == snap.stats().ratio("ar", "ppsd")  # the ratio of the medians, the same value
-    if analysis.unclean_reason(RunView.of(snap).comparison):  # issue 48: above its own ideal, held back
+    if analysis.unclean_reason(RunView.of(snap).reading):  # issue 48: above its own ideal, held back
         assert "Not a clean result" in values["headline"] and not slower
     else:
         assert label == pipeline_ratio(values["headline"])
@@ -251,7 +251,7 @@ def test_a_run_above_the_ideal_is_explained_or_flagged_beside_the_ideal():
     assert "slowest round took 2.80 times its fastest" in wide and "<summary>⚠" in wide
 
     # measured 1.33x, ideal 1.25x by layers (a = 0.5, s = 0.6), 1.33x at the measured costs (s = 0.5)
-    stages = analysis.Stages(layers=(18, 12), utilization=(0.6, 0.7), costs=(2.0, 2.0))
+    stages = reading.Stages(layers=(18, 12), utilization=(0.6, 0.7), costs=(2.0, 2.0))
     costs = headline.render_headline(comparison((1.31, 1.33, 1.34), stages=stages))
     assert "The median (1.33× faster) is above the ideal 1.25× faster, which counts layers" in costs
     assert "⚠" not in costs and "at those costs the ideal is 1.33× faster" in costs
@@ -429,5 +429,5 @@ def test_a_card_of_one_timed_round_says_so_not_medians(tiny_cache, quiet_machine
     label = words.ratio_text(snap.stats().ratio("ar", "ppsd"))
     assert f"PPSD {label} than AR (one round)" in values["stats_ppsd"] and "medians" not in values["stats_ppsd"]
     # the headline's ratio, or (issue 48) no number at all where the run's own ideal does not allow it
-    assert ("Not a clean result" in values["headline"] if analysis.unclean_reason(RunView.of(snap).comparison)
+    assert ("Not a clean result" in values["headline"] if analysis.unclean_reason(RunView.of(snap).reading)
             else pipeline_ratio(values["headline"]) == label)

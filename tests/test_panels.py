@@ -10,6 +10,7 @@ import inspect
 import pkgutil
 
 import gradio as gr
+import pytest
 
 import app.panels
 from app import handlers, view
@@ -62,3 +63,39 @@ def test_a_form_that_does_not_parse_is_refused_in_words_before_any_work():
     (values,) = outputs
     summary = dict(zip(view.OUTPUTS, values))["summary"]
     assert summary == {"error": "eesd must be true or false, not 'false'"} and not ran
+
+
+def _panel_modules():
+    return {m.name: importlib.import_module(f"app.panels.{m.name}") for m in pkgutil.iter_modules(app.panels.__path__)}
+
+
+def test_every_results_panel_has_one_shape_and_every_panel_one_wire():
+    """Issue 51: results panels (`view.PANELS`) have `OUTPUTS`, `create`, `idle`, `show` and
+    `wire(made, page)`; setting panels have `create` and the same `wire`, and no run output."""
+    for name, module in _panel_modules().items():
+        assert list(inspect.signature(module.wire).parameters) == ["made", "page"], name
+        if module in view.PANELS:
+            assert isinstance(module.OUTPUTS, tuple) and callable(module.idle) and callable(module.show), name
+        else:
+            assert not any(hasattr(module, part) for part in ("OUTPUTS", "idle", "show")), name
+
+
+def test_the_run_outputs_come_from_the_one_panel_list():
+    """The layout names no panel list of its own: a results panel it did not place fails at start-up."""
+    from app import ui
+
+    with pytest.raises(RuntimeError, match="headline"):
+        ui.run_outputs({})
+
+
+def test_a_snapshot_computes_its_statistic_once(monkeypatch):
+    """The library's `State.stats()` recomputes every run's metrics: the page asks for it once a
+    snapshot, however many panels read it (it was 37 times for a recorded run)."""
+    from app import replay
+    from ppsd.compare import State
+
+    snap = replay.open_bytes(next(iter(replay.shipped().values())).read_bytes())
+    calls, stats = [], State.stats
+    monkeypatch.setattr(State, "stats", lambda state: calls.append(1) or stats(state))
+    values = view.snapshot(snap)
+    assert len(calls) == 1 and values["summary"]["timed_runs"]["rounds"] >= 1

@@ -114,7 +114,7 @@ def test_opening_a_recording_loads_no_model(saved, monkeypatch, tmp_path):
     monkeypatch.setattr(ppsd.model, "load_model", no_model)
     path = tmp_path / "upload.json"
     path.write_bytes(saved)
-    page = panel.Page(lambda snap: ordered(view.snapshot(snap)), lambda: ordered(view.idle()))
+    page = panel.Shows(lambda snap: ordered(view.snapshot(snap)), lambda: ordered(view.idle()))
     out = panel.on_upload(str(path), page)
     assert "recording-ok" in out[-1] and "not run now" in out[-1]
     assert str(path) not in repr(out)  # the upload's path is never handed to an output
@@ -239,7 +239,7 @@ def test_not_json_and_not_an_object_are_refused():
 
 
 def test_a_bad_upload_gets_one_message_on_the_page(tmp_path, saved):
-    page = panel.Page(lambda snap: ordered(view.snapshot(snap)), lambda: ordered(view.idle()))
+    page = panel.Shows(lambda snap: ordered(view.snapshot(snap)), lambda: ordered(view.idle()))
     for data in (b"\xff" * 10, tampered(saved, lambda r: r.update(version=9)), b"[" * 10_000):
         path = tmp_path / "bad.json"
         path.write_bytes(data)
@@ -257,7 +257,7 @@ def test_an_upload_is_deleted_once_read_and_nothing_outside_the_upload_folder_is
     uploads = tmp_path / "uploads"
     (uploads / "abc").mkdir(parents=True)
     monkeypatch.setattr(gradio.utils, "get_upload_folder", lambda: str(uploads))
-    page = panel.Page(lambda snap: ordered(view.snapshot(snap)), lambda: ordered(view.idle()))
+    page = panel.Shows(lambda snap: ordered(view.snapshot(snap)), lambda: ordered(view.idle()))
     arrived = uploads / "abc" / "run.json"
     arrived.write_bytes(saved)
     assert "recording-ok" in panel.on_upload(str(arrived), page)[-1]

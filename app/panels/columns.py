@@ -14,10 +14,11 @@ import gradio as gr
 
 from ppsd import Metrics, Trace
 
-from ..analysis import Clocks
+from ..reading import Clocks
 from ..run_view import RunView, shown_note
 from ..token_stream import deciding_events, render_legend, render_tokens
 from ..words import duration_text, forced_words, ratio_text
+from . import QUIET, Page
 
 METHODS = ("ar", "ppsd", "eesd")
 OUTPUTS = tuple(f"{part}_{m}" for m in METHODS for part in ("stats", "stream"))
@@ -61,10 +62,11 @@ def create() -> ColumnsPanel:
     return ColumnsPanel(columns, drafts)
 
 
-def wire(panel: ColumnsPanel, eesd: gr.Checkbox, run: gr.Button, quiet: dict[str, Any]) -> None:
+def wire(made: ColumnsPanel, page: Page) -> None:
     """The toggle works in the browser alone; EESD's box shows its column and names it on Run."""
-    panel.drafts.change(None, panel.drafts, None, js=SHOW_DRAFTS_JS)
-    eesd.change(on_eesd, eesd, [panel.columns["eesd"].box, run], **quiet)
+    made.drafts.change(None, made.drafts, None, js=SHOW_DRAFTS_JS)
+    eesd = page.controls["eesd"]
+    eesd.change(on_eesd, eesd, [made.columns["eesd"].box, page.controls["run"]], **QUIET)
 
 
 def on_eesd(on: bool) -> tuple:
@@ -90,7 +92,7 @@ def _column(view: RunView, method: str) -> tuple[str, str]:
     """A method's card and stream: waiting, live (with its rate so far) or done."""
     snap = view.snap
     piece, prompt = snap.loaded.piece, snap.request.prompt
-    run = snap.runs.get(method)
+    run = view.runs.get(method)
     if run is None:
         waiting = "not enabled" if method == "eesd" and not snap.request.eesd else (
             "not run: stopped" if snap.stopped else "waiting for its turn")
@@ -99,7 +101,7 @@ def _column(view: RunView, method: str) -> tuple[str, str]:
     deciders = deciding_events(trace.events, trace.num_stages)
     if run.done:
         clocks = view.finished[method]
-        median = snap.stats().median(method) if snap.request.rounds > 1 else None
+        median = view.stats.median(method) if snap.request.rounds > 1 else None
         stats = render_stats(method, clocks.projected, clocks.measured, workers=snap.concurrent, shown=view.shown,
                              median=median, against=_ratio_line(method, view))
         pending = ()
@@ -123,7 +125,7 @@ def _column(view: RunView, method: str) -> tuple[str, str]:
 
 def _ratio_line(method: str, view: RunView) -> str:
     """What a method's card says of it against AR: the headline's ratio (medians), nothing else."""
-    c = view.comparison
+    c = view.reading
     if not view.teaches:
         return ""
     timed = "medians" if c.rounds > 1 else "one round"

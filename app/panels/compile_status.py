@@ -11,14 +11,16 @@ from typing import Callable
 
 import gradio as gr
 
-from . import Single
+from ..runner import background_words
+from . import Page, Single
 
-OUTPUTS = ("compile_status",)
+NAME = "compile_status"  # not a run output: its timer alone refreshes it
 REFRESH_SECONDS = 5.0
 
 
-def create(words: str = "") -> Single:
-    return Single(OUTPUTS[0], gr.HTML(render(words), elem_id="compile-status"))
+def create() -> Single:
+    """The line as it stands now (a compile may have started before the page was built)."""
+    return Single(NAME, gr.HTML(render(background_words()), elem_id="compile-status"))
 
 
 def render(words: str) -> str:
@@ -28,7 +30,12 @@ def render(words: str) -> str:
     return f'<div class="run-message run-message-status" role="status">{html.escape(words[0].upper() + words[1:])}</div>'
 
 
-def wire(panel: Single, words: Callable[[], str]) -> gr.Timer:
+def wire(made: Single, page: Page) -> None:
+    """Refreshed from what compiles in the background (`app.runner.background_words`)."""
+    refresh(made, background_words)
+
+
+def refresh(panel: Single, words: Callable[[], str]) -> gr.Timer:
     """Refresh `panel` from `words()` every REFRESH_SECONDS while the page is open."""
     timer = gr.Timer(REFRESH_SECONDS)
     timer.tick(lambda: render(words()), outputs=[panel.component], queue=False, show_progress="hidden",

@@ -16,6 +16,8 @@ import ppsd
 from ppsd.config import fit_stages
 from ppsd.heads.shipped import AUTO_HEAD, shipped_exit_layers
 
+from . import QUIET, Page
+
 
 @dataclass(frozen=True)
 class Note:
@@ -80,10 +82,11 @@ def on_use(model: str, exit_layer: Any, num_stages: Any, layers: Any, exit_head:
     return gr.update(value=e), gr.update(value=k)
 
 
-def wire(panel: ExitHeadPanel, c: dict[str, Any], quiet: dict[str, Any]) -> None:
+def wire(made: ExitHeadPanel, page: Page) -> None:
     """Said as the model, E, K or the head box change (before any Run); the button moves E."""
+    c = page.controls
     inputs = [c["model"], c["exit_layer"], c["exit_head"]]
     for name in ("model", "exit_layer", "exit_head"):
-        c[name].change(on_change, inputs, [panel.note, panel.use], **quiet)
-    panel.use.click(on_use, [c["model"], c["exit_layer"], c["num_stages"], c["layers"], c["exit_head"]],
-                    [c["exit_layer"], c["num_stages"]], **quiet)
+        c[name].change(on_change, inputs, [made.note, made.use], **QUIET)
+    made.use.click(on_use, [c["model"], c["exit_layer"], c["num_stages"], c["layers"], c["exit_head"]],
+                   [c["exit_layer"], c["num_stages"]], **QUIET)

@@ -5,12 +5,11 @@ size and the words are `app.lease`'s; this module holds the component and its wi
 
 from __future__ import annotations
 
-from typing import Any, Callable
-
 import gradio as gr
 
-from .. import lease
+from .. import lease, zerogpu
 from ..request import FORM
+from . import QUIET, Page
 from .run_message import render
 
 # The fields that change what a Run asks for.
@@ -21,12 +20,14 @@ def create() -> gr.HTML:
     return gr.HTML(render(), visible=False, elem_id="gpu-lease")
 
 
-def wire(shown: gr.HTML, demo: gr.Blocks, c: dict[str, Any], duration: Callable[..., int], quiet: dict) -> None:
-    """Say `duration(0, request)` of the form's request in `shown` on load and whenever a field in
-    `CHANGES` changes."""
-    say = lambda *form: gr.update(value=render(lease.note(duration(0, lease.of_form(*form))), "status"),  # noqa: E731
+def wire(made: gr.HTML, page: Page) -> None:
+    """On ZeroGPU only (elsewhere it stays hidden): say `page.lease(0, request)` of the form's
+    request on load and whenever a field in `CHANGES` changes."""
+    if not zerogpu.active():
+        return
+    say = lambda *form: gr.update(value=render(lease.note(page.lease(0, lease.of_form(*form))), "status"),  # noqa: E731
                                   visible=True)
-    form = [c[name] for name in FORM]
-    demo.load(say, form, shown, **quiet)
+    form = [page.controls[name] for name in FORM]
+    page.demo.load(say, form, made, **QUIET)
     for name in CHANGES:
-        c[name].change(say, form, shown, trigger_mode="always_last", **quiet)
+        page.controls[name].change(say, form, made, trigger_mode="always_last", **QUIET)

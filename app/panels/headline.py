@@ -1,27 +1,42 @@
 """The headline panel, at the top of the results: the headline's lines (PPSD against the fastest AR
 measured here, then against AR on the same pipeline) and a fold with everything else, or, for an
 answer too short to time, the answer and no speedup; while a run is in flight, its status and
-phases. The analysis and its sentences are `app.analysis`'s; this module lays them out as HTML.
+phases as steps (`render_progress`). The numbers are the run's `app.reading.Reading`'s (every
+ratio read off its `Stats`, written by `app.words.ratio_text`), the sentences `app.analysis`'s;
+this module writes the HTML.
 """
 
 from __future__ import annotations
 
 import html
-from typing import Any
+from typing import Any, Sequence
 
 import gradio as gr
 
-from ppsd.executors.kinds import KINDS
+from ppsd.metrics import DEFINITIONS
 
-from ..analysis import (MIN_TIMED_TOKENS, Comparison, above_ideal, busy_sentence, compared_sentence, ideal_line,
-                        plain_sentence, speedup_headline, walls_sentence)
+from ..analysis import (above_ideal, busy_sentence, compared_sentence, plain_sentence, projected_line, rounds_tag,
+                        rounds_text, unclean_reason, walls_sentence, why_sentence)
+from ..reading import MIN_TIMED_TOKENS, Reading
 from ..run_view import RunView
 from ..words import GLOSSARY, PROJECTED_MEANING, agreement_note, duration_text, forced_words, ratio_text
-from . import Single
-from .progress import render_progress
+from . import Page, Single
 
 
 OUTPUTS = ("headline",)
+# The run's phases as its progress steps say them (`RunRequest.phases`), in the headline box while it runs.
+PHASE_NAMES = {"model": "load the model", "workers": "start the pipeline", "ar": "AR", "ppsd": "PPSD",
+               "eesd": "EESD", "plain": "plain AR, one process", "repeats": "time again"}
+
+
+def render_progress(phases: Sequence[str], current: str | None) -> str:
+    """The run's phases as steps: done, now (the one `current` names), still to come."""
+    if current not in phases:
+        return ""
+    now = phases.index(current)
+    steps = [f'<span class="phase phase-{"done" if i < now else "now" if i == now else "todo"}">'
+             f'{"✓ " if i < now else ""}{html.escape(PHASE_NAMES.get(p, p))}</span>' for i, p in enumerate(phases)]
+    return f'<div class="phases">{"<span class=phase-arrow>›</span>".join(steps)}</div>'
 
 
 def create() -> Single:
@@ -41,19 +56,23 @@ def render_glossary() -> str:
             f"<dl>{terms}</dl></details>")
 
 
+def wire(made: Single, page: Page) -> None:
+    """No events of its own: a Run fills it."""
+
+
 def idle() -> dict[str, Any]:
     return {"headline": render_headline(None)}
 
 
 def show(view: RunView) -> dict[str, Any]:
     """The headline of `view`: its comparison once AR and PPSD are done, its status until it ends."""
-    snap, c = view.snap, view.comparison
+    snap, c = view.snap, view.reading
     progress = "" if view.ended else render_progress(snap.request.phases(), snap.phase)
     if c is not None and not view.teaches:
         return {"headline": short_headline(c.ar.tokens, status=view.status, progress=progress)}
     if c is None:
         return {"headline": render_headline(None, status=view.status, progress=progress)}
-    done = {m: r.result.token_ids for m, r in snap.runs.items() if r.done}
+    done = {m: r.result.token_ids for m, r in view.runs.items() if r.done}
     agreement = agreement_note(done, greedy=snap.request.temperature == 0) if snap.done else ""
     if snap.done and c.forced is not None:  # forced verdicts change PPSD's tokens: no agreement to check
         agreement = f"PPSD's text differs from AR's by design here: {forced_words(c.forced)}."
@@ -69,7 +88,7 @@ def short_headline(tokens: int, *, status: str = "", progress: str = "") -> str:
             f"or ask for a longer answer (with Chat on, the model answers a question).</div>{doing}</div>")
 
 
-def render_headline(c: Comparison | None, *, status: str = "", agreement: str = "", progress: str = "") -> str:
+def render_headline(c: Reading | None, *, status: str = "", agreement: str = "", progress: str = "") -> str:
     """The headline's lines (`speedup_headline`), then a fold with everything else: the ideal,
     what was compared, every round's wall, plain AR, the other clock, EESD, whether the outputs
     are identical (`agreement`); `status` (and the `progress` steps) while a run is in flight."""
@@ -103,12 +122,12 @@ def render_headline(c: Comparison | None, *, status: str = "", agreement: str = 
     return f'<div class="headline-box">{"".join(lines)}</div>'
 
 
-def _how_it_ran(c: Comparison) -> list[str]:
+def _how_it_ran(c: Reading) -> list[str]:
     """Where the stages ran and what the other clock gives, in words (HTML)."""
     other = ratio_text(c.other_speedup)
     notes: list[str] = []
     if c.workers:
-        kind = KINDS[c.pipeline]
+        kind = c.kind
         note = f"Measured: {kind.words(kind.ran, c.num_stages, c.device)}."
         if kind.overhead is not None:
             note += f" The same stage costs replayed (projected clock) give PPSD {other} than AR"
@@ -122,3 +141,69 @@ def _how_it_ran(c: Comparison) -> list[str]:
             f"{measured('ppsd')} (PPSD {other} than AR, medians). On one device PPSD does the same work as AR plus the "
             "flushed work, so it cannot be faster there: its speed comes from K stages running at the same time.")
     return notes
+
+
+def _fastest_name(c: Reading) -> tuple[str, str]:
+    """The fastest AR measured here, short (for the big line) and in full (beside it)."""
+    key, _ = c.fastest
+    if key == "plain":
+        return "plain AR", f"plain AR {c.plain.words if c.plain else 'with no pipeline'}, measured"
+    if c.workers:
+        return "AR on the same pipeline", ""
+    return "AR in one process", "AR measured in this one process, the stages in turn"
+
+
+def speedup_headline(c: Reading) -> str:
+    """The big lines: PPSD against the fastest AR measured here (the sceptic's baseline: the
+    headline's number, read off the rounds' `Stats` and written here), then
+    against AR on the same pipeline (the algorithm's own effect) when that is another run,
+    with one sentence on why they differ. Ratios of medians, in `ratio_text`'s words."""
+    base, detail = _fastest_name(c)
+    timed = rounds_text(c.rounds) if c.final else f"{c.rounds} of {c.rounds_asked} rounds timed so far"
+    clock = "; ".join(filter(None, (detail, f"{c.ppsd.clock} clock, {timed}, {c.device}")))
+    tag = rounds_tag(c)
+    tag = f'<span class="headline-rounds">{html.escape(tag)}</span>' if tag else ""
+    forced = (f'<div class="headline-forced">{html.escape(forced_words(c.forced))}</div>'
+              if c.forced is not None else "")
+    reason = unclean_reason(c)
+    if reason:  # no number: a class would read it as the method's
+        return (f'{forced}<div class="headline"><span class="headline-main headline-unclean">Not a clean result'
+                f'</span>{tag}<span class="headline-clock">({html.escape(clock)})</span></div>'
+                f'<div class="headline-unclean-why">Why: {html.escape(reason)}.</div>{_projected_div(c)}')
+    first = f'<span class="headline-main">PPSD {ratio_text(c.stats.against_fastest())} than {base}</span>'
+    lines = [forced, f'<div class="headline">{first}{tag}<span class="headline-clock">({html.escape(clock)})</span></div>']
+    if c.fastest[0] == "plain" or not c.workers:
+        lines.append(f'<div class="headline headline-second"><span class="headline-pipeline">PPSD '
+                     f"{ratio_text(c.speedup)} than AR on the same pipeline</span></div>")
+    lines.append(_projected_div(c))
+    why = why_sentence(c)
+    if why:
+        lines.append(f'<div class="headline-why">{html.escape(why)}</div>')
+    return "".join(lines)
+
+
+def _projected_div(c: Reading) -> str:
+    head, said, why = projected_line(c).partition("not a clean result: ")  # Present folds the reason away
+    why = f'{html.escape(said[:-2])}<span class="headline-projected-why">: {html.escape(why)}</span>' if said else ""
+    return f'<div class="headline headline-projected">{html.escape(head)}{why}</div>' if head else ""
+
+
+def ideal_line(c: Reading) -> str:
+    """The ideal at the measured acceptance, the slowest stage as the timeline shows it, and why a
+    run above the ideal is there (`above_ideal`)."""
+    rate, slot, stages = c.ppsd.acceptance_rate, c.ppsd.slot_fraction, c.stages
+    if rate is None:
+        ideal = "no draft was verified: acceptance undefined"
+    else:
+        layers = ("" if slot is None else
+                  f", counting layers (stage {stages.largest} holds the most: {slot:.0%})" if stages is not None else
+                  f", counting layers (the largest stage holds {slot:.0%})")
+        ideal = (f"ideal S<sub>PPSD</sub>(a={rate:.2f}, K={c.num_stages}) = {ratio_text(c.ppsd.ideal_speedup)}"
+                 f"{layers}")
+    slowest = ("" if stages is None or not stages.utilization else
+               f'<span class="headline-slowest">slowest stage: stage {stages.busiest} '
+               f"(util {max(stages.utilization):.0%} on the timeline, {c.ppsd.clock} clock)</span>")
+    flag = above_ideal(c)
+    flag = f'<span class="headline-flag">{html.escape(flag)}</span>' if flag else ""
+    return (f'<div class="headline-note headline-ideal-line"><span class="headline-ideal" '
+            f'title="{html.escape(DEFINITIONS["ideal_speedup"])}">{ideal}</span>{slowest}{flag}</div>')

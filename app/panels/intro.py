@@ -5,7 +5,6 @@ sliders' E and K (`app.teach.pipeline_diagram`), redrawn as they move.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import gradio as gr
 
@@ -15,6 +14,7 @@ from ppsd.heads import default_exit_layer
 
 from .. import teach
 from ..page_text import INTRO
+from . import QUIET, Page
 
 
 @dataclass(frozen=True)
@@ -31,10 +31,12 @@ def create(num_layers: int) -> IntroPanel:
         return IntroPanel(gr.HTML(diagram(num_layers, e, k), elem_id="diagram"))
 
 
-def wire(panel: IntroPanel, c: dict[str, Any], quiet: dict[str, Any]) -> None:
+def wire(made: IntroPanel, page: Page) -> None:
+    """Redrawn as E, K or the model's layer count change."""
+    c = page.controls
     inputs = [c["exit_layer"], c["num_stages"], c["layers"]]
     for name in ("exit_layer", "num_stages", "layers"):
-        c[name].change(on_diagram, inputs, panel.diagram, **quiet)
+        c[name].change(on_diagram, inputs, made.diagram, **QUIET)
 
 
 def on_diagram(exit_layer: float, num_stages: float, layers: int) -> str:

@@ -12,16 +12,20 @@ import gradio as gr
 from ppsd.executors.kinds import IN_TURN, KINDS, ExecutorKind
 from ppsd.metrics import DEFINITIONS
 
-from ..analysis import Clocks
+from ..reading import Clocks
 from ..run_view import RunView, shown_note
 from ..words import METHOD_NAMES, duration_text, forced_words, ratio_text
-from . import Single
+from . import Page, Single
 
 OUTPUTS = ("metrics",)
 
 
 def create() -> Single:
     return Single(OUTPUTS[0], gr.HTML(elem_id="metrics"))
+
+
+def wire(made: Single, page: Page) -> None:
+    """No events of its own: a Run fills it."""
 
 
 def idle() -> dict[str, Any]:
@@ -64,8 +68,7 @@ _TABLE_ROWS = (
 )
 
 
-def render_metrics_table(runs: Mapping[str, Clocks], *, on: ExecutorKind = IN_TURN,
-                         shown: str = "") -> str:
+def render_metrics_table(runs: Mapping[str, Clocks], *, on: ExecutorKind = IN_TURN, shown: str = "") -> str:
     """Every metric of every run, each beside its definition; each row names the clock it reads
     when the clock matters; `on`: the kind of executor the measured runs ran on; `shown`: which
     timed run it is, when there were several."""

@@ -20,6 +20,7 @@ from .. import teach
 from ..run_view import RunView
 from ..token_stream import Piece, deciding_events, render_tokens
 from ..words import METHOD_NAMES, PROJECTED_LANE, duration_text, forced_words
+from . import QUIET, Page
 
 OUTPUTS = ("race",)
 REPLAY_SECONDS = 3.0  # least screen time of the slowest lane: a faster race is slowed down, never sped up
@@ -45,12 +46,11 @@ def create() -> RacePanel:
     return RacePanel(lanes, replay, gr.State(None))
 
 
-def wire(panel: RacePanel, run: Any, quiet: dict[str, Any]) -> list:
-    """The race replays after each successful `run` event and on its button; returns the two
-    replay events, for Stop to cancel."""
-    after_run = run.success(on_replay, panel.state, panel.lanes, **quiet)
-    again = panel.replay.click(on_replay, panel.state, panel.lanes, api_name="replay", show_progress="hidden")
-    return [after_run, again]
+def wire(made: RacePanel, page: Page) -> None:
+    """The race replays after each successful Run and on its button; Stop cancels both replays."""
+    after_run = page.run.success(on_replay, made.state, made.lanes, **QUIET)
+    again = made.replay.click(on_replay, made.state, made.lanes, api_name="replay", show_progress="hidden")
+    page.cancels.extend((after_run, again))
 
 
 def idle() -> dict[str, Any]:
@@ -66,8 +66,8 @@ def race_state(view: RunView) -> dict:
     snap = view.snap
     lanes = []
     pieces: dict[int, str] = {}
-    plain = [(PLAIN, snap.plain_run)] if snap.plain_run is not None else []
-    for method, run in [*snap.runs.items(), *plain]:
+    plain = [(PLAIN, view.round.plain)] if view.round.plain is not None else []
+    for method, run in [*view.runs.items(), *plain]:
         trace = run.shown()
         tokens = run.result.tokens
         # A lane ends at its run's wall on the page's clock, the value the stats card and the
@@ -77,22 +77,22 @@ def race_state(view: RunView) -> dict:
             for token_id in (token.id, token.draft):
                 if token_id is not None:
                     pieces[token_id] = snap.loaded.piece(token_id)
-    ppsd_run = snap.runs["ppsd"]
+    ppsd_run = view.runs["ppsd"]
     if snap.concurrent:  # the paper's setup, a lane of its own: the same tokens at their projected times
         projected = ppsd_run.trace().project()
         lanes.append(Lane(PROJECTED_LANE, ppsd_run.result.tokens, commit_times(ppsd_run.result.tokens, projected),
-                          ppsd_run.wall("projected"), ar_total=snap.runs["ar"].wall("projected")))
+                          ppsd_run.wall("projected"), ar_total=view.runs["ar"].wall("projected")))
     steps = teach.slots(ppsd_run.result.trace)  # the same trace the timeline draws
     forced = snap.request.forced
     return {"lanes": lanes, "pieces": pieces, "clock": "measured" if snap.concurrent else "projected",
             "shown": view.shown, "steps": steps, "ppsd_tokens": ppsd_run.result.tokens,
-            "forced": "" if forced is None else forced_words(forced), "round_seconds": round_seconds(snap)}
+            "forced": "" if forced is None else forced_words(forced), "round_seconds": round_seconds(view)}
 
 
-def round_seconds(snap) -> float:
+def round_seconds(view: RunView) -> float:
     """What one timed round took here: every method's measured wall in the round shown (the
     estimate of what each extra round costs, said before the next Run)."""
-    runs = {**snap.runs, **({PLAIN: snap.plain_run} if snap.plain_run is not None else {})}
+    runs = {**view.runs, **({PLAIN: view.round.plain} if view.round.plain is not None else {})}
     return sum(run.wall("measured") for run in runs.values() if run.done)
 
 

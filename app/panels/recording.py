@@ -28,7 +28,7 @@ from ppsd.recording import MAX_BYTES, BadRecording, dumps
 from .. import replay
 from ..words import OPEN_RECORDED
 from ..run_view import RunView
-from ..runner import Snapshot
+from . import QUIET, Page, Shows
 from . import race, steps
 
 OUTPUTS = ("recording",)
@@ -79,52 +79,46 @@ def show(view: RunView) -> dict[str, Any]:
     return {"recording": (replay.file_name(rec), dumps(rec))}
 
 
-@dataclass(frozen=True)
-class Page:
-    """How the page shows a snapshot, and nothing, as its run outputs (`app.view`, in order)."""
-
-    snapshot: Callable[[Snapshot], tuple]
-    idle: Callable[[], tuple]
-
-
-def wire(panel: RecordingPanel, outputs: list, race_panel: race.RacePanel, steps_panel: steps.StepsPanel,
-         page: Page, quiet: dict[str, Any]) -> None:
+def wire(made: RecordingPanel, page: Page) -> None:
     """Open (the list, an upload) fills every run output and this panel's message, then the race
     replays and the step-through spans the run; Save appears once a live run is done."""
-    shown = [*outputs, panel.said]
-    for event in (panel.shipped.input(lambda name: on_shipped(name, page), panel.shipped, shown, **quiet),
-                  panel.upload.upload(lambda path: on_upload(path, page), panel.upload, shown, **quiet)):
-        event.success(race.on_replay, race_panel.state, race_panel.lanes, **quiet)
-        event.success(steps.on_steps_ready, race_panel.state, [steps_panel.slot, steps_panel.view], **quiet)
-    panel.state.change(on_recorded, panel.state, [panel.save, panel.said], **quiet)
+    shown = [*page.outputs, made.said]
+    race_panel: race.RacePanel = page.made["race"]
+    steps_panel: steps.StepsPanel = page.made["steps"]
+    for event in (made.shipped.input(lambda name: on_shipped(name, page.shows), made.shipped, shown, **QUIET),
+                  made.upload.upload(lambda path: on_upload(path, page.shows), made.upload, shown, **QUIET)):
+        event.success(race.on_replay, race_panel.state, race_panel.lanes, **QUIET)
+        event.success(steps.on_steps_ready, race_panel.state, [steps_panel.slot, steps_panel.view, steps_panel.timer],
+                      **QUIET)  # as after a Run: a play of the last run stops
+    made.state.change(on_recorded, made.state, [made.save, made.said], **QUIET)
 
 
-def on_shipped(name: str | None, page: Page) -> tuple:
+def on_shipped(name: str | None, shows: Shows) -> tuple:
     """Open the shipped recording `name` (only a name the list offers: never a path a client sends)."""
     runs = replay.shipped()
     if name not in runs:
         return _refused("choose one of the shipped recordings" if name == CHOOSE else
-                        "it is not one of the shipped ones", page)
-    return _opened(lambda: runs[name].read_bytes()[:MAX_BYTES + 1], page)
+                        "it is not one of the shipped ones", shows)
+    return _opened(lambda: runs[name].read_bytes()[:MAX_BYTES + 1], shows)
 
 
-def on_upload(path: str | None, page: Page) -> tuple:
+def on_upload(path: str | None, shows: Shows) -> tuple:
     """Open an uploaded recording, read from Gradio's temporary folder where it arrived."""
     if not path:
-        return _refused("no file arrived", page)
-    return _opened(lambda: replay.read_upload(path), page)
+        return _refused("no file arrived", shows)
+    return _opened(lambda: replay.read_upload(path), shows)
 
 
-def _opened(read: Callable[[], bytes], page: Page) -> tuple:
+def _opened(read: Callable[[], bytes], shows: Shows) -> tuple:
     started = time.perf_counter()
     try:
         snap = replay.open_bytes(read())
-        values = page.snapshot(snap)
+        values = shows.snapshot(snap)
     except BadRecording as error:
-        return _refused(str(error), page)
+        return _refused(str(error), shows)
     except Exception as error:  # noqa: BLE001 - a file no check foresaw: one message, the server goes on
         print(f"opening a recording failed: {type(error).__name__}: {error}", file=sys.stderr, flush=True)
-        return _refused("it could not be read as a recording", page)
+        return _refused("it could not be read as a recording", shows)
     took = time.perf_counter() - started
     note = (f'<div class="recording-said recording-ok">{html.escape(snap.recorded)}. Opened in {took:.1f} s; '
             f"the host's load average then {' / '.join(f'{x:.1f}' for x in snap.load_average)} (1/5/15 min). The "
@@ -132,9 +126,9 @@ def _opened(read: Callable[[], bytes], page: Page) -> tuple:
     return values + (note,)
 
 
-def _refused(reason: str, page: Page) -> tuple:
+def _refused(reason: str, shows: Shows) -> tuple:
     text = f"This recording cannot be opened: {reason}."
-    return page.idle() + (f'<div class="recording-said recording-bad">{html.escape(text)}</div>',)
+    return shows.idle() + (f'<div class="recording-said recording-bad">{html.escape(text)}</div>',)
 
 
 def on_recorded(saved: tuple[str, bytes] | None) -> tuple:

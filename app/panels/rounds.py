@@ -5,21 +5,23 @@ make a run, estimated from the last run's round on this page (or said to be a gu
 from __future__ import annotations
 
 import html
-from typing import Any
 
 import gradio as gr
 
 from ..words import duration_text
+from . import QUIET, Page
 
 
 def create(repeats: int) -> gr.HTML:
     return gr.HTML(render_cost(repeats, None), elem_id="rounds-cost")
 
 
-def wire(cost: gr.HTML, repeats: gr.Slider, race: gr.State, run: Any, quiet: dict[str, Any]) -> None:
-    """Said again as the slider moves and after each run (whose round times the estimate)."""
-    repeats.change(on_cost, [repeats, race], cost, **quiet)
-    run.success(on_cost, [repeats, race], cost, **quiet)
+def wire(made: gr.HTML, page: Page) -> None:
+    """Said again as the slider moves and after each run (whose round times the estimate, from the
+    race's state)."""
+    repeats, race = page.controls["repeats"], page.made["race"].state
+    repeats.change(on_cost, [repeats, race], made, **QUIET)
+    page.run.success(on_cost, [repeats, race], made, **QUIET)
 
 
 def on_cost(repeats: float, race: dict | None) -> str:

@@ -11,7 +11,7 @@ from typing import Any
 import gradio as gr
 
 from ..run_view import RunView
-from . import Single
+from . import Page, Single
 
 OUTPUTS = ("message",)
 
@@ -25,6 +25,10 @@ def render(text: str = "", kind: str = "error") -> str:
     if not text:
         return '<div class="run-message run-message-empty"></div>'
     return f'<div class="run-message run-message-{kind}" role="status">{html.escape(text)}</div>'
+
+
+def wire(made: Single, page: Page) -> None:
+    """No events of its own: a Run fills it."""
 
 
 def idle() -> dict[str, Any]:

@@ -10,13 +10,13 @@ from __future__ import annotations
 import html
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
 
 import gradio as gr
 
 from .. import teach
 from ..components import Slider
 from ..run_view import shown_note
+from . import QUIET, Page
 
 WAITING = '<div class="race-note">Run a comparison; then step through its PPSD run slot by slot here.</div>'
 PACE_SECONDS = 1.5  # the default time per slot when playing: long enough to read a slot aloud
@@ -50,10 +50,12 @@ def create() -> StepsPanel:
     return StepsPanel(previous, slot, next_, view, play, pause, pace, timer)
 
 
-def wire(panel: StepsPanel, race: gr.State, run: Any, quiet: dict[str, Any]) -> None:
-    """After each successful `run` event the slider spans its slots; the buttons and the slider move."""
+def wire(made: StepsPanel, page: Page) -> None:
+    """After each successful Run the slider spans its slots; the buttons and the slider move.
+    It reads the race's state (`app.panels.race.RacePanel`)."""
+    panel, race, quiet = made, page.made["race"].state, QUIET
     shown = [panel.slot, panel.view]
-    run.success(on_steps_ready, race, [*shown, panel.timer], **quiet)
+    page.run.success(on_steps_ready, race, [*shown, panel.timer], **quiet)
     panel.previous.click(partial(on_step, move=-1), [race, panel.slot], shown, **quiet)
     panel.next.click(partial(on_step, move=+1), [race, panel.slot], shown, **quiet)
     panel.slot.input(on_step, [race, panel.slot], shown, **quiet)

@@ -14,7 +14,7 @@ from ppsd.executors.kinds import KINDS
 
 from ..run_view import RunView
 from ..words import forced_words
-from . import Single
+from . import Page, Single
 
 OUTPUTS = ("summary",)
 
@@ -22,6 +22,10 @@ OUTPUTS = ("summary",)
 def create() -> Single:
     with gr.Accordion("Raw numbers (JSON; also the last output of the `run` API)", open=False):
         return Single(OUTPUTS[0], gr.JSON(show_label=False, elem_id="summary"))
+
+
+def wire(made: Single, page: Page) -> None:
+    """No events of its own: a Run fills it."""
 
 
 def idle() -> dict[str, Any]:
@@ -36,7 +40,7 @@ def summary(view: RunView) -> dict:
     """The machine-readable result of a run (also the API's last output)."""
     snap, finished = view.snap, view.finished
     info = snap.loaded.model.info
-    config = next(iter(snap.runs.values())).config
+    config = next(iter(view.runs.values())).config
     out: dict[str, Any] = {
         "model": info.name, "device": info.device, "dtype": info.dtype, "num_layers": info.num_layers,
         "exit_layer": config.exit_layer, "stages": config.num_stages, "draft_len": config.draft_len,
@@ -47,15 +51,15 @@ def summary(view: RunView) -> dict:
         "timing": (f"decoder only, UI rendering paused; measured = {KINDS[snap.pipeline].where}; "
                    "projected = measured per-stage costs replayed on K workers"),
     }
-    for method, run in snap.runs.items():
+    for method, run in view.runs.items():
         clocks = finished[method]
         out[method] = {"text": snap.loaded.decode(run.result.token_ids), "token_ids": run.result.token_ids,
                        "measured": clocks.measured.to_dict(), "projected": clocks.projected.to_dict()}
-    stats = snap.stats()
+    stats = view.stats
     # Every ratio is of the medians of the rounds' walls, as on the page.
     for clock in ("projected", "measured"):
         out[f"speedup_{clock}"] = stats.ratio("ar", "ppsd", clock=clock)
-    index = snap.state.shown_index()
+    index = view.round.index
     out["timed_runs"] = {"clock": snap.state.clock, "statistic": "each method's median wall; ratios of medians",
                          "rounds": len(stats.runs("ppsd")), "shown_round": None if index is None else index + 1,
                          "speedup": stats.ratio("ar", "ppsd"), "speedup_vs_fastest_ar": stats.against_fastest(),
@@ -82,4 +86,4 @@ def stopped(view: RunView) -> dict | None:
     if not snap.stopped:
         return None
     return {"stopped": view.status, **({"note": snap.note} if snap.note else {}),
-            "finished": {m: {"token_ids": r.result.token_ids} for m, r in snap.runs.items() if r.done}}
+            "finished": {m: {"token_ids": r.result.token_ids} for m, r in view.runs.items() if r.done}}

@@ -19,7 +19,7 @@ from ppsd.metrics import exit_fraction, ideal_eesd_speedup, ideal_ppsd_speedup_s
 from ..plots import CORRECTION_COLOR, FONT, KIND_COLORS, style
 from ..run_view import RunView
 from ..words import ratio_text
-from . import Single
+from . import QUIET, Page, Single
 
 OUTPUTS = ("theory",)
 
@@ -28,12 +28,13 @@ def create() -> Single:
     return Single(OUTPUTS[0], gr.Plot(label="Theory", elem_id="theory", show_label=False))
 
 
-def wire(panel: Single, c: dict[str, Any], quiet: dict[str, Any]) -> None:
+def wire(made: Single, page: Page) -> None:
     """Redrawn as E, K or g are let go and as EESD is ticked."""
+    c = page.controls
     settings = [c["exit_layer"], c["num_stages"], c["draft_len"], c["layers"], c["eesd"]]
     for name in ("exit_layer", "num_stages", "draft_len"):
-        c[name].release(on_settings, settings, panel.component, **quiet)
-    c["eesd"].change(on_settings, settings, panel.component, **quiet)
+        c[name].release(on_settings, settings, made.component, **QUIET)
+    c["eesd"].change(on_settings, settings, made.component, **QUIET)
 
 
 def on_settings(exit_layer: float, num_stages: float, draft_len: float, layers: int, eesd: bool = False):
@@ -52,8 +53,8 @@ def idle() -> dict[str, Any]:
 def show(view: RunView) -> dict[str, Any]:
     """The curves of the run's own partition, from the trace its metrics came from (so the curve
     passes through the ideal the headline and the metrics table quote), and its measured points."""
-    snap, c = view.snap, view.comparison
-    first = next(iter(snap.runs.values()))
+    snap, c = view.snap, view.reading
+    first = next(iter(view.runs.values()))
     config = first.config
     points = []
     if view.teaches and c.ppsd.acceptance_rate is not None:

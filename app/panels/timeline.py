@@ -19,7 +19,7 @@ from ..plots import CORRECTION_COLOR, KIND_COLORS, KIND_LABELS, empty_figure, st
 from ..run_view import RunView
 from ..token_stream import Piece
 from ..words import forced_words
-from . import Single
+from . import Page, Single
 
 OUTPUTS = ("timeline",)
 EMPTY = "The pipeline timeline appears here once a run starts."
@@ -34,6 +34,10 @@ def create() -> Single:
     return Single(OUTPUTS[0], plot)
 
 
+def wire(made: Single, page: Page) -> None:
+    """No events of its own: a Run fills it."""
+
+
 def idle() -> dict[str, Any]:
     return {"timeline": empty_figure(EMPTY)}
 
@@ -41,8 +45,8 @@ def idle() -> dict[str, Any]:
 def show(view: RunView) -> dict[str, Any]:
     """Every method that has done work, the round shown; its title says the clock and the round."""
     snap = view.snap
-    panels = [(NAMES[m], snap.runs[m].shown()) for m in ("ppsd", "ar", "eesd")
-              if m in snap.runs and snap.runs[m].recorder.events]
+    panels = [(NAMES[m], view.runs[m].shown()) for m in ("ppsd", "ar", "eesd")
+              if m in view.runs and view.runs[m].recorder.events]
     if not panels:
         return {"timeline": empty_figure(EMPTY)}
     live = "" if snap.done else (" · stopped" if snap.stopped else " · live")
