@@ -113,7 +113,7 @@ class MethodRun(Recording):
 
     def wall(self, clock: str | None = None) -> float:
         """Seconds of the finished run on `clock` (default: its own)."""
-        return self.result.metrics(clock or self.clock).wall_seconds
+        return self.result.wall(clock or self.clock)
 
 
 @dataclass(frozen=True)

@@ -12,9 +12,13 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Mapping
 
-from .metrics import speedup
-
 Walls = Mapping[str, tuple[float | None, ...]]  # method -> its wall in each round (None: not finished there)
+
+
+def speedup(baseline_seconds: float, method_seconds: float) -> float:
+    """How many times faster the method ran than its baseline: baseline wall / method wall, both
+    on one clock. 0.0 when the method has no time yet, so a page never divides by zero."""
+    return baseline_seconds / method_seconds if method_seconds > 0 else 0.0
 
 
 @dataclass(frozen=True)

@@ -39,19 +39,28 @@ class Result:
 
     def metrics(self, clock: str | None = None) -> Metrics:
         """Metrics on `clock` (default: projected for in-process PPSD, else what was measured)."""
-        trace = self.trace
-        if clock is None:
-            serial_ppsd = self.config.method == "ppsd" and not trace.concurrent
-            clock = "projected" if serial_ppsd else trace.clock
-        if clock == "projected" and trace.clock == "measured":
-            trace = trace.project()
-        elif clock != trace.clock:
-            raise ValueError(f"a {trace.clock} trace cannot be shown on the {clock} clock")
+        trace = self._on(clock)
         return summarize(
             method=self.config.method, tokens=list(self.tokens), drafts=list(self.drafts), trace=trace,
             measured_wall_seconds=self.measured_wall_seconds, draft_len=self.config.draft_len,
             exit_fraction=exit_fraction(trace.partition),
         )
+
+    def wall(self, clock: str | None = None) -> float:
+        """Seconds of the run on `clock`: `metrics(clock).wall_seconds` without the rest."""
+        return self._on(clock).wall(self.measured_wall_seconds)
+
+    def _on(self, clock: str | None) -> Trace:
+        """The trace on `clock` (None: projected for in-process PPSD, else the one measured)."""
+        trace = self.trace
+        if clock is None:
+            serial_ppsd = self.config.method == "ppsd" and not trace.concurrent
+            clock = "projected" if serial_ppsd else trace.clock
+        if clock == "projected" and trace.clock == "measured":
+            return trace.project()
+        if clock != trace.clock:
+            raise ValueError(f"a {trace.clock} trace cannot be shown on the {clock} clock")
+        return trace
 
 
 @dataclass

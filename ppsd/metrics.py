@@ -29,12 +29,6 @@ DEFINITIONS = {
 }
 
 
-def speedup(baseline_seconds: float, method_seconds: float) -> float:
-    """How many times faster the method ran than its baseline: baseline wall / method wall, both
-    on one clock. 0.0 when the method has no time yet, so a page never divides by zero."""
-    return baseline_seconds / method_seconds if method_seconds > 0 else 0.0
-
-
 def ideal_ppsd_speedup_slowest_stage(acceptance: float, slot_fraction: float) -> float:
     """S_PPSD(a, s) = 1 / (1 - a (1 - s)), s = the slowest stage's share of a token's cost.
 
@@ -154,7 +148,7 @@ def summarize(
     accepted = sum(t.status == "accepted" for t in tokens)
     rejected = sum(t.status == "corrected" for t in tokens)
     rate = accepted / (accepted + rejected) if accepted + rejected else None
-    wall = measured_wall_seconds if trace.clock == "measured" else trace.makespan
+    wall = trace.wall(measured_wall_seconds)
     utilization = trace.utilization()
     slot = slot_fraction(trace.partition)
     if method == "ppsd":

@@ -45,6 +45,11 @@ class Trace:
             return 0.0
         return max(e.end for e in self.events) - min(e.start for e in self.events)
 
+    def wall(self, measured_wall_seconds: float) -> float:
+        """The run's wall on this trace's clock: on the measured clock the whole call's
+        (`measured_wall_seconds`, set-up and host work included), on the projected one the makespan."""
+        return measured_wall_seconds if self.clock == "measured" else self.makespan
+
     def busy(self, stage: int) -> float:
         """Seconds `stage` (1-based) spent working."""
         return sum(e.duration for e in self.events if e.stage == stage)

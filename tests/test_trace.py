@@ -9,7 +9,8 @@ from dataclasses import replace
 import pytest
 
 from ppsd import DecodeConfig, StagedModel, Trace, generate
-from ppsd.metrics import ideal_eesd_speedup, ideal_ppsd_speedup_slowest_stage, speedup
+from ppsd.compare_stats import speedup
+from ppsd.metrics import ideal_eesd_speedup, ideal_ppsd_speedup_slowest_stage
 from ppsd.steps import Event
 
 from test_exactness import exit_equals_full, model_for

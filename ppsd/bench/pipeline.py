@@ -36,7 +36,8 @@ from ..model_source import resolve
 from ..config import DEFAULTS, DecodeConfig, balanced_exit_layer
 from ..executors.kinds import KINDS, ExecutorKind, WorkerOptions, concurrent_kinds
 from ..generate import Result, generate, warm_up
-from ..metrics import break_even_acceptance, ideal_ppsd_speedup_slowest_stage, slot_fraction, speedup
+from ..compare_stats import speedup
+from ..metrics import break_even_acceptance, ideal_ppsd_speedup_slowest_stage, slot_fraction
 from ..model import StagedModel, load_model, model_shape, resolve_device
 from ..setup import RunSetup, resolve_config, set_up
 from .baselines import hf_generate

@@ -10,7 +10,8 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from ..config import stage_layers
-from ..metrics import slot_fraction, speedup
+from ..compare_stats import speedup
+from ..metrics import slot_fraction
 
 
 @dataclass(frozen=True)
