@@ -99,3 +99,16 @@ def test_a_snapshot_computes_its_statistic_once(monkeypatch):
     monkeypatch.setattr(State, "stats", lambda state: calls.append(1) or stats(state))
     values = view.snapshot(snap)
     assert len(calls) == 1 and values["summary"]["timed_runs"]["rounds"] >= 1
+
+
+def test_the_timeline_title_names_where_a_concurrent_run_ran_not_always_worker_processes():
+    from types import SimpleNamespace
+
+    from app.panels.timeline import timeline_title
+    from ppsd.executors.kinds import concurrent_kinds
+
+    trace = SimpleNamespace(clock="measured", concurrent=True, device="cpu")
+    titles = {kind.name: timeline_title(trace, 2, kind) for kind in concurrent_kinds()}
+    assert all(kind.where in titles[kind.name] for kind in concurrent_kinds())
+    assert len(set(titles.values())) == len(titles)  # each kind's own words
+    assert "worker process" not in timeline_title(trace, 2)  # a run whose kind is not known says no more than it knows

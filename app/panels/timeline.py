@@ -13,6 +13,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from ppsd import Event, Trace
+from ppsd.executors.kinds import KINDS, ExecutorKind
 
 from ..page_text import TIMELINE_CAPTION
 from ..plots import CORRECTION_COLOR, KIND_COLORS, KIND_LABELS, empty_figure, style
@@ -25,7 +26,7 @@ OUTPUTS = ("timeline",)
 EMPTY = "The pipeline timeline appears here once a run starts."
 NAMES = {"ppsd": "PPSD: verify while drafting", "ar": "AR on the same pipeline", "eesd": "EESD: draft, then verify"}
 PROJECTED_NOTE = "projected: the measured per-stage costs replayed on K concurrent workers"
-WORKERS_NOTE = "measured on K worker processes, one per stage, all stamping one clock"
+CONCURRENT_NOTE = "measured: {where}, all stamping one clock"  # {where}: the kind's words
 
 
 def create() -> Single:
@@ -53,7 +54,7 @@ def show(view: RunView) -> dict[str, Any]:
     _, top = panels[0]
     forced = snap.request.forced
     sub = " · ".join(filter(None, (view.shown, None if forced is None else forced_words(forced))))
-    title = timeline_title(top, snap.num_stages) + live + (f"<br><sub>{html.escape(sub, quote=False)}</sub>" if sub else "")
+    title = timeline_title(top, snap.num_stages, KINDS.get(snap.pipeline)) + live + (f"<br><sub>{html.escape(sub, quote=False)}</sub>" if sub else "")
     figure = render_timeline(panels, snap.loaded.piece, title=title)
     if sub:  # the round's (or the what-if's) line under the title: room for it above the first subplot's title
         figure.update_layout(margin_t=95)
@@ -65,11 +66,13 @@ def stage_label(k: int, layers: range, utilization: float) -> str:
     return f"stage {k} · layers {layers.start}–{layers.stop - 1} · util {utilization:.0%}"
 
 
-def timeline_title(trace: Trace, num_stages: int) -> str:
+def timeline_title(trace: Trace, num_stages: int, on: ExecutorKind | None = None) -> str:
+    """The timeline's title: which clock, and for a measured concurrent run where it ran (`on`)."""
     if trace.clock == "projected":
         return f"Pipeline timeline · {PROJECTED_NOTE} (K={num_stages}, {trace.device})"
     if trace.concurrent:
-        return f"Pipeline timeline · {WORKERS_NOTE} (K={num_stages}, {trace.device})"
+        where = on.where if on is not None else "the K stages at once"
+        return f"Pipeline timeline · {CONCURRENT_NOTE.format(where=where)} (K={num_stages}, {trace.device})"
     return f"Pipeline timeline · measured clock ({trace.device})"
 
 
