@@ -21,10 +21,7 @@ from ..paths import problem
 def thread_count(text: str) -> int:
     """argparse type of a `--threads` option: a whole number from 1 to the machine's cores (torch
     refuses 0 with a traceback, and OpenBLAS segfaults on 100000)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    value = _parsed(text, int, "a whole number")
     cores = os.cpu_count() or 1
     if not 1 <= value <= cores:
         raise argparse.ArgumentTypeError(f"{value} is out of range: 1 <= threads <= {cores} (this machine's cores)")
@@ -39,10 +36,7 @@ def seconds(text: str) -> float:
     """argparse type of a timeout: a finite number of seconds from MIN_TIMEOUT to MAX_TIMEOUT (0,
     -1 or NaN would reach the process group as a traceback, 0.001 fails the workers' first call or
     hangs, and 1e10 overflows a thread's wait)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    value = _parsed(text, float, "a number")
     if not (math.isfinite(value) and MIN_TIMEOUT <= value <= MAX_TIMEOUT):
         raise argparse.ArgumentTypeError(f"{text} is out of range: {MIN_TIMEOUT:g} <= seconds <= {MAX_TIMEOUT:g} "
                                          "(a week)")
@@ -54,10 +48,7 @@ def whole(low: int, high: int | None = None, *, why: str = "") -> Callable[[str]
     range comes from. A value out of range would fail late (after the model loads or the
     benchmark runs) or never (0 repeats time nothing)."""
     def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        value = _parsed(text, int, "a whole number")
         if value < low or (high is not None and value > high):
             bound = f"{low} <= value" + (f" <= {high}" if high is not None else "")
             raise argparse.ArgumentTypeError(f"{value} is out of range: {bound}{f' ({why})' if why else ''}")
@@ -129,3 +120,11 @@ def write_result(path: str, text: str, what: str) -> None:
     except OSError as error:
         partial.unlink(missing_ok=True)
         raise ValueError(f"{what} {shown(path)} could not be written: {error.strerror or error}") from None
+
+
+def _parsed(text: str, kind: type, what: str):
+    """`kind(text)`, or argparse's error saying `text` is not `what` ("a whole number")."""
+    try:
+        return kind(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not {what}") from None
