@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> None:
     ready: list[str] = [_load_for_zerogpu(state)] if zerogpu.active() else []
     preload, cold = None, ColdStart()
     if not zerogpu.active() and state.cache.offers(ppsd.DEFAULT_MODEL):
-        # A cold start's first Run waited ~40 s for the conversion, load and warm-up (tools/cold_start.py),
+        # A cold start's first Run waited ~40 s for the conversion, load and warm-up (tools/research/cold_start.py),
         # and 10 s more for the worker processes: done once, now, while the page comes up; a Run
         # meanwhile waits for it, with its progress shown.
         preload = threading.Thread(target=lambda: ready.append(_preload(state, cold.tell)), name="preload", daemon=True)

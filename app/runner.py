@@ -19,13 +19,14 @@ from typing import Iterator, Mapping
 from ppsd.bench.forced import ForcedSetup
 from ppsd.chat import check_text
 from ppsd.compare import PLAIN, Comparison, MethodRun, PlainWay, State, Stats, ready
-from ppsd.compare import THROTTLE_SECONDS
+from ppsd.compare import THROTTLE_SECONDS, ExecutorSource
 from ppsd.config import DEFAULTS
 from ppsd import compile_cache
 from ppsd.executors.background import Background
 from ppsd.executors.kinds import (AUTO, KINDS, Choice, ExecutorKind, choose, choose_measured, concurrent_by_default,
                                   concurrent_kinds)
-from ppsd.executors.distributed.wire import PipelineError
+from ppsd.executors import PipelineError
+from ppsd.generate import warm_up
 from ppsd.setup import RunSetup
 
 from . import zerogpu
@@ -158,8 +159,8 @@ def run_comparison(request: RunRequest, cache: ModelCache, *, throttle: float = 
         lent = _kept(kind, setup) if request.workers else None  # compiled in the background, kept open
         # threads live for one run (in a ZeroGPU call, until the next); the worker processes stay
         comparison = Comparison(setup, request.methods, kind=kind, rounds=rounds, plain=request.workers,
-                                stop=stop, throttle=throttle, opener=zerogpu.ready_pipeline,
-                                releaser=zerogpu.release_pipeline, executor=lent)
+                                stop=stop, throttle=throttle,
+                                source=ExecutorSource(lent, zerogpu.ready_pipeline, zerogpu.release_pipeline))
         try:
             for state in comparison.run():
                 if state.done and forced is None and kind.concurrent and setup.model.info.device == "cpu" and _measuring():
@@ -219,14 +220,15 @@ def _compile_in_background(kind: ExecutorKind, setup: RunSetup) -> Background:
 
     def build():
         began = time.monotonic()
-        executor = kind.ready(setup)
-        for _ in Comparison(setup, ("ar", "ppsd"), kind=kind, rounds=1, plain=True, executor=executor,
+        executor = kind.ready(setup, warm_up=warm_up)
+        for _ in Comparison(setup, ("ar", "ppsd"), kind=kind, rounds=1, plain=True, source=ExecutorSource(executor),
                             throttle=float("inf")).run():
             pass
         compile_cache.record(None if kept else time.monotonic() - began)  # every step a default Run reaches
         return executor
 
-    background = Background(kind.compiles, build, say=lambda words: print(words[0].upper() + words[1:], flush=True))
+    background = Background(kind.compiles, build, kept=kept,
+                            say=lambda words: print(words[0].upper() + words[1:], flush=True))
     _BACKGROUND[kind.name] = (_setup_key(setup), background.start())
     return background
 

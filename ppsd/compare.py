@@ -24,19 +24,19 @@ from typing import Callable, Iterator, Mapping, Protocol
 import torch
 
 from .compare_stats import Stats
-from .executors import Executor
+from .executors import Executor, PipelineError
 from .executors.kinds import ExecutorKind, PlainAR, fastest_ar
-from .executors.distributed.wire import PipelineError
-from .generate import Recording, Result
+from .generate import Recording, Result, warm_up
 from .setup import RunSetup, device_sync
 from .stop_guard import StopGuard
 from .trace import Stopwatch, Trace
 
-__all__ = ["Comparison", "MethodRun", "PLAIN", "PausableStopwatch", "PlainWay", "State", "Stats"]
+__all__ = ["Comparison", "ExecutorSource", "MethodRun", "PLAIN", "PausableStopwatch", "PlainWay", "State", "Stats"]
 
 PLAIN = "plain"  # plain AR's key: no pipeline, measured, on the way (threads) that ran fastest here
 PLAIN_CUT = 2.0  # a way of running plain AR still decoding at this many times the faster one's wall has lost
 THROTTLE_SECONDS = 0.25  # least time between two progress states of a live run
+LIVE_ROUNDS = 1  # rounds shown as they decode; a later round's states come as each method finishes
 
 
 _STARTING = threading.Lock()  # one executor starts at a time in a process: two pools starting at once
@@ -44,9 +44,10 @@ _STARTING = threading.Lock()  # one executor starts at a time in a process: two 
 
 
 def ready(kind: ExecutorKind, setup: RunSetup, progress: Callable[[str], None] | None = None) -> Executor | None:
-    """`kind.ready(setup)`, one start at a time in this process (`_STARTING`)."""
+    """`kind.ready(setup)`, warmed up by `ppsd.generate.warm_up`, one start at a time in this
+    process (`_STARTING`)."""
     with _STARTING:
-        return kind.ready(setup, progress=progress)
+        return kind.ready(setup, warm_up=warm_up, progress=progress)
 
 
 class Stop(Protocol):
@@ -178,24 +179,33 @@ def _release(kind: ExecutorKind, executor: Executor | None) -> None:
     kind.release(executor)
 
 
+@dataclass(frozen=True)
+class ExecutorSource:
+    """Where a comparison's executor comes from: `lent`, one already open (its owner closes it);
+    else the comparison opens its own with `opener` and lets it go at the end with `releaser` (a
+    ZeroGPU worker keeps it for its next call: `app.zerogpu`)."""
+
+    lent: Executor | None = None
+    opener: Opener = ready
+    releaser: Releaser = _release
+
+
 class Comparison:
-    """AR, PPSD (and EESD) of `setup` on an executor of `kind`, with plain AR beside them when
-    `plain`, for `rounds` interleaved rounds. `executor`: one already open, lent (its owner
-    closes it); else the comparison opens its own with `opener` and lets it go at the end with
-    `releaser` (a ZeroGPU worker keeps it for its next call: `app.zerogpu`)."""
+    """AR, PPSD (and EESD) of `setup` on an executor of `kind` (from `source`), with plain AR
+    beside them when `plain`, for `rounds` interleaved rounds; a live run's states come at most
+    every `throttle` seconds, and `stop` ends it between steps."""
 
     def __init__(self, setup: RunSetup, methods: tuple[str, ...] = ("ar", "ppsd"), *, kind: ExecutorKind,
-                 rounds: int = 3, plain: bool = False, executor: Executor | None = None,
-                 stop: Stop | None = None, throttle: float = THROTTLE_SECONDS, live_rounds: int = 1,
-                 opener: Opener = ready, releaser: Releaser = _release) -> None:
+                 rounds: int = 3, plain: bool = False, stop: Stop | None = None,
+                 throttle: float = THROTTLE_SECONDS, source: ExecutorSource = ExecutorSource()) -> None:
         if rounds < 1:
             raise ValueError(f"rounds={rounds}: a comparison times each method at least once")
         self.setup, self.methods, self.kind, self.num_rounds = setup, tuple(methods), kind, rounds
-        self.plain, self.lent, self.throttle, self.live_rounds = plain, executor, throttle, live_rounds
-        self.opener, self.releaser = opener, releaser
+        self.plain, self.throttle, self.source = plain, throttle, source
         self.stop: Stop = stop or threading.Event()
         self._state = State(self.methods, rounds, kind.name, kind.concurrent)
         self._plain_threads = 0
+        self._ways: tuple[PlainAR, ...] | None = None  # plain AR's ways here, found when it first runs
 
     def _with(self, **changes) -> State:
         self._state = replace(self._state, **changes)
@@ -204,7 +214,7 @@ class Comparison:
     def run(self) -> Iterator[State]:
         """Open the executor (saying so), then every round; the last state is `done` (a stop after the
         first round leaves the rounds finished standing) or `stopped`."""
-        executor = self.lent
+        executor = self.source.lent
         if executor is None and self.kind.concurrent:
             executor = yield from self._open()
             if executor is None:
@@ -213,9 +223,9 @@ class Comparison:
         try:
             yield from self._rounds(executor)
         finally:
-            if self.lent is None and executor is not None:
-                self.releaser(self.kind, executor)  # the shared worker processes stay for the next comparison
-            for way in getattr(self, "_ways", ()):
+            if self.source.lent is None and executor is not None:
+                self.source.releaser(self.kind, executor)  # the shared worker processes stay for the next comparison
+            for way in self._ways or ():
                 if way.executor is not None and way.executor is not executor:
                     way.executor.close()
         if not self._state.stopped:
@@ -230,7 +240,7 @@ class Comparison:
 
         def start() -> None:
             try:
-                box["executor"] = self.opener(self.kind, self.setup, told.append)
+                box["executor"] = self.source.opener(self.kind, self.setup, told.append)
             except BaseException as error:  # noqa: BLE001 - raised again in the caller's thread
                 box["error"] = error
 
@@ -246,7 +256,7 @@ class Comparison:
         if "error" in box:
             raise box["error"]
         if self.stop.is_set():
-            self.releaser(self.kind, box.get("executor"))
+            self.source.releaser(self.kind, box.get("executor"))
             return None
         return box.get("executor")
 
@@ -255,7 +265,7 @@ class Comparison:
         for index in range(self.num_rounds):
             runs: dict[str, MethodRun] = {}
             rounds.append(runs)
-            live = index < self.live_rounds
+            live = index < LIVE_ROUNDS
             for method in (*self.methods, *((PLAIN,) if self.plain else ())):
                 name = "plain AR" if method == PLAIN else method.upper()
                 status = (f"Round {index + 1} of {self.num_rounds}: {name}" if method != PLAIN or index else
@@ -278,8 +288,8 @@ class Comparison:
     def _plain(self, executor: Executor | None, runs: dict, rounds: list) -> Iterator[State]:
         """Plain AR once, on the way kept (round 1: each way timed, the faster kept; a way still
         decoding at PLAIN_CUT times the fastest so far is cut there)."""
-        if not hasattr(self, "_ways"):
-            self._ways = fastest_ar(self.setup, self.kind.name, executor)
+        if self._ways is None:
+            self._ways = fastest_ar(self.setup, self.kind.name, executor, warm_up=warm_up)
         ways = [w for w in self._ways if w.threads == self._plain_threads] if self._plain_threads else self._ways
         timed: list[tuple[PlainAR, MethodRun]] = []
         trials: list[tuple[int, float, bool]] = []

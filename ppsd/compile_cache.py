@@ -39,11 +39,12 @@ import torch
 
 from .cache_files import COMPLETE_MARKER, checksums, damage
 
-__all__ = ["RECORD", "SPEEDS", "cpu_identity", "folder", "kept", "last_seconds", "note_speed", "record", "speeds", "use"]
+__all__ = ["RECORD", "SPEEDS", "STEPS", "cpu_identity", "folder", "kept", "last_seconds", "note_speed", "record", "speeds", "use"]
 
 SPEEDS = "ppsd_speeds.json"  # PPSD's tokens/s by model and executor kind, as this machine last measured them
 RECORD = COMPLETE_MARKER  # written after a finished compile, with the checksums, as the model cache's
 _INDUCTOR = "inductor"  # torch's own cache, inside the folder (the record stays outside it)
+STEPS = "steps"  # whole compiled steps (`ppsd.kept_steps`): a restart loads them without tracing
 _lock = threading.Lock()
 _in_use: Path | None = None  # the folder this process's compiles go to, once `use` has run
 
@@ -143,8 +144,8 @@ def record(seconds: float | None = None) -> None:
             seconds = (_read(place) or {}).get("compile_seconds")
         data = {"torch": torch.__version__, "cpu": cpu_identity(), "compile_seconds": seconds,
                 "recorded": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "written_by": "ppsd.compile_cache",
-                "files": {f"{_INDUCTOR}/{name}": sums for name, sums in checksums(place / _INDUCTOR).items()
-                          if not _transient(name)}}
+                "files": {f"{kept}/{name}": sums for kept in (_INDUCTOR, STEPS)
+                          for name, sums in checksums(place / kept).items() if not _transient(name)}}
         place.mkdir(parents=True, exist_ok=True)
         staging = place / f".{RECORD}.part"
         staging.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
@@ -183,7 +184,7 @@ def note_speed(model: str, kind: str, tokens_per_second: float) -> None:
 
 def _transient(name: str) -> bool:
     """Files torch writes for a moment (locks, half-written temporaries), not what it keeps."""
-    return name.startswith("locks/") or name.endswith((".lock", ".tmp")) or "/tmp" in name
+    return name.startswith("locks/") or name.endswith((".lock", ".tmp", ".part")) or "/tmp" in name
 
 
 def _remove(place: Path) -> None:

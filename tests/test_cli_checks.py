@@ -35,14 +35,14 @@ def one_line(code: int, err: str, message: str) -> None:
 def no_work(monkeypatch):
     """Every long piece of work fails the test if it starts."""
     from ppsd.bench import pipeline, sweep
-    from ppsd.heads import train
+    from ppsd.cli import train_head
 
     def started(*args, **kwargs):
         raise AssertionError("the work started before the values were checked")
 
     monkeypatch.setattr(sweep, "_plan", started)
     monkeypatch.setattr(pipeline, "_model_and_prompts", started)
-    monkeypatch.setattr(train, "load_model", started)
+    monkeypatch.setattr(train_head, "load_model", started)
 
 
 @pytest.mark.parametrize("args,message", [

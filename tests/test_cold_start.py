@@ -48,6 +48,16 @@ def test_a_background_compile_says_how_far_it_is_then_hands_over_its_executor():
     assert background.seconds == pytest.approx(52)  # done: the clock stops
 
 
+def test_a_background_build_from_the_kept_compile_says_it_loads_rather_than_compiles():
+    clock, release, built = Clock(), threading.Event(), object()
+    background = Background("the captured steps", lambda: release.wait(5) and built, kept=True, clock=clock).start()
+    clock.now += 9
+    assert background.words() == "loading the kept compile of the captured steps: 9 s so far"
+    release.set()
+    assert background.wait(5)
+    assert background.words() == "the captured steps ready (loaded from the kept compile in 9 s)"
+
+
 def test_a_failed_background_compile_says_why_and_leaves_nothing_to_run_on():
     def fail():
         raise RuntimeError("no C++ compiler\nand more lines")
@@ -173,7 +183,7 @@ def test_the_cli_auto_says_a_one_time_compile_is_coming_and_ticks_while_it_runs(
     monkeypatch.setattr(compile_cache, "_in_use", None)  # as in a new process: an earlier test's folder is not this one
     monkeypatch.setattr(host, "usable_cores", lambda: 2)
     monkeypatch.setattr(generate, "ticking", lambda say, words, every: ticking(say, words, 0.05))
-    slow = dataclasses.replace(KINDS["graphed"], build=lambda setup, tell, options: time.sleep(0.3))
+    slow = dataclasses.replace(KINDS["graphed"], build=lambda setup, warm_up, tell, options: time.sleep(0.3))
     monkeypatch.setitem(KINDS, "graphed", slow)
     assert main(["generate", "--model", saved_model, "--prompt", "The quick", "--max-new-tokens", "4",
                  "--executor", "auto"]) == 0
@@ -217,10 +227,9 @@ def test_plain_ar_on_the_captured_steps_has_its_buffers_at_their_final_size_befo
     monkeypatch.setenv("PPSD_CACHE", str(tmp_path))
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "torch"))
     monkeypatch.setattr(compile_cache, "_in_use", None)
-    monkeypatch.setattr(kinds, "_warmed", lambda setup, executor: executor)
     setup = set_up(llama, DecodeConfig(method="ppsd", num_stages=2, exit_layer=4, max_new_tokens=200),
                    exit_head="shared")
-    (way,) = kinds.fastest_ar(setup, "graphed", None)
+    (way,) = kinds.fastest_ar(setup, "graphed", None, warm_up=lambda *args, **kwargs: None)
     try:
         assert way.executor.cache.capacity >= kinds.reach(setup) > 64
     finally:

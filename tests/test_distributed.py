@@ -190,6 +190,18 @@ def test_workers_are_reused_while_the_settings_match(model, pool):
     assert pool.alive and all(_running(pid) for pid in pool.pids)
 
 
+def test_a_workers_interrupt_is_left_to_the_coordinator(model, pool):
+    """Ctrl-C reaches every process of the terminal's group: a worker neither dies of it nor
+    prints a traceback; the coordinator decides (it shuts the workers down, or they die with it)."""
+    os.kill(pool.pids[0], signal.SIGINT)
+    time.sleep(0.5)
+    assert pool.alive and all(_running(pid) for pid in pool.pids)
+    expected = ppsd.generate(model, PROMPTS["short"], DecodeConfig(method="ar", max_new_tokens=NEW_TOKENS))
+    result = ppsd.generate(model, PROMPTS["short"], DecodeConfig(method="ppsd", max_new_tokens=NEW_TOKENS),
+                           executor=pool)
+    assert result.token_ids == expected.token_ids
+
+
 def test_a_hung_worker_fails_the_call_within_the_timeout_and_is_cleaned_up(model, pool):
     pids = pool.pids
     stream = ppsd.stream(model, PROMPTS["short"], DecodeConfig(max_new_tokens=NEW_TOKENS), executor=pool)

@@ -8,7 +8,6 @@ worker is always continued and killed afterwards, whatever the test did.
 
 from __future__ import annotations
 
-import importlib
 import os
 import signal
 import threading
@@ -18,15 +17,16 @@ import pytest
 
 import ppsd
 from ppsd import DecodeConfig
+from ppsd import compare
 from ppsd.compare import Comparison
 from ppsd.executors.distributed.pool import current_pool, ready_pipeline
 from ppsd.executors.distributed.processes import close_all
 from ppsd.executors.kinds import KINDS
 from ppsd.model import TINY_MODEL, load_model
+from ppsd.generate import warm_up
 from ppsd.setup import set_up
 
 PROMPT = [5, 17, 42, 9, 3]
-generate_module = importlib.import_module("ppsd.generate")  # `ppsd.generate` the attribute is the function
 TIMEOUT = 15.0  # seconds a call waits for a worker: what a run on a frozen worker used to wait, then fail
 
 
@@ -77,12 +77,12 @@ def _gone(pid: int, within: float = 10.0) -> bool:
 def test_a_worker_frozen_while_the_pool_idles_is_replaced_before_the_next_run(model, config, frozen):
     close_all()
     expected = ppsd.generate(model, PROMPT, DecodeConfig(method="ar", max_new_tokens=8)).token_ids
-    first = ready_pipeline(model, config, timeout=TIMEOUT)
+    first = ready_pipeline(model, config, warm_up=warm_up, timeout=TIMEOUT)
     old = first.pids
     _freeze(old[0], frozen)
     told: list[str] = []
     started = time.monotonic()
-    pipeline = ready_pipeline(model, config, timeout=TIMEOUT, progress=told.append)
+    pipeline = ready_pipeline(model, config, warm_up=warm_up, timeout=TIMEOUT, progress=told.append)
     result = ppsd.generate(model, PROMPT, config, executor=pipeline)
     took = time.monotonic() - started
     assert result.token_ids == expected
@@ -92,23 +92,21 @@ def test_a_worker_frozen_while_the_pool_idles_is_replaced_before_the_next_run(mo
     assert _gone(old[0]), "the frozen worker was left running"
 
 
-def test_a_worker_frozen_while_warming_up_is_replaced(model, config, frozen, monkeypatch):
+def test_a_worker_frozen_while_warming_up_is_replaced(model, config, frozen):
     """The warm-up is untimed and no Stop watches it: a worker frozen then used to hold it, and
     the lock every start takes, for the whole call timeout, and then fail the run."""
     close_all()
-    real = generate_module.warm_up
     frozen_once: list[int] = []
 
     def freezing_warm_up(*args, **kwargs):
         if not frozen_once:
             frozen_once.append(current_pool().pids[0])
             _freeze(frozen_once[0], frozen)
-        return real(*args, **kwargs)
+        return warm_up(*args, **kwargs)
 
-    monkeypatch.setattr(generate_module, "warm_up", freezing_warm_up)
     told: list[str] = []
     started = time.monotonic()
-    pipeline = ready_pipeline(model, config, timeout=TIMEOUT, progress=told.append)
+    pipeline = ready_pipeline(model, config, warm_up=freezing_warm_up, timeout=TIMEOUT, progress=told.append)
     took = time.monotonic() - started
     assert took < TIMEOUT, f"the start took {took:.1f} s: it waited on the frozen worker"
     assert pipeline.alive and frozen_once[0] not in pipeline.pids
@@ -123,7 +121,6 @@ def test_frozen_during_warm_up_then_stop_leaves_no_frozen_worker_to_the_next_vis
     """As on the page: a visitor's first Run starts the pool, a worker freezes while it warms up,
     the visitor presses Stop. The next visitor's run ends with a result well within the call timeout."""
     close_all()
-    real = generate_module.warm_up
     stop = threading.Event()
     frozen_once: list[int] = []
 
@@ -132,9 +129,9 @@ def test_frozen_during_warm_up_then_stop_leaves_no_frozen_worker_to_the_next_vis
             frozen_once.append(current_pool().pids[0])
             _freeze(frozen_once[0], frozen)
             stop.set()  # the visitor gives up while the warm-up hangs
-        return real(*args, **kwargs)
+        return warm_up(*args, **kwargs)
 
-    monkeypatch.setattr(generate_module, "warm_up", freezing_warm_up)
+    monkeypatch.setattr(compare, "warm_up", freezing_warm_up)  # the warm-up the comparison's start gives
     setup = set_up(model, config, prompt_ids=PROMPT)
     first = list(Comparison(setup, ("ar", "ppsd"), kind=KINDS["processes"], rounds=1, stop=stop).run())
     assert first[-1].stopped
@@ -151,7 +148,7 @@ def test_a_worker_silent_for_a_second_is_found_by_its_ping_and_killed(model, con
     from ppsd.executors.distributed.processes import WorkerProcesses
 
     close_all()
-    pool = ready_pipeline(model, config, timeout=TIMEOUT)
+    pool = ready_pipeline(model, config, warm_up=warm_up, timeout=TIMEOUT)
     pid = pool.pids[0]
     monkeypatch.setattr(WorkerProcesses, "frozen", lambda self: None)  # its process state is not looked at
     _freeze(pid, frozen)

@@ -14,6 +14,7 @@ import pytest
 from ppsd.executors import host, kinds
 from ppsd.executors.distributed import pool
 from ppsd.executors.kinds import KINDS, choose, concurrent_by_default, concurrent_kinds, kind_named
+from ppsd.generate import warm_up
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -56,7 +57,7 @@ def test_every_kind_says_why_it_cannot_run_and_ready_refuses_with_that_reason(mo
         kind = KINDS[name]
         assert reason in kind.unavailable(device, k)
         with pytest.raises(ValueError, match=re.escape(reason)):
-            kind.ready(_setup(device, k))
+            kind.ready(_setup(device, k), warm_up=warm_up)
         assert kind.unavailable("cpu", 2) is None
     assert KINDS["in-process"].unavailable("mps", 64) is None  # one process runs anywhere
     monkeypatch.setattr(pool.multiprocessing, "current_process", lambda: type("P", (), {"daemon": True})())

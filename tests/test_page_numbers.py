@@ -267,11 +267,12 @@ def test_a_run_above_the_ideal_is_explained_or_flagged_beside_the_ideal():
 
 def test_plain_ar_may_run_on_one_thread_or_every_core(tiny_cache, monkeypatch):
     from ppsd.executors import host, kinds
+    from ppsd.generate import warm_up
 
     monkeypatch.setattr(host, "usable_cores", lambda: 2)
     setup = tiny_cache.set_up(tiny_cache.get("tiny"), "hi", ppsd.DecodeConfig(method="ar"), exit_head="",
                                  chat=False)
-    ways = kinds.fastest_ar(setup, "processes", None)
+    ways = kinds.fastest_ar(setup, "processes", None, warm_up=warm_up)
     assert [(w.executor, w.threads) for w in ways] == [(None, 1), (None, 2)]
     assert ways[0].words == "in this one process on 1 thread with no pipeline"
 

@@ -375,7 +375,7 @@ def test_a_reused_worker_keeps_the_executor_for_the_next_call_with_the_same_mode
 
     built: list[Executor] = []
     kind = types.SimpleNamespace(name="graphed", shared=False,
-                                 ready=lambda setup, progress: built.append(Executor()) or built[-1],
+                                 ready=lambda setup, warm_up, progress: built.append(Executor()) or built[-1],
                                  release=lambda executor: executor.close())
     model = types.SimpleNamespace(hf_model=object(), exit_head=object(), info=types.SimpleNamespace(max_context=2048))
     setup = lambda partition, tokens=64: types.SimpleNamespace(  # noqa: E731

@@ -1,4 +1,6 @@
-"""Build the self-distillation data for the default model's exit heads: its own greedy chat answers.
+"""Build the self-distillation data for the default model's exit heads: its own greedy chat answers
+(the shipped asset `assets/data/smollm2-135m-instruct-chat-answers.jsonl.gz`; assets/data/README.md
+holds the commands that built it).
 
     python tools/build_chat_data.py --out runs/chat-data/answers.jsonl --minutes 30
 
@@ -9,7 +11,7 @@ the model's chat template and is answered greedily by Hugging Face `generate()` 
 same answers the page shows by default). One JSON line per answer: {"category", "prompt",
 "temperature", "prompt_ids", "answer_ids"}. Appends, and skips prompts already answered at that
 temperature, so a run can be resumed or extended; with `--temperature 0.8` it adds a sampled
-answer per prompt. Not part of the library: `ppsd.heads.train` reads what it writes.
+answer per prompt. Not part of the library: `python -m ppsd train-head` reads what it writes.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 # 1. the tests marked `gpu` (about 1.5 min): the stacked executor's CUDA graphs, the graphed
 #    executor's and the threads executor's streams, call by call against the in-process executor,
 #    greedy = Hugging Face across a length bucket, the same sampled draw, bf16 AR = EESD = PPSD;
-# 2. tools/stacked_bench.py on a random Llama of the default model's exact shape in bf16 (about
+# 2. tools/research/stacked_bench.py on a random Llama of the default model's exact shape in bf16 (about
 #    3 min): ms per token of eager AR, HF generate(), graphed AR, stacked AR, graphed and stacked
 #    PPSD at forced acceptance 0, 0.5, 0.75 and 1 (timing only: the tokens are not the model's);
 #    the stacked slot's time and the host's time a slot; every ratio against the fastest AR of
@@ -41,6 +41,6 @@ timeout 100 "$py" -m pytest -q -m gpu -rs -p no:cacheprovider tests/test_stacked
 echo "RESULT gpu tests (exit $?): $(tail -n 1 "$out/gpu-tests.log")"
 grep -E "^(FAILED|ERROR)" "$out/gpu-tests.log" | head -n 8 | sed 's/^/RESULT   /'
 
-timeout 280 "$py" tools/stacked_bench.py $dry --repeats 3 --real --json "$json" >"$out/stacked.log" 2>&1
+timeout 280 "$py" tools/research/stacked_bench.py $dry --repeats 3 --real --json "$json" >"$out/stacked.log" 2>&1
 echo "RESULT stacked bench (exit $?), JSON in $json:"
 grep RESULT "$out/stacked.log" | sed 's/^RESULT/RESULT  /' || tail -n 5 "$out/stacked.log"

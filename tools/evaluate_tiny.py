@@ -1,4 +1,5 @@
-"""Measure the embedded model on held-out Python: the numbers its model card reports.
+"""Measure the embedded model on held-out Python: the numbers its model card reports
+(`assets/models/ppsd-tiny/README.md`, the asset this script rebuilds).
 
 Run ``python tools/evaluate_tiny.py --model assets/models/ppsd-tiny [--json]``. For the final
 layer and every early exit E (shared head: final norm + LM head at hidden_states[E]) it reports

@@ -1,4 +1,5 @@
-"""Train the embedded default model: a small Llama with LayerSkip-style early-exit loss.
+"""Train the embedded model (the shipped asset `assets/models/ppsd-tiny`): a small Llama with
+LayerSkip-style early-exit loss.
 
 Run ``python tools/train_tiny.py --out assets/models/ppsd-tiny``. It trains a byte-level BPE
 tokenizer on the corpus (``ppsd.corpus``), then a ``LlamaForCausalLM`` whose shared head (final

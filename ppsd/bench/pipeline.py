@@ -31,11 +31,11 @@ import torch
 from ..chat import encode_prompt, use_chat
 from ..cli import options
 from ..cli.values import check_output_file, thread_count, whole, write_result
-from ..compare import Comparison
+from ..compare import Comparison, ExecutorSource
 from ..model_source import resolve
 from ..config import DEFAULTS, DecodeConfig, balanced_exit_layer
 from ..executors.kinds import KINDS, ExecutorKind, WorkerOptions, concurrent_kinds
-from ..generate import Result, generate
+from ..generate import Result, generate, warm_up
 from ..metrics import break_even_acceptance, ideal_ppsd_speedup_slowest_stage, slot_fraction, speedup
 from ..model import StagedModel, load_model, model_shape, resolve_device
 from ..setup import RunSetup, resolve_config, set_up
@@ -105,7 +105,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         for kind in at_once:
             started = time.perf_counter()
-            executors[kind.name] = kind.ready(setup, options=options, progress=lambda text: print(f"{text}…", flush=True))
+            executors[kind.name] = kind.ready(setup, warm_up=warm_up, options=options,
+                                              progress=lambda text: print(f"{text}…", flush=True))
             startup[kind.name] = time.perf_counter() - started
         print(f"model: {source}; {len(prompts)} prompts x {args.new_tokens} tokens; K={args.stages}, "
               f"E={config.exit_layer}, exit head {setup.head}; pool started and warmed up in "
@@ -204,7 +205,7 @@ def _measure(args, model: StagedModel, config: DecodeConfig, methods: list[Metho
                 kind = KINDS[executor]
                 names = tuple(dict.fromkeys(m.method for m in group))
                 comparison = Comparison(replace(setup, prompt_ids=tuple(prompt)), names, kind=kind, rounds=1,
-                                        executor=executors.get(executor), throttle=float("inf"))
+                                        source=ExecutorSource(executors.get(executor)), throttle=float("inf"))
                 active = None
                 for state in comparison.run():
                     if state.active != active and state.active is not None:

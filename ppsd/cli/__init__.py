@@ -21,7 +21,7 @@ SUBCOMMANDS = {
     "pipeline": ("ppsd.cli.pipeline", "generate on a K-process pipeline (also one rank of a torchrun launch)"),
     "bench": ("ppsd.bench.sweep", "benchmark PPSD against EESD and AR over a sweep of settings"),
     "bench-pipeline": ("ppsd.bench.pipeline", "benchmark AR, HF, EESD and PPSD on a K-worker pipeline"),
-    "train-head": ("ppsd.heads.train", "train an early-exit head by self-distillation"),
+    "train-head": ("ppsd.cli.train_head", "train an early-exit head by self-distillation"),
 }
 
 

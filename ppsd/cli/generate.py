@@ -15,8 +15,8 @@ from .values import check_output_file, thread_count, write_result
 from .. import compile_cache, recording
 from ..executors.background import ticking
 from ..executors.kinds import ALIASES, AUTO, KINDS, ExecutorKind, choose_measured, concurrent_kinds
-from ..executors.distributed.wire import PipelineError
-from ..generate import Result, decode
+from ..executors import PipelineError
+from ..generate import Result, decode, warm_up
 from ..model import load_model
 from ..setup import set_up_text
 
@@ -62,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
     executor = None
     try:
         with ticking(_tell if compiling else None, words, 10.0):
-            executor = kind.ready(setup, progress=_tell)
+            executor = kind.ready(setup, warm_up=warm_up, progress=_tell)
             result = decode(setup, executor=executor)  # a step first reached here compiles now
     except PipelineError as error:  # a worker died or hung: not bad input, so status 1
         print(f"error: the pipeline failed: {error}", file=sys.stderr)

@@ -15,7 +15,7 @@ K-process pipeline is the package `distributed` (`pipeline`, the coordinator; `w
 torch.distributed).
 """
 
-from .base import Executor, Feed, Output
+from .base import Executor, Feed, Output, PipelineError
 from .local import InProcessExecutor
 
-__all__ = ["Executor", "Feed", "InProcessExecutor", "Output"]
+__all__ = ["Executor", "Feed", "InProcessExecutor", "Output", "PipelineError"]

@@ -24,11 +24,13 @@ Say = Callable[[str], None]
 class Background:
     """`build()` run once on a daemon thread: "compiling" until it returns, then "ready" (its
     executor in `executor`) or "failed" (the error's first line in `error`). `what` names what
-    compiles ("the captured steps"); `clock` is injectable for tests."""
+    compiles ("the captured steps"); `kept`: what compiled before is on disk, so this build loads
+    it (seconds, not minutes) and says so; `clock` is injectable for tests."""
 
-    def __init__(self, what: str, build: Callable[[], Executor], *, clock: Callable[[], float] = time.monotonic,
-                 say: Say | None = None, every: float = 10.0) -> None:
+    def __init__(self, what: str, build: Callable[[], Executor], *, kept: bool = False,
+                 clock: Callable[[], float] = time.monotonic, say: Say | None = None, every: float = 10.0) -> None:
         self.what, self._build, self._clock, self._say, self._every = what, build, clock, say, every
+        self._doing = "loading the kept compile of" if kept else "compiling"
         self.executor: Executor | None = None
         self.error = ""
         self._began: float | None = None
@@ -72,11 +74,12 @@ class Background:
         """Where it stands, in words, for the page and the terminal."""
         state = self.state
         if state == "compiling":
-            return f"compiling {self.what}: {self.seconds:.0f} s so far"
+            return f"{self._doing} {self.what}: {self.seconds:.0f} s so far"
         if state == "ready":
-            return f"{self.what} ready (compiled in {self.seconds:.0f} s)"
+            done = "loaded from the kept compile" if self._doing != "compiling" else "compiled"
+            return f"{self.what} ready ({done} in {self.seconds:.0f} s)"
         if state == "failed":
-            return f"compiling {self.what} failed after {self.seconds:.0f} s: {self.error}"
+            return f"{self._doing} {self.what} failed after {self.seconds:.0f} s: {self.error}"
         return f"{self.what} not compiled"
 
     def wait(self, timeout: float | None = None) -> bool:

@@ -1,5 +1,6 @@
 """What every executor shares: the call's input (`Feed`) and result (`Output`), the `Executor`
-protocol the decoders drive, and the compute at the pipeline's two ends.
+protocol the decoders drive, the error a failed pipeline raises (`PipelineError`), and the
+compute at the pipeline's two ends.
 
 Boundary: no schedule (that is `schedule`) and no processes; both executors, and the worker
 holding the final stage, compute stage 1 and the final logits with these functions.
@@ -71,6 +72,12 @@ class Executor(Protocol):
     def flow(self) -> Output: ...
     def rollback(self, length: int) -> None: ...
     def end(self) -> None: ...  # the run is over (finished, stopped or failed)
+
+
+class PipelineError(RuntimeError):
+    """A worker died, hung or failed; the pool has been shut down. Raised by the K-process
+    pipeline (`distributed`), defined here so a caller (the comparison, a front end) catches it
+    without importing that package and torch.distributed."""
 
 
 def logit_width(kind: Kind, width: int) -> int:

@@ -10,7 +10,9 @@ torch.distributed are imported only when a kind needs them.
 Adding a kind: write its executor in a module of its own (the `Executor` protocol of `base`,
 with `close()`), then add one `ExecutorKind` to `KINDS`: its name and words (a concurrent kind
 also says how a run of it ran, for the page's headline), whether its stages run at once, why it cannot run somewhere (`unavailable`), and `build`, which constructs it and
-warms it up untimed (`ready` checks `unavailable` before it calls `build`). "stacked" is the
+warms it up untimed with the warm-up its caller gives (`ready` checks `unavailable` before it calls
+`build`). The warm-up decodes, so it comes from above (`ppsd.generate.warm_up`): the kinds sit
+below the decoding entry points and import none of them. "stacked" is the
 newest such entry: `_stacked_unavailable`, `_stacked` and one line in `KINDS`.
 
 A kind whose steps compile before first use on a CPU names what compiles in `compiles`: the page
@@ -29,19 +31,39 @@ from __future__ import annotations
 import shutil
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable
+from typing import Callable, Protocol
 
 import torch
 
+from ..config import DecodeConfig
+from ..model import StagedModel
 from .base import Executor
-
-if TYPE_CHECKING:
-    from ..setup import RunSetup
 
 __all__ = ["AUTO", "AUTO_CHOICE", "Choice", "ExecutorKind", "KINDS", "PlainAR", "WorkerOptions", "choose", "choose_measured",
            "concurrent_by_default", "concurrent_kinds", "fastest_ar", "kind_named"]
 
 Progress = Callable[[str], None]
+
+
+class Setup(Protocol):
+    """What readying an executor reads of a run's setup (`ppsd.setup.RunSetup` is one)."""
+
+    @property
+    def model(self) -> StagedModel: ...
+    @property
+    def config(self) -> DecodeConfig: ...
+    @property
+    def partition(self) -> tuple[range, ...]: ...
+    @property
+    def prompt_ids(self) -> tuple[int, ...]: ...
+
+
+class WarmUp(Protocol):
+    """A few untimed tokens of every method on `executor` (`ppsd.generate.warm_up`), so first-call
+    costs stay out of timed runs."""
+
+    def __call__(self, model: StagedModel, prompt_ids: list[int], config: DecodeConfig, *,
+                 executor: Executor) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -63,7 +85,7 @@ class ExecutorKind:
     row: str  # a bench-pipeline row after the method, "{k}" for K: "{k}-worker pipeline"
     concurrent: bool  # the stages at once, so the measured clock shows the overlap (else projected)
     unavailable: Callable[[str, int], str | None]  # (model device, K) -> None, or why it cannot run here
-    build: Callable[[RunSetup, Progress, WorkerOptions], Executor | None]  # warmed up; None: in-process, one per run
+    build: Callable[[Setup, WarmUp, Progress, WorkerOptions], Executor | None]  # warmed up; None: in-process, one per run
     shared: bool = False  # one per process, reused run after run: a run leaves it open, a command closes it
     # The page's words for a run of K stages on it ({k}: K; {each}: "a core" or "a CUDA stream"; {where}):
     ran: str = ""  # how the stages and AR ran, after "Measured: "
@@ -84,14 +106,14 @@ class ExecutorKind:
         each = "a CUDA stream" if device.startswith("cuda") else "a core"
         return text.format(k=num_stages, each=each, where=self.where)
 
-    def ready(self, setup: RunSetup, *, progress: Progress | None = None,
+    def ready(self, setup: Setup, *, warm_up: WarmUp, progress: Progress | None = None,
               options: WorkerOptions = WorkerOptions()) -> Executor | None:
-        """An executor for `setup`'s model and stages, warmed up (untimed), telling `progress`
-        what takes long; ValueError saying why it cannot run here."""
+        """An executor for `setup`'s model and stages, warmed up (untimed) by `warm_up`, telling
+        `progress` what takes long; ValueError saying why it cannot run here."""
         reason = self.unavailable(setup.model.info.device, setup.config.num_stages)
         if reason is not None:
             raise ValueError(reason)
-        return self.build(setup, progress or (lambda message: None), options)
+        return self.build(setup, warm_up, progress or (lambda message: None), options)
 
     def release(self, executor: Executor | None) -> None:
         """After a run: close what was built for it; the shared one stays for the next run."""
@@ -131,26 +153,24 @@ def _stacked_unavailable(device: str, num_stages: int) -> str | None:
     return f"the stacked executor runs on CPU or CUDA, not {device}: use one process (projected clock)"
 
 
-def _in_process(setup: RunSetup, tell: Progress, options: WorkerOptions) -> None:
+def _in_process(setup: Setup, warm_up: WarmUp, tell: Progress, options: WorkerOptions) -> None:
     return None  # each run makes its own `InProcessExecutor` on its stopwatch
 
 
-def _warmed(setup: RunSetup, executor: Executor) -> Executor:
+def _warmed(setup: Setup, executor: Executor, warm_up: WarmUp) -> Executor:
     """`executor` after a few untimed tokens of every method: first-call costs stay out of runs."""
-    from ..generate import warm_up  # generate decodes on executors: imported when first needed
-
     warm_up(setup.model, [0], setup.config, executor=executor)
     return executor
 
 
-def _threads(setup: RunSetup, tell: Progress, options: WorkerOptions) -> Executor:
+def _threads(setup: Setup, warm_up: WarmUp, tell: Progress, options: WorkerOptions) -> Executor:
     from .threads import ThreadedExecutor
 
     tell(f"Starting {setup.config.num_stages} stage threads in this process and warming them up")
-    return _warmed(setup, ThreadedExecutor(setup.model, setup.partition))
+    return _warmed(setup, ThreadedExecutor(setup.model, setup.partition), warm_up)
 
 
-def _graphed(setup: RunSetup, tell: Progress, options: WorkerOptions) -> Executor:
+def _graphed(setup: Setup, warm_up: WarmUp, tell: Progress, options: WorkerOptions) -> Executor:
     from .graphed import GraphedExecutor
 
     cuda = setup.model.info.device.startswith("cuda")
@@ -161,13 +181,13 @@ def _graphed(setup: RunSetup, tell: Progress, options: WorkerOptions) -> Executo
     began, cold = time.perf_counter(), not cuda and not compile_cache.kept()
     executor = GraphedExecutor(setup.model, setup.partition, compiled=not cuda)
     executor.prepare(reach(setup))  # before the warm-up: its bucket is then captured on the final buffers
-    _warmed(setup, executor)
+    _warmed(setup, executor, warm_up)
     if not cuda:  # what compiled is kept, checked, for the next start; a cold compile's time is said next time
         compile_cache.record(time.perf_counter() - began if cold else None)
     return executor
 
 
-def reach(setup: RunSetup) -> int:
+def reach(setup: Setup) -> int:
     """The furthest position a run of `setup` may write (`ppsd.static_cache.run_reach`)."""
     from ..static_cache import run_reach
 
@@ -176,20 +196,20 @@ def reach(setup: RunSetup) -> int:
                setup.model.info.max_context)
 
 
-def _stacked(setup: RunSetup, tell: Progress, options: WorkerOptions) -> Executor:
+def _stacked(setup: Setup, warm_up: WarmUp, tell: Progress, options: WorkerOptions) -> Executor:
     from .stacked import StackedExecutor
 
     cuda = setup.model.info.device.startswith("cuda")
     tell("Stacking the stages' layers and capturing each slot as a CUDA graph" if cuda else
          "Stacking the stages' layers (eager on a CPU)")
-    return _warmed(setup, StackedExecutor(setup.model, setup.partition))
+    return _warmed(setup, StackedExecutor(setup.model, setup.partition), warm_up)
 
 
-def _processes(setup: RunSetup, tell: Progress, options: WorkerOptions) -> Executor:
+def _processes(setup: Setup, warm_up: WarmUp, tell: Progress, options: WorkerOptions) -> Executor:
     from .distributed.pool import ready_pipeline
 
-    return ready_pipeline(setup.model, setup.config, progress=tell, threads_per_worker=options.threads_per_worker,
-                          timeout=options.timeout)
+    return ready_pipeline(setup.model, setup.config, warm_up=warm_up, progress=tell,
+                          threads_per_worker=options.threads_per_worker, timeout=options.timeout)
 
 
 KINDS: dict[str, ExecutorKind] = {kind.name: kind for kind in (
@@ -313,9 +333,9 @@ class PlainAR:
     words: str
 
 
-def fastest_ar(setup: RunSetup, kind: str, pipeline: Executor | None) -> tuple[PlainAR, ...]:
+def fastest_ar(setup: Setup, kind: str, pipeline: Executor | None, *, warm_up: WarmUp) -> tuple[PlainAR, ...]:
     """The ways the fastest plain AR here may run, beside a pipeline of `kind` (`pipeline`,
-    reused where it serves): the caller times each and keeps the faster, as which is faster is
+    reused where it serves; one built here is warmed up by `warm_up`): the caller times each and keeps the faster, as which is faster is
     the machine's to say. On a GPU: the captured steps (eager AR there pays about 1,300 kernel
     launches a token and runs 5-6x slower: docs/benchmarks.md). On a CPU whose pipeline is the
     captured steps: those steps compiled, in turn, on every core (compiled for that thread count
@@ -327,7 +347,7 @@ def fastest_ar(setup: RunSetup, kind: str, pipeline: Executor | None) -> tuple[P
 
     graphed, cores = KINDS["graphed"], usable_cores()
     if setup.model.info.device.startswith("cuda"):
-        executor = pipeline if kind == graphed.name else graphed.ready(setup)
+        executor = pipeline if kind == graphed.name else graphed.ready(setup, warm_up=warm_up)
         return (PlainAR(executor, 1, f"on the captured steps in this one process ({graphed.where})"),)
     threads = lambda n: f"{n} thread{'s' * (n != 1)}"  # noqa: E731
     if kind != graphed.name:
@@ -340,6 +360,6 @@ def fastest_ar(setup: RunSetup, kind: str, pipeline: Executor | None) -> tuple[P
     # Its buffers at their final size before anything compiles: each size is another compile of
     # every step (and a page's Runs would reach dynamo's recompile limit within a few).
     executor.prepare(reach(setup))
-    executor = _warmed(setup, executor)
+    executor = _warmed(setup, executor, warm_up)
     return (PlainAR(executor, cores, f"on the captured steps, compiled, the stages in turn, in this one process "
                                      f"on {threads(cores)}"),)

@@ -2,8 +2,8 @@
 
 `exits` holds the head types, `files` a saved head and what binds it to its base model,
 `shipped` the heads this repository ships and how an entry point picks one; training is
-`data` (the text), `distill` (the objective) and `train` (the loop and `python -m ppsd
-train-head`); `corpus` is the built-in training text.
+`data` (the text), `distill` (the objective) and `train` (the loop; its command line,
+`python -m ppsd train-head`, is `ppsd.cli.train_head`); `corpus` is the built-in training text.
 """
 
 from .exits import HEAD_TYPES, TRAINED_HEAD_TYPES, build_head

@@ -71,9 +71,11 @@ def workers_unavailable(num_stages: int, device: str) -> str | None:
     return None
 
 
-def ready_pipeline(model: StagedModel, config: DecodeConfig, *, progress: Callable[[str], None] | None = None,
-                   threads_per_worker: int = 1, timeout: float = 30.0) -> DistributedExecutor:
-    """`shared_pipeline`, started and warmed up (untimed) on first use, saying what it does to
+def ready_pipeline(model: StagedModel, config: DecodeConfig, *, warm_up: Callable[..., None],
+                   progress: Callable[[str], None] | None = None, threads_per_worker: int = 1,
+                   timeout: float = 30.0) -> DistributedExecutor:
+    """`shared_pipeline`, started and warmed up (untimed) on first use by `warm_up` (as
+    `ppsd.generate.warm_up`, which decodes: it comes from the caller above), saying what it does to
     `progress` (it takes seconds). A worker that freezes while it warms up, or does not answer a
     ping after, is replaced (once): the run after never waits on it. ValueError says why it
     cannot run here or failed to start."""
@@ -83,10 +85,10 @@ def ready_pipeline(model: StagedModel, config: DecodeConfig, *, progress: Callab
     tell = progress or (lambda message: None)
     options = {"threads_per_worker": threads_per_worker, "timeout": timeout}
     try:
-        pipeline, silent = _warm(model, config, tell, options)
+        pipeline, silent = _warm(model, config, warm_up, tell, options)
         if silent is not None:
             tell("A worker process froze or fell silent while warming up: starting fresh ones")
-            pipeline, silent = _warm(model, config, tell, options)
+            pipeline, silent = _warm(model, config, warm_up, tell, options)
         if silent is not None:
             raise PipelineError(silent)
     except PipelineError as error:
@@ -94,12 +96,10 @@ def ready_pipeline(model: StagedModel, config: DecodeConfig, *, progress: Callab
     return pipeline
 
 
-def _warm(model: StagedModel, config: DecodeConfig, tell: Callable[[str], None],
+def _warm(model: StagedModel, config: DecodeConfig, warm_up: Callable[..., None], tell: Callable[[str], None],
           options: dict) -> tuple[DistributedExecutor, str | None]:
     """The shared pipeline, warmed up once, and None; or, when a worker froze during the warm-up
     or does not answer after it, why (the pool is then shut down)."""
-    from ...generate import warm_up  # generate decodes on executors: imported when first needed
-
     if current_pool() is None or current_pool().runs == 0:
         tell(f"Starting {config.num_stages} worker processes, one per stage, and loading the weights in each")
     pipeline = shared_pipeline(model, config, progress=tell, **options)

@@ -1,6 +1,6 @@
-"""What the processes of a pipeline say to each other: the spec every rank builds, the error,
-the process groups, the control message and its header, the coordinator's outbox, and a remote
-worker's clock offset measured by pings.
+"""What the processes of a pipeline say to each other: the spec every rank builds, the error
+(`PipelineError`, defined in `..base`), the process groups, the control message and its header,
+the coordinator's outbox, and a remote worker's clock offset measured by pings.
 
 Boundary: messages only, no decoding, no placement, no process management; the coordinator
 (`pipeline`, rank 0) and the workers (`worker`, ranks 1..K-1) both build on it.
@@ -26,16 +26,13 @@ from typing import NamedTuple
 import torch
 import torch.distributed as dist
 
+from ..base import PipelineError  # noqa: F401 - the error of these messages' pool, importable from here
 from ..schedule import ITEM_KINDS, Item, WorkerPart
 
 WORK, ROLLBACK, PING, SHUTDOWN = 1, 2, 3, 4
 PING_SECONDS = 1.0  # an idle worker answers a PING in well under a millisecond; a frozen one never
 FOREVER = timedelta(days=365)  # an idle worker waits for its next request as long as it takes
 GROUPS: dict = {}  # this process's groups ("calls", "hidden") and whether GPU tensors go via host ("staged")
-
-
-class PipelineError(RuntimeError):
-    """A worker died, hung or failed; the pool has been shut down."""
 
 
 class PipelineBusy(ValueError):

@@ -10,6 +10,7 @@ nothing of drafts or acceptance.
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import sys
 import threading
@@ -31,6 +32,9 @@ from .wire import (GROUPS, PING, ROLLBACK, SHUTDOWN, Control, Header, PipelineSp
 
 def spawned_worker(rank: int, spec: PipelineSpec, port: int, pipe) -> None:
     """Entry point of a locally started worker: pin, load, report, then serve until shut down."""
+    # Ctrl-C in a terminal reaches the whole process group: the coordinator shuts its workers
+    # down (or they die with it), so a worker printing its own KeyboardInterrupt only adds noise.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     _die_with_parent(os.getppid())
     try:
         worker = _Worker(spec, rank, len(spec.partition))

@@ -1,7 +1,7 @@
 """Would lending the idle core to stage 1 pay? Time stage 1 on one and on two threads, alone and
 beside a busy stage 2 on the other core.
 
-    python tools/lend_core.py --exit-layer 18
+    python tools/research/lend_core.py --exit-layer 18
 
 On 2 workers PPSD's stage 1 is busy about 95 % of the time and stage 2 about 57 %: stage 1 sets
 the slot. An executor could give stage 1 a second intra-op thread on stage 2's core. That pays
@@ -24,10 +24,10 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from ppsd import DEFAULT_MODEL, load_model  # noqa: E402
-from process_costs import token_times  # noqa: E402  (its neighbour in tools/)
+from process_costs import token_times  # noqa: E402  (its neighbour in tools/research/)
 
 
 def busy_stage2(model_name: str, exit_layer: int, core: int, ready, stop, result) -> None:

@@ -1,7 +1,7 @@
 """Does a stage compute slower in a worker process than in the caller's? Time the same stage work
 here and in fresh child processes (fork and spawn), each pinned to one core with one thread.
 
-    python tools/process_costs.py --exit-layer 18
+    python tools/research/process_costs.py --exit-layer 18
 
 On worker processes, AR's stages took about 5 ms a token more than in one process
 (docs/benchmarks.md, the overhead split). This separates the process itself (its own copy of the
@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from ppsd import DEFAULT_MODEL, DecodeConfig, generate, load_model  # noqa: E402
 from ppsd.chat import encode_prompt  # noqa: E402

@@ -4,10 +4,10 @@ forced acceptances (0, 0.5, 0.75, 1 by default); the stacked slot's time and the
 slot; then, with --real, the default model with its shipped head (acceptance measured, not
 forced) when its files are on this machine.
 
-    python tools/stacked_bench.py --device cuda --json docs/bench/engine/h100-stacked.json
-    python tools/stacked_bench.py --dry-run      # a tiny shape on the CPU: the script end to end
+    python tools/research/stacked_bench.py --device cuda --json docs/bench/engine/h100-stacked.json
+    python tools/research/stacked_bench.py --dry-run      # a tiny shape on the CPU: the script end to end
 
-The random model has SmolLM2-135M's shape (tools/engine_bench.py) and drafts with an untrained
+The random model has SmolLM2-135M's shape (tools/research/engine_bench.py) and drafts with an untrained
 `layer` head at the balanced E = 15 (8,192 draft tokens). Forced acceptance is for timing only:
 each verdict is a seeded coin, the work is the real work, the tokens are not the model's, and
 every PPSD row and the JSON say so. Median of --repeats after --warmup untimed runs, the methods
@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from engine_bench import _model, _timed  # noqa: E402

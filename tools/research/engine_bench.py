@@ -2,8 +2,8 @@
 (the in-process executor), Hugging Face generate(), AR and PPSD on the graphed executor; each
 stage's step time alone, the overlap factor (t1 + t2) / slot, and host waits per slot.
 
-    python tools/engine_bench.py --device cuda                 # a random Llama of the default model's shape, bf16
-    python tools/engine_bench.py --device cpu --model default  # the real default model (fp32 on a CPU)
+    python tools/research/engine_bench.py --device cuda                 # a random Llama of the default model's shape, bf16
+    python tools/research/engine_bench.py --device cpu --model default  # the real default model (fp32 on a CPU)
 
 The random model has SmolLM2-135M's exact shape (30 layers, width 576, 9/3 heads, vocab 49,152)
 and drafts with an untrained `layer` head of the shipped head's shape (E = 18, 8,192 draft tokens),
@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from ppsd import DecodeConfig, StagedModel, generate  # noqa: E402
 from ppsd.bench.run import fixed_length  # noqa: E402

@@ -1,5 +1,5 @@
 """How fast a Run decodes as a ZeroGPU call against the same Run in the server's own process:
-`python tools/zerogpu_bench.py [--repeats 3] [--tokens 64]`.
+`python tools/research/zerogpu_bench.py [--repeats 3] [--tokens 64]`.
 
 The call goes through the stand-in `spaces` of tests/spaces_standin.py (forked, daemonic,
 pickled both ways, on the copy of a thread that used torch's CPU threads), the same form both
@@ -16,7 +16,7 @@ import sys
 from functools import partial
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 

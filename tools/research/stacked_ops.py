@@ -1,6 +1,6 @@
 """Count the ops a stacked slot dispatches against the graphed executor's steps, on a CPU.
 
-    python tools/stacked_ops.py [--layers 30 --exit-layer 15]
+    python tools/research/stacked_ops.py [--layers 30 --exit-layer 15]
 
 A random Llama of the given depth (tiny width: the op count does not depend on it), its ops
 recorded with a torch dispatch mode, view ops (no kernel) left out. It is a proxy for a GPU's
@@ -17,7 +17,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import LlamaConfig, LlamaForCausalLM
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from ppsd import StagedModel  # noqa: E402
 from ppsd.config import stage_layers  # noqa: E402

@@ -31,13 +31,13 @@ Method (teacher-forced, NOT greedy PPSD acceptance):
   full model's distribution renormalised over the draft vocabulary. Reported: held-out top-1 and top-2
   agreement with the full model's argmax (a miss whenever it lies outside the draft vocabulary).
 
-    nice -n 5 python tools/probe_head_inputs.py --data assets/data/smollm2-135m-instruct-chat-answers.jsonl.gz \
+    nice -n 5 python tools/research/probe_head_inputs.py --data assets/data/smollm2-135m-instruct-chat-answers.jsonl.gz \
         --out docs/bench/heads/probe-head-inputs.json --steps 400
 
 `--stage1-cost` instead times stage 1 (layers [0, E) + the shipped head, one position, one
 thread) at a batch of 1 and of 2 candidates, what top-2 drafting would cost it:
 
-    nice -n 5 python tools/probe_head_inputs.py --stage1-cost --repeats 300 \
+    nice -n 5 python tools/research/probe_head_inputs.py --stage1-cost --repeats 300 \
         --out docs/bench/heads/stage1-batch2-cost.json
 
 Not part of the library; it reads the shipped head from assets/heads/.
@@ -58,7 +58,7 @@ import torch.nn.functional as F
 from torch import nn
 from tqdm import tqdm
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from ppsd.chat import encode_prompt  # noqa: E402

@@ -26,7 +26,7 @@ Measured per head:
 - greedy PPSD acceptance (accepted / verified drafts, in process, K = 2) on the 12 held-out chat
   prompts of assets/prompts/chat.json, 64 new tokens each: the figure the issue's table asks for.
 
-    python tools/probe_layer_heads.py --out docs/bench/heads/probe-layer-heads.json --steps 400
+    python tools/research/probe_layer_heads.py --out docs/bench/heads/probe-layer-heads.json --steps 400
 
 `--exit-layer` trains the same variants at another E (lever "E chosen by measured speed"): the
 shipped head is then measured at its own E = 18 as the reference; `--data` points at another
@@ -48,12 +48,12 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from ppsd.chat import encode_prompt  # noqa: E402
 from ppsd.config import DecodeConfig  # noqa: E402
-from ppsd.generate import generate  # noqa: E402
+from ppsd.cli.train_head import ppsd_acceptance  # noqa: E402
 from ppsd.bench.prompts import CHAT_PROMPTS_FILE  # noqa: E402
 from ppsd.heads import default_exit_layer, load_exit_head, shipped_head  # noqa: E402
 from ppsd.heads.data import read_chat_answers  # noqa: E402
@@ -130,14 +130,9 @@ def train(head: LayerExitHead, cached: CachedTeacher, config: TrainConfig, name:
 
 
 def greedy_acceptance(model, head, prompts: list[list[int]], exit_layer: int, tokens: int) -> float:
-    staged = model.with_exit_head(head)
+    """Greedy PPSD's acceptance with `head`, K = 2, in process: `train-head`'s measure."""
     config = DecodeConfig(method="ppsd", exit_layer=exit_layer, num_stages=2, max_new_tokens=tokens)
-    accepted = verified = 0
-    for ids in prompts:
-        m = generate(staged, ids, config).metrics()
-        accepted += m.accepted
-        verified += m.accepted + m.rejected
-    return accepted / verified
+    return ppsd_acceptance(model.with_exit_head(head), prompts, config)
 
 
 def main(argv: list[str] | None = None) -> int:

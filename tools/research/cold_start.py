@@ -1,4 +1,4 @@
-"""Where a cold start's time goes: `python tools/cold_start.py [--cache DIR] [--tokens 64]`.
+"""Where a cold start's time goes: `python tools/research/cold_start.py [--cache DIR] [--tokens 64]`.
 
 The page's default Run, as its handler runs it, on a model cache directory that may be empty
 (`--cache`, default a fresh temporary one: the first use's conversion included): prints one
@@ -15,7 +15,7 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 
 def main() -> None:

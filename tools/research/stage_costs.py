@@ -1,7 +1,7 @@
 """Measure what each pipeline stage costs per token for candidate exit layers and head shapes, to
 choose E and the head by speed before training one (acceptance is a separate question).
 
-    python tools/stage_costs.py --exit-layers 15 18 20 22 --draft-vocab 0 8192 --threads 1
+    python tools/research/stage_costs.py --exit-layers 15 18 20 22 --draft-vocab 0 8192 --threads 1
 
 For each (E, draft vocabulary) an untrained `layer` head of that shape (its cost does not depend
 on its weights) drafts in greedy PPSD, K = 2, in process; AR runs on the same stages. Printed:
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from ppsd import DEFAULT_MODEL, DecodeConfig, generate, load_model  # noqa: E402
 from ppsd.chat import encode_prompt  # noqa: E402

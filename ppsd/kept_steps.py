@@ -1,0 +1,101 @@
+"""Compiled steps kept whole, so that a restart loads them instead of tracing the model again.
+
+torch's own caches (`ppsd.compile_cache`) keep what Inductor builds, but not dynamo's trace of
+the Python that builds the graph: with them a restart still traced every (stage, bucket,
+drafting, thread count) step of the captured steps anew, 2-8 s each, 43 s before the page's
+captured steps were ready (issue 50). Here each such step is compiled ahead of time
+(`torch.compile(...).aot_compile`) and saved as one file in the compile cache's folder, which a
+new process loads in a fraction of a second.
+
+A loaded step runs without dynamo's guards (torch's check of them fails on the buffers' autograd
+keys, which differ between the process that compiled and one that loads), so everything a guard
+would check is in the file's key instead: the step's constant arguments, the torch threads, the
+holder's `shape_key` (its static buffers' sizes, its model's structure and exit head) and the
+sha256 of ppsd's own source with torch's and transformers' versions (the code the step traces
+through). The folder's record (`compile_cache.record`) covers these files like torch's own, so
+a damaged one is compiled again. Where saving or loading fails, the step compiles as before
+(`torch.compile`, its guards on) and the reason is said once.
+
+Boundary: one step function's kept files and their keys; where the folder is and its checks are
+`compile_cache`'s; which steps run, and on which thread, is the executor's.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from . import compile_cache
+
+__all__ = ["KeptSteps", "source_key"]
+
+_SUFFIX = ".pt2"
+
+
+class KeptSteps:
+    """`function(holder, *args)`, compiled once per key and kept on disk: `holder` is the object
+    whose tensors the step reads (no locks: dynamo pickles what it reads of it), `args` the step's
+    constants (stage, bucket, drafting), `shape_key` what else fixes the graph (buffer sizes,
+    model structure)."""
+
+    def __init__(self, function: Callable[..., Any]) -> None:
+        self._jit = torch.compile(function, fullgraph=True, dynamic=False)
+        self._ready: dict[tuple, Callable[..., Any]] = {}
+        self._fallback = ""  # why steps compile the ordinary way from now on ("": they are kept)
+
+    def __call__(self, holder: Any, *args: Any, shape_key: str) -> Any:
+        key = (shape_key, *args, torch.get_num_threads(), torch.is_inference_mode_enabled())
+        step = self._ready.get(key)
+        if step is None:
+            step = self._ready[key] = self._kept(holder, args, key)
+        return step(holder, *args)
+
+    def _kept(self, holder: Any, args: tuple, key: tuple) -> Callable[..., Any]:
+        """The step for `key`: loaded from its file, else compiled ahead and saved, else (either
+        failed before) compiled the ordinary way."""
+        if self._fallback:
+            return self._jit
+        path = compile_cache.use() / compile_cache.STEPS / f"{_digest(repr((source_key(), key)))}{_SUFFIX}"
+        try:
+            return _load(path) if path.exists() else _save(self._jit.aot_compile(((holder, *args), {})), path)
+        except Exception as error:  # noqa: BLE001 - an experimental torch API: the ordinary compile still works
+            self._fallback = (str(error).strip().splitlines() or [type(error).__name__])[0][:200]
+            print(f"Compiled steps are not kept whole ({type(error).__name__}: {self._fallback}); "
+                  "they compile as before", file=sys.stderr, flush=True)
+            return self._jit
+
+
+def _load(path: Path) -> Callable[..., Any]:
+    with path.open("rb") as file:
+        step = torch.compiler.load_compiled_function(file)
+    step.disable_guard_check()  # what the guards check is the file's key (the module's docstring)
+    return step
+
+
+def _save(step: Any, path: Path) -> Callable[..., Any]:
+    """`step` written whole (a temporary file renamed), then returned."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    staging = path.with_name(f".{path.name}.part")
+    step.save_compiled_function(str(staging))
+    staging.replace(path)
+    return step
+
+
+@functools.lru_cache(maxsize=1)
+def source_key() -> str:
+    """What a kept step was traced through: ppsd's source, torch's and transformers' versions."""
+    import transformers
+
+    digest = hashlib.sha256(f"{torch.__version__}|{transformers.__version__}".encode())
+    for path in sorted(Path(__file__).resolve().parent.rglob("*.py")):
+        digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
