@@ -30,7 +30,7 @@ from .backends import StageBackend
 from .backends.cpu import CompiledStages, CompiledStageThreads, EagerStages
 from .backends.cuda import CudaGraphStages
 from .base import Feed, Output, final_position
-from .graphed_steps import Done, StageSteps
+from .graphed_steps import Done, Launch, StageSteps
 from .threads import StageThreads
 from .waiting import Waiting
 
@@ -121,7 +121,7 @@ class GraphedExecutor:
         return self._read(done, slot)
 
     def _at_once(self, actions: tuple[schedule.Action, ...], handles: list, feed: Feed | None) -> list[Done]:
-        done = self.backend.at_once([(a, self._waiting.take(a), h) for a, h in zip(actions, handles)], feed)
+        done = self.backend.at_once([Launch(a, self._waiting.take(a), h) for a, h in zip(actions, handles)], feed)
         self.backend.join(done)  # only now: a stream joined earlier would hold back the stages after it
         for d in done:
             self._pass_on(d)
@@ -130,7 +130,7 @@ class GraphedExecutor:
     def _chained(self, actions: tuple[schedule.Action, ...], handles: list, feed: Feed | None) -> list[Done]:
         done = []
         for a, h in zip(actions, handles):
-            done.append(self.backend.launch(a, self._waiting.take(a), h, feed))
+            done.append(self.backend.launch(Launch(a, self._waiting.take(a), h), feed))
             self.backend.join(done[-1:])
             self._pass_on(done[-1])
         return done

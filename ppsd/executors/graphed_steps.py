@@ -14,6 +14,7 @@ hidden input in a buffer of its own), so a graph can capture it and a compiler c
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
@@ -37,6 +38,15 @@ class Done:
     start: object
     end: object
     replayed: bool = False  # the tensors are its graph's outputs, overwritten by the next replay
+
+
+class Launch(NamedTuple):
+    """One action ready to start: its input (None for stage 1, whose token is in the static
+    inputs) and what its backend made ready for it (`ready`: a CUDA graph, or None)."""
+
+    action: schedule.Action
+    hidden: torch.Tensor | None
+    handle: object
 
 
 class StageSteps:

@@ -203,9 +203,9 @@ class StackedExecutor:
         stages = {a.index: a for a in run.plan.actions}
         first, last = stages.get(0), stages.get(len(self.partition) - 1)
         if first is not None and first.kind == "draft":
-            return _Guess(run, 0, Feed(first.item.position + 1, (0,), "draft", False))
+            return _Guess(run, 0, Feed(first.item.position + 1, (0,), "draft"))
         if first is None and last is not None:
-            return _Guess(run, -1, Feed(last.item.position + 1, (0,), "verify", True))
+            return _Guess(run, -1, Feed(last.item.position + 1, (0,), "verify", from_final=True))
         return None
 
     # One stacked slot ---------------------------------------------------------------------------

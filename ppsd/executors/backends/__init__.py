@@ -17,7 +17,7 @@ import torch
 from ...trace import Stopwatch
 from .. import schedule
 from ..base import Feed
-from ..graphed_steps import Done
+from ..graphed_steps import Done, Launch
 from ..stacked_step import SlotOutput, Span
 
 
@@ -33,8 +33,8 @@ class StageBackend(Protocol):
     def grown(self) -> None: ...  # the cache was reallocated: drop what was made against it
     def prepare(self, length: int) -> None: ...  # ready for a run writing positions [0, length)
     def ready(self, actions: tuple[schedule.Action, ...]) -> list: ...  # a handle each, before the inputs are set
-    def launch(self, action: schedule.Action, hidden: torch.Tensor | None, handle, feed: Feed | None) -> Done: ...
-    def at_once(self, work: list[tuple], feed: Feed | None) -> list[Done]: ...  # (action, input, handle)s
+    def launch(self, work: Launch, feed: Feed | None) -> Done: ...
+    def at_once(self, work: list[Launch], feed: Feed | None) -> list[Done]: ...  # a slot's, all ready
     def join(self, done: list[Done]) -> None: ...  # their outputs readable on the caller's side
     def read(self, bests: list[torch.Tensor]) -> list[int]: ...  # the call's one host read
     def times(self, done: Done) -> tuple[float, float]: ...  # on the run's clock

@@ -23,7 +23,7 @@ from ...static_cache import bucket_for
 from ...trace import Stopwatch
 from .. import schedule
 from ..base import Feed
-from ..graphed_steps import Done, StageSteps, StepResult
+from ..graphed_steps import Done, Launch, StageSteps, StepResult
 from ..stacked_step import SlotOutput, SlotStep, Span
 from ..threads import StageThreads
 
@@ -54,18 +54,18 @@ class EagerStages:
     def ready(self, actions: tuple[schedule.Action, ...]) -> list[None]:
         return [None] * len(actions)
 
-    def launch(self, action: schedule.Action, hidden: torch.Tensor | None, handle, feed: Feed | None) -> Done:
-        """`action`'s step, done when this returns, timed on the run's clock."""
+    def launch(self, work: Launch, feed: Feed | None) -> Done:
+        """`work`'s step, done when this returns, timed on the run's clock."""
         start = self.clock.now()
-        out = self.steps.run_now(action, hidden, feed, self.one_token)
-        return Done(action, *out, start, self.clock.now())
+        out = self.steps.run_now(work.action, work.hidden, feed, self.one_token)
+        return Done(work.action, *out, start, self.clock.now())
 
     def one_token(self, k: int, bucket: int, draft: bool) -> StepResult:
         return self.steps.static_step(k, bucket, draft)
 
-    def at_once(self, work: list[tuple], feed: Feed | None) -> list[Done]:
-        """A slot's (action, input, handle) triples: in turn, here."""
-        return [self.launch(a, x, g, feed) for a, x, g in work]
+    def at_once(self, work: list[Launch], feed: Feed | None) -> list[Done]:
+        """A slot's actions, in turn, here."""
+        return [self.launch(w, feed) for w in work]
 
     def join(self, done: list[Done]) -> None:
         pass  # a CPU step is done when it returns
@@ -120,13 +120,13 @@ class CompiledStageThreads(CompiledStages):
     def close(self) -> None:
         self.threads.close()
 
-    def at_once(self, work: list[tuple], feed: Feed | None) -> list[Done]:
+    def at_once(self, work: list[Launch], feed: Feed | None) -> list[Done]:
         """On the stage threads once every step is compiled; a step compiled now compiles here."""
-        if not all(self.compiled_already(a) for a, _, _ in work):
+        if not all(self.compiled_already(w.action) for w in work):
             return super().at_once(work, feed)
-        running = {i: self.threads.submit(a.index, self.launch, a, x, g, feed)
-                   for i, (a, x, g) in enumerate(work) if a.index > 0}
-        here = {i: self.launch(a, x, g, feed) for i, (a, x, g) in enumerate(work) if i not in running}
+        running = {i: self.threads.submit(w.action.index, self.launch, w, feed)
+                   for i, w in enumerate(work) if w.action.index > 0}
+        here = {i: self.launch(w, feed) for i, w in enumerate(work) if i not in running}
         return [here[i] if i in here else running[i].result() for i in range(len(work))]
 
 

@@ -23,7 +23,7 @@ from ...static_cache import bucket_for, buckets_to
 from ...trace import Stopwatch
 from .. import schedule
 from ..base import Feed
-from ..graphed_steps import Done, StageSteps
+from ..graphed_steps import Done, Launch, StageSteps
 from ..stacked_step import SlotOutput, SlotStep, Span
 
 
@@ -95,9 +95,10 @@ class CudaGraphStages:
             self.graphs[key] = self._capture(*key)
         return self.graphs[key]
 
-    def launch(self, action: schedule.Action, hidden: torch.Tensor | None, graph, feed: Feed | None) -> Done:
-        """`action`'s graph replayed on its stage's stream, or its step run eagerly there; done
-        once `join` has joined the stream."""
+    def launch(self, work: Launch, feed: Feed | None) -> Done:
+        """`work`'s graph replayed on its stage's stream, or its step run eagerly there; done once
+        `join` has joined the stream."""
+        action, hidden, graph = work
         k = action.index
         begun, ended = self._marks[k]
         stream = self._streams[k]
@@ -116,10 +117,9 @@ class CudaGraphStages:
             ended.record(stream)
         return Done(action, *out, begun, ended, replayed=graph is not None)
 
-    def at_once(self, work: list[tuple], feed: Feed | None) -> list[Done]:
-        """A slot's (action, input, graph) triples: the launches return at once, each stage on its
-        stream."""
-        return [self.launch(a, x, g, feed) for a, x, g in work]
+    def at_once(self, work: list[Launch], feed: Feed | None) -> list[Done]:
+        """A slot's actions: the launches return at once, each stage on its stream."""
+        return [self.launch(w, feed) for w in work]
 
     def join(self, done: list[Done]) -> None:
         """This thread's stream waits for the stages' streams, where their outputs are read next."""
