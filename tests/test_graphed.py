@@ -110,7 +110,7 @@ def test_a_step_is_the_same_ops_at_every_position_and_verdict_with_no_host_read(
     partition = stage_layers(layer_model.num_layers, 4, 2)
     graphed = GraphedExecutor(layer_model, partition)
     recorded: dict[tuple, list] = {}
-    step = graphed._static_step
+    step = graphed.steps.static_step
 
     def recording(k, bucket, draft):
         with Ops() as ops:
@@ -118,7 +118,7 @@ def test_a_step_is_the_same_ops_at_every_position_and_verdict_with_no_host_read(
         recorded.setdefault((k, bucket, draft), []).append(ops.ops)
         return out
 
-    monkeypatch.setattr(graphed, "_static_step", recording)
+    monkeypatch.setattr(graphed.steps, "static_step", recording)
     config = DecodeConfig(method="ppsd", exit_layer=4, max_new_tokens=NEW_TOKENS)
     result = ppsd.generate(layer_model, PROMPTS["long"], config, executor=graphed)
     assert {t.status for t in result.tokens} >= {"accepted", "corrected"}  # steps after both verdicts
@@ -220,10 +220,10 @@ def test_on_cuda_a_prepared_run_captures_nothing_inside_it(cuda_model):
     setup = set_up(cuda_model, config, prompt_ids=prompt)
     with GraphedExecutor(setup.model, setup.partition) as graphed:
         graphed.prepare(reach(setup))
-        captured = dict(graphed._graphs)
+        captured = dict(graphed.backend.graphs)
         assert {bucket for _, bucket, _ in captured} == {64, 128}
         ppsd.generate(setup.model, prompt, config, executor=graphed)
-        assert graphed._graphs == captured
+        assert graphed.backend.graphs == captured
 
 
 def test_in_bf16_ar_eesd_and_ppsd_are_token_identical_on_the_graphed_steps():
@@ -260,7 +260,7 @@ def test_on_cuda_every_replayed_call_returns_what_the_in_process_executor_return
     with GraphedExecutor(model, partition) as graphed:
         twin = Checked(InProcessExecutor(model, partition, Stopwatch(torch.cuda.synchronize)), graphed)
         result = ppsd.generate(model, PROMPTS["long"], config, executor=twin)
-        assert graphed._graphs  # replayed, not eager
+        assert graphed.backend.graphs  # replayed, not eager
     assert twin.calls > NEW_TOKENS and result.trace.concurrent
 
 
@@ -282,7 +282,7 @@ def check_replays_equal_hugging_face(model, make) -> None:
         for method in ("ar", "eesd", "ppsd"):
             config = DecodeConfig(method=method, exit_layer=4, max_new_tokens=NEW_TOKENS)
             assert ppsd.generate(model, prompt, config, executor=executor).token_ids == hf, method
-        assert {key[1] for key in executor._graphs} == {64, 128}
+        assert {key[1] for key in executor.backend.graphs} == {64, 128}
         drawn = ppsd.generate(model, PROMPTS["short"], sampled, executor=executor).token_ids
     assert drawn == ppsd.generate(model, PROMPTS["short"], sampled).token_ids
 
@@ -314,7 +314,7 @@ def test_compiled_steps_on_stage_threads_return_what_the_in_process_executor_ret
             config = DecodeConfig(method=method, exit_layer=4, max_new_tokens=NEW_TOKENS)
             twin = Checked(InProcessExecutor(layer_model, partition, Stopwatch()), graphed)
             result = ppsd.generate(layer_model, PROMPTS["long"], config, executor=twin)
-        assert graphed._compiled_keys >= {(0, 64, True), (0, 64, False), (1, 64, False)}
+        assert graphed.backend.compiled_keys >= {(0, 64, True), (0, 64, False), (1, 64, False)}
     assert result.trace.concurrent and twin.calls > NEW_TOKENS
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # the thread count the steps were compiled for above: no new compile

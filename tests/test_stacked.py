@@ -41,7 +41,7 @@ def test_a_slot_is_one_chain_of_stacked_layers_for_every_set_of_live_rows(model,
             steps = max(len(partition[k]) for k in range(live[0], live[-1] + 1))  # no pads past the longest
             for draft in ((False, True) if live[0] == 0 else (False,)):
                 with Ops() as ops:
-                    executor._step(0, 64, live, draft)
+                    executor.step.run(0, 64, live, draft)
                 names = [name for name, *_ in ops.ops]
                 products = [args for name, args, _ in ops.ops if name == "aten::bmm"]
                 # Four products a layer (QKV, output, gate/up, down), each over the rows lo..hi at once.
@@ -56,7 +56,7 @@ def test_the_ops_are_the_same_at_every_position_and_verdict(model, monkeypatch):
     layer_model = with_layer_head(model, 4)
     executor = StackedExecutor(layer_model, stage_layers(model.num_layers, 4, 2))
     recorded: dict[tuple, list] = {}
-    step = executor._step
+    step = executor.step.run
 
     def recording(parity, bucket, live, draft):
         with Ops() as ops:
@@ -64,7 +64,7 @@ def test_the_ops_are_the_same_at_every_position_and_verdict(model, monkeypatch):
         recorded.setdefault((bucket, live, draft), []).append(ops.ops)
         return out
 
-    monkeypatch.setattr(executor, "_step", recording)
+    monkeypatch.setattr(executor.step, "run", recording)
     result = ppsd.generate(layer_model, PROMPTS["long"], DecodeConfig(method="ppsd", exit_layer=4,
                                                                       max_new_tokens=NEW_TOKENS), executor=executor)
     assert {t.status for t in result.tokens} >= {"accepted", "corrected"}
@@ -175,7 +175,7 @@ def test_on_cuda_every_replayed_call_returns_what_the_in_process_executor_return
     with StackedExecutor(model, partition) as stacked:
         twin = Checked(InProcessExecutor(model, partition, Stopwatch(torch.cuda.synchronize)), stacked)
         result = ppsd.generate(model, PROMPTS["long"], config, executor=twin)
-        assert stacked._graphs or method == "eesd"  # slots replayed, not eager
+        assert stacked.backend.graphs or method == "eesd"  # slots replayed, not eager
     assert twin.calls > NEW_TOKENS and result.trace.concurrent
 
 

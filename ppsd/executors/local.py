@@ -7,14 +7,13 @@ replays it on K workers.
 
 from __future__ import annotations
 
-from collections import deque
-
 import torch
 
 from ..model import KVCache, StagedModel
 from ..trace import Stopwatch
 from . import schedule
 from .base import Feed, Output, final_logits, final_position, first_stage
+from .waiting import Waiting
 
 
 class InProcessExecutor:
@@ -29,7 +28,7 @@ class InProcessExecutor:
         self.cache = KVCache()
         self._clock = stopwatch
         self._queues = schedule.empty(len(partition))
-        self._hidden: list[deque[torch.Tensor]] = [deque() for _ in partition]  # beside each queue's items
+        self._waiting = Waiting(len(partition))
 
     def begin(self, stopwatch: Stopwatch) -> None:
         self._clock = stopwatch
@@ -49,22 +48,15 @@ class InProcessExecutor:
 
     def rollback(self, length: int) -> None:
         self._queues = schedule.empty(len(self.partition))
-        self._hidden = [deque() for _ in self.partition]
+        self._waiting = Waiting(len(self.partition))
         self.cache.truncate(length)
 
     def _execute(self, plan: schedule.Plan, feed: Feed | None, slot: int | None) -> Output:
         results: dict = {}
-        events = [self._deliver(action, self._compute(action, self._input(action), feed, slot), results)
+        events = [self._deliver(action, self._compute(action, self._waiting.take(action), feed, slot), results)
                   for action in plan.actions]
         self._queues = plan.queues
         return Output(tuple(events), **results)
-
-    def _input(self, action: schedule.Action) -> torch.Tensor | None:
-        """Stage k's input for `action`, taken off its queue (stage 1's is the call's feed)."""
-        if action.index == 0:
-            return None
-        taken = [self._hidden[action.index].popleft() for _ in range(action.take)]
-        return taken[0] if len(taken) == 1 else torch.cat(taken, dim=1)
 
     def _compute(self, action: schedule.Action, hidden: torch.Tensor | None, feed: Feed | None,
                  slot: int | None) -> tuple:
@@ -87,9 +79,8 @@ class InProcessExecutor:
         hidden, logits, event = done
         if action.index == 0:
             results["exit_logits"] = logits
-        if action.index + 1 < len(self.partition):
-            self._hidden[action.index + 1].append(hidden)
-        else:
+        self._waiting.pass_on(action.index, hidden)
+        if action.index + 1 == len(self.partition):
             results["final_logits"] = final_logits(self.model, hidden, action.item.kind)
             results["final_position"] = final_position(action.item)
         return event

@@ -16,28 +16,33 @@ masked, and the slot is launched again. Host lengths and queues change only when
 adopted, so `rollback` stays the one rollback there is. Once a run's fed token differs from the
 argmax (sampling), the executor stops guessing tokens for that run.
 
-On CUDA each stacked slot is a CUDA graph per (bucket, live rows, drafting, parity): two sets of
-static buffers alternate, so the slot in flight never overwrites what the slot before it feeds
-on. On a CPU the same step runs eagerly (the tests record its ops); it is not faster there: a CPU
-is bandwidth-bound and stacking adds no bandwidth, and a discarded guess is a slot computed for
-nothing.
+The slot itself is `ppsd.executors.stacked_step.SlotStep`: two sets of static buffers alternate,
+so the slot in flight never overwrites what the slot before it feeds on. How it runs is the one
+backend chosen at construction (`ppsd.executors.backends`): on CUDA a CUDA graph per (bucket, live
+rows, drafting, parity) (`CudaGraphSlots`); on a CPU the same step eagerly (`EagerSlots`: the tests
+record its ops); it is not faster there: a CPU is bandwidth-bound and stacking adds no bandwidth,
+and a discarded guess is a slot computed for nothing.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
-from ..llama_step import StackedLlama
 from ..model import StagedModel
 from ..static_cache import bucket_for
+from ..steps import Event
 from ..trace import Stopwatch
 from . import schedule
+from .backends import SlotBackend
+from .backends.cpu import EagerSlots
+from .backends.cuda import CudaGraphSlots
 from .base import Feed, Output, final_position, logit_width
+from .stacked_step import SlotOutput, SlotStep, Span
+from .waiting import Waiting
 
 
 @dataclass
@@ -51,7 +56,7 @@ class SlotStats:
     wait_seconds: float = 0.0
 
 
-@dataclass
+@dataclass(eq=False)
 class _Slot:
     """One stacked slot launched on the device and not yet read."""
 
@@ -59,16 +64,31 @@ class _Slot:
     queues: schedule.Queues  # what it was planned from
     feed: Feed | None  # None with `guess`: stage 1's token is read from the slot before
     parity: int
-    out: tuple  # (exit logits or None, final logits or None, argmax ids (exit first) or None)
-    times: tuple  # (start, end): floats on a CPU, CUDA events on a GPU
-    guess: tuple | None = None  # (slot before, index of its id, position, kind, from_final)
+    out: SlotOutput
+    span: Span
+    guess: _Guess | None = None
     values: list[int] = field(default_factory=list)  # its ids, once read
 
     def guessed_feed(self) -> Feed | None:
-        if self.guess is None:
-            return self.feed
-        before, index, position, kind, from_final = self.guess
-        return Feed(position, (before.values[index],), kind, from_final)
+        return self.feed if self.guess is None else self.guess.resolved()
+
+
+@dataclass(frozen=True, eq=False)
+class _Guess:
+    """The next feed as guessed before slot `before` is read: `feed`, whose token is id `index` of
+    `before`'s ids (0: stage 1's draft; -1: the final token), a placeholder until then."""
+
+    before: _Slot
+    index: int
+    feed: Feed
+
+    def token(self) -> torch.Tensor:
+        """The guessed token, still on the device."""
+        return self.before.out.best[self.index:][:1]
+
+    def resolved(self) -> Feed:
+        """The guessed feed with its token, once `before` is read."""
+        return replace(self.feed, tokens=(self.before.values[self.index],))
 
 
 class StackedExecutor:
@@ -81,36 +101,21 @@ class StackedExecutor:
         if len(partition) < 2:
             raise ValueError("the stacked executor runs a pipeline of K >= 2 stages")
         self.model, self.partition, self.device = model, partition, model.info.device
-        self.cuda = self.device.startswith("cuda")
-        if not (self.cuda or self.device == "cpu"):
+        cuda = self.device.startswith("cuda")
+        if not (cuda or self.device == "cpu"):
             raise ValueError(f"the stacked executor runs on CPU or CUDA, not {self.device}")
-        self.engine = StackedLlama(model, partition)
-        self.cache = self.engine.cache
+        self.step = SlotStep(model, partition, pinned=cuda)
+        self.engine, self.cache = self.step.engine, self.step.cache
+        self._clock = stopwatch or Stopwatch()
+        self.backend: SlotBackend = CudaGraphSlots(self.step) if cuda else EagerSlots(self.step, self._clock)
         self.lookahead = lookahead
         self.stats = SlotStats()
-        self._clock = stopwatch or Stopwatch()
         self._queues = schedule.empty(len(partition))
-        self._hidden: list[deque[torch.Tensor]] = [deque() for _ in partition]
+        self._waiting = Waiting(len(partition))
         self._inflight: _Slot | None = None
         self._guess_tokens = True
         self._parity = 0
         self._run_lock = threading.Lock()
-        k, hidden = len(partition), model.hf_model.config.hidden_size
-        with torch.inference_mode(False):  # static buffers outlive any one run's inference mode
-            # Per parity: [token, position of row 1, ..., of row K] on the host and the device, the
-            # rows in and out, and the ids read back.
-            self._host_in = [torch.zeros(1 + k, dtype=torch.long, pin_memory=self.cuda) for _ in range(2)]
-            self._dev_in = [torch.zeros(1 + k, dtype=torch.long, device=self.device) for _ in range(2)]
-            self._rows_in = [torch.zeros(k, 1, hidden, dtype=self.cache.dtype, device=self.device) for _ in range(2)]
-            self._rows_out = [torch.zeros(k, 1, hidden, dtype=self.cache.dtype, device=self.device) for _ in range(2)]
-            self._host_out = [torch.zeros(2, dtype=torch.long, pin_memory=self.cuda) for _ in range(2)]
-        self._graphs: dict[tuple, tuple[torch.cuda.CUDAGraph, tuple]] = {}
-        if self.cuda:
-            self._pool = torch.cuda.graph_pool_handle()
-            self._marks = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(2)]
-            self._done = [torch.cuda.Event() for _ in range(2)]
-            self._origin = torch.cuda.Event(enable_timing=True)
-            self._origin_at = 0.0
 
     # The Executor protocol -------------------------------------------------------------------
 
@@ -119,10 +124,7 @@ class StackedExecutor:
         self._clock = stopwatch
         self.rollback(0)
         self._guess_tokens = True  # until a feed shows this run samples
-        if self.cuda:
-            self._origin.record()
-            self._origin.synchronize()
-            self._origin_at = stopwatch.now()
+        self.backend.begin(stopwatch)
 
     def end(self) -> None:
         self._discard()
@@ -149,12 +151,12 @@ class StackedExecutor:
         """The one rollback: the slot in flight, the queues, and every layer's length."""
         self._discard()
         self._queues = schedule.empty(len(self.partition))
-        self._hidden = [deque() for _ in self.partition]
+        self._waiting = Waiting(len(self.partition))
         self.cache.truncate(length)
 
     def close(self) -> None:
         self._discard()
-        self._graphs.clear()
+        self.backend.close()
 
     def __enter__(self) -> "StackedExecutor":
         return self
@@ -180,34 +182,36 @@ class StackedExecutor:
 
     def _discard(self) -> None:
         if self._inflight is not None:
-            if self.cuda:  # its inputs' buffers are reused by the slot launched in its place
-                self._done[self._inflight.parity].synchronize()
+            # Its inputs' buffers are reused by the slot launched in its place.
+            self.backend.settle(self._inflight.parity)
             self._inflight = None
             self.stats.discarded += 1
 
     def _guess_next(self, run: _Slot) -> _Slot | None:
         """Launch what the decoder most likely asks next, before `run` is read: stage 1's draft
         fed back (PPSD), the full model's token fed (AR, once stage K has it), or no feed."""
-        stages = {a.index: a for a in run.plan.actions}
-        first, last = stages.get(0), stages.get(len(self.partition) - 1)
-        guess = None  # (slot before, index of its id, position, kind, from_final) of the next feed
-        if first is not None and first.kind == "draft":
-            guess = (run, 0, first.item.position + 1, "draft", False)
-        elif first is None and last is not None:
-            guess = (run, -1, last.item.position + 1, "verify", True)
+        guess = self._next_feed(run)
         if guess is not None and not self._guess_tokens:
             return None  # the next feed's token is the decoder's draw: launch nothing ahead
-        plan = schedule.slot(self._queues, None if guess is None else Feed(guess[2], (0,), guess[3], guess[4]))
+        plan = schedule.slot(self._queues, None if guess is None else guess.feed)
         if not _stackable(plan):
             return None
-        token = None if guess is None else run.out[2][guess[1]:][:1]
-        return self._launch(plan, None, token=token, guess=guess)
+        return self._launch(plan, None, guess=guess)
+
+    def _next_feed(self, run: _Slot) -> _Guess | None:
+        """The feed the decoder asks after `run` when nothing goes wrong (None: no feed)."""
+        stages = {a.index: a for a in run.plan.actions}
+        first, last = stages.get(0), stages.get(len(self.partition) - 1)
+        if first is not None and first.kind == "draft":
+            return _Guess(run, 0, Feed(first.item.position + 1, (0,), "draft"))
+        if first is None and last is not None:
+            return _Guess(run, -1, Feed(last.item.position + 1, (0,), "verify", from_final=True))
+        return None
 
     # One stacked slot ---------------------------------------------------------------------------
 
-    def _launch(self, plan: schedule.Plan, feed: Feed | None, *, token: torch.Tensor | None = None,
-                guess: tuple | None = None) -> _Slot:
-        """Start `plan`'s stacked slot: stage 1's token from `feed`, or from `token` (an id on the
+    def _launch(self, plan: schedule.Plan, feed: Feed | None, *, guess: _Guess | None = None) -> _Slot:
+        """Start `plan`'s stacked slot: stage 1's token from `feed`, or from `guess` (an id on the
         device, from the slot before); the other rows from the queues' heads."""
         actions, parity = plan.actions, self._parity
         live = tuple(sorted(a.index for a in actions))
@@ -215,92 +219,24 @@ class StackedExecutor:
         bucket = bucket_for(max(a.item.position for a in actions) + 1)
         self._reserve(bucket)
         self.engine.table(live)  # made once, outside the step
-        host = self._host_in[parity].numpy()
-        host[:] = 0
-        for a in actions:
-            host[1 + a.index] = a.item.position
-        if feed is not None:
-            host[0] = feed.tokens[0]
-        self._dev_in[parity].copy_(self._host_in[parity], non_blocking=True)
-        if token is not None:
-            self._dev_in[parity][0:1].copy_(token)
-        for a in actions:
-            if a.index > 0:
-                self._rows_in[parity][a.index].copy_(self._hidden[a.index][0][0])
-        if not self.cuda:
-            start = self._clock.now()
-            out = self._step(parity, bucket, live, draft)
-            times = (start, self._clock.now())
-        else:
-            key = (parity, bucket, live, draft)
-            if key not in self._graphs:
-                self._graphs[key] = self._capture(*key)
-            begun, ended = self._marks[parity]
-            begun.record()
-            self._graphs[key][0].replay()
-            ended.record()
-            out = self._graphs[key][1]
-            if out[2] is not None:
-                self._host_out[parity][:out[2].numel()].copy_(out[2], non_blocking=True)
-            self._done[parity].record()
-            times = (begun, ended)
-        return _Slot(plan, self._queues, feed, parity, out, times, guess)
+        token = None if guess is None else guess.token()
+        self.step.set_inputs(parity, actions, feed, token, self._waiting)
+        out, span = self.backend.launch(parity, bucket, live, draft)
+        return _Slot(plan, self._queues, feed, parity, out, span, guess)
 
     def _reserve(self, length: int) -> None:
-        """Room in the cache for positions [0, length); a grown cache drops the graphs captured
-        against the old one, once the device is done with them (a slot may still be running)."""
-        if self.cache.reserve(length) and self._graphs:
-            if self.cuda:
-                torch.cuda.synchronize(self.device)
-            self._graphs.clear()
-
-    def _step(self, parity: int, bucket: int, live: tuple[int, ...], draft: bool):
-        """The stacked slot on the static buffers of `parity`: what a graph captures and a CPU runs.
-        Returns (exit logits (V,) or None, final logits (1, V) or None, their argmax ids)."""
-        engine, lo, hi = self.engine, live[0], live[-1]
-        ids = self._dev_in[parity]
-        x = self._rows_in[parity][lo:hi + 1]
-        if lo == 0:
-            x = torch.cat((engine.embed(ids[0:1].view(1, 1)), x[1:]))
-        positions = ids[1 + lo:2 + hi].view(-1, 1)
-        # As long as the longest live stage: a row alone (AR) skips the pads that make its stage
-        # as long as the longest.
-        steps = max(len(self.partition[k]) for k in range(lo, hi + 1))
-        y = engine.chain(x, slice(lo, hi + 1), positions, bucket, engine.table(live), steps=steps)
-        self._rows_out[parity][lo:hi + 1].copy_(y)
-        final = hi == len(self.partition) - 1
-        if draft and final and engine.shared_head:  # the exit head is the LM head: one product for both rows
-            logits = engine.final_logits(y[::hi] if hi else y)
-            return logits[0, 0], logits[-1], logits.argmax(-1).view(-1)
-        exit_logits = engine.exit_logits(y[0:1], positions[0], bucket) if draft else None
-        final_logits = engine.final_logits(y[-1]) if final else None
-        best = [t.argmax(-1).view(-1) for t in (exit_logits, final_logits) if t is not None]
-        return exit_logits, final_logits, torch.cat(best) if best else None
-
-    def _capture(self, parity: int, bucket: int, live: tuple[int, ...], draft: bool):
-        """The slot's step captured: warmed up on a side stream with this slot's own inputs (it
-        writes what the replay writes again), then captured in the executor's one memory pool (its
-        graphs replay one after another on one stream, never at once)."""
-        stream = torch.cuda.Stream(self.device)
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            for _ in range(2):  # lazy initialisation (cuBLAS handles, workspaces) outside the capture
-                self._step(parity, bucket, live, draft)
-        torch.cuda.current_stream().wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool):
-            outputs = self._step(parity, bucket, live, draft)
-        return graph, outputs
+        """Room in the cache for positions [0, length) (a grown cache: the backend drops what it
+        made against the old one)."""
+        if self.cache.reserve(length):
+            self.backend.grown()
 
     def _commit(self, run: _Slot) -> None:
         """`run` is now the slot that ran: host lengths advance (checked), stages take their
         inputs off the queues and queue their outputs (views of `run`'s rows, read next slot)."""
         for a in run.plan.actions:
             self.cache.advance(self.partition[a.index], a.item.position, 1)
-            if a.index > 0:
-                self._hidden[a.index].popleft()
-            if a.index + 1 < len(self.partition):
-                self._hidden[a.index + 1].append(self._rows_out[run.parity][a.index:a.index + 1])
+            self._waiting.take(a)  # already in the slot's rows
+            self._waiting.pass_on(a.index, self.step.row_out(run.parity, a.index))
         self._queues = run.plan.queues
         self._parity ^= 1
         self.stats.slots += 1
@@ -308,34 +244,22 @@ class StackedExecutor:
     def _read(self, run: _Slot, slot: int, began: float) -> Output:
         """The call's one host read: `run`'s ids, after one wait for it alone."""
         waited = time.perf_counter()
-        best = run.out[2]
-        if best is None:
-            run.values = []
-        elif self.cuda:
-            self._done[run.parity].synchronize()
-            run.values = self._host_out[run.parity][:best.numel()].tolist()
-        else:
-            run.values = best.tolist()
+        best = run.out.best
+        run.values = [] if best is None else self.backend.read(run.parity, best)
         read = time.perf_counter()
-        exit_logits, final_logits, _ = run.out
-        start, end = self._times(run.times)
+        start, end = self.backend.times(run.span)
         results: dict = {}
         for a in run.plan.actions:
             if a.index == 0:
-                results["exit_logits"] = exit_logits
-                results["exit_best"] = run.values[0] if exit_logits is not None else None
+                results["exit_logits"] = run.out.exit_logits
+                results["exit_best"] = run.values[0] if run.out.exit_logits is not None else None
             if a.index + 1 == len(self.partition):
-                results.update(final_logits=final_logits, final_position=final_position(a.item),
+                results.update(final_logits=run.out.final_logits, final_position=final_position(a.item),
                                final_best=(run.values[-1],))
         output = Output(tuple(a.event(start, end, slot) for a in run.plan.actions), **results)
         self.stats.wait_seconds += read - waited
         self.stats.host_seconds += (waited - began) + (time.perf_counter() - read)
         return output
-
-    def _times(self, times: tuple) -> tuple[float, float]:
-        if not self.cuda:
-            return times
-        return tuple(self._origin_at + self._origin.elapsed_time(t) / 1e3 for t in times)
 
     # Everything else: one stage at a time ------------------------------------------------------
 
@@ -343,31 +267,9 @@ class StackedExecutor:
         """`plan`'s actions in recording order, each stage alone on one row (wide pieces)."""
         self._discard()
         # Queued views of a stacked slot's rows would be overwritten by the next one: keep copies.
-        self._hidden = [deque(t.clone() for t in queue) for queue in self._hidden]
-        engine, results, events, bests = self.engine, {}, [], []
-        for a in plan.actions:
-            k, item = a.index, a.item
-            bucket = bucket_for(item.position + item.width)
-            self._reserve(bucket)
-            self.cache.advance(self.partition[k], item.position, item.width)
-            start = self._clock.now()
-            positions = self.cache.key_index[item.position:item.position + item.width]
-            if k == 0:
-                x = engine.embed(torch.tensor([feed.tokens], dtype=torch.long, device=self.device))
-            else:
-                taken = [self._hidden[k].popleft() for _ in range(a.take)]
-                x = taken[0] if len(taken) == 1 else torch.cat(taken, dim=1)
-            y = engine.stage(x, k, positions, bucket)
-            if k == 0:
-                results["exit_logits"] = engine.exit_logits(y, positions, bucket) if a.kind == "draft" else None
-                bests.append(results["exit_logits"])
-            if k + 1 < len(self.partition):
-                self._hidden[k + 1].append(y)
-            else:
-                results["final_logits"] = engine.final_logits(y[0, item.width - logit_width(item.kind, item.width):])
-                results["final_position"] = final_position(item)
-                bests.append(results["final_logits"])
-            events.append(a.event(start, self._clock.now(), slot))
+        self._waiting = self._waiting.copied()
+        results, bests = {}, []
+        events = [self._one_stage(a, feed, slot, results, bests) for a in plan.actions]
         self._queues = plan.queues
         ids = [t.argmax(-1).view(-1) for t in bests if t is not None]
         values = torch.cat(ids).tolist() if ids else []  # the call's one host read
@@ -376,6 +278,31 @@ class StackedExecutor:
         if "final_logits" in results:
             results["final_best"] = tuple(values)
         return Output(tuple(events), **results)
+
+    def _one_stage(self, a: schedule.Action, feed: Feed | None, slot: int | None, results: dict,
+                   bests: list) -> Event:
+        """Stage `a.index` alone on `a`'s piece: its output queued, its logits into `results` and
+        `bests` (stage 1 drafting, stage K); its event, timed where it ran."""
+        engine, k, item = self.engine, a.index, a.item
+        bucket = bucket_for(item.position + item.width)
+        self._reserve(bucket)
+        self.cache.advance(self.partition[k], item.position, item.width)
+        start = self._clock.now()
+        positions = self.cache.key_index[item.position:item.position + item.width]
+        if k == 0:
+            x = engine.embed(torch.tensor([feed.tokens], dtype=torch.long, device=self.device))
+        else:
+            x = self._waiting.take(a)
+        y = engine.stage(x, k, positions, bucket)
+        if k == 0:
+            results["exit_logits"] = engine.exit_logits(y, positions, bucket) if a.kind == "draft" else None
+            bests.append(results["exit_logits"])
+        self._waiting.pass_on(k, y)
+        if k + 1 == len(self.partition):
+            results["final_logits"] = engine.final_logits(y[0, item.width - logit_width(item.kind, item.width):])
+            results["final_position"] = final_position(item)
+            bests.append(results["final_logits"])
+        return a.event(start, self._clock.now(), slot)
 
 
 def _stackable(plan: schedule.Plan) -> bool:

@@ -75,7 +75,7 @@ class ThreadedExecutor(InProcessExecutor):
         plan = schedule.slot(self._queues, feed)
         # A slot's stages take what earlier calls queued for them, so every input is taken
         # before any stage runs, and every output delivered after all have run.
-        work = [(action, self._input(action)) for action in plan.actions]
+        work = [(action, self._waiting.take(action)) for action in plan.actions]
         compute = self._compute if self._streams is None else self._compute_on_stream
         timing = _SlotTiming(self._streams, self._clock)
         running = {action.index: self.threads.submit(action.index, compute, action, hidden, feed, slot)

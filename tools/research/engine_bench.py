@@ -278,7 +278,7 @@ def _stage_alone_ms(executor: GraphedExecutor, device: str, bucket: int) -> dict
         return {}
     out = {}
     for k in range(len(executor.partition)):
-        graph = executor._graphs.get((k, bucket, k == 0))
+        graph = executor.backend.graphs.get((k, bucket, k == 0))
         if graph is None:
             continue
         times = []

@@ -60,9 +60,9 @@ def main() -> None:
         stacked.cache.reserve(64), graphed.cache.reserve(64)
         for live in ((0, 1), (0,), (1,)):
             stacked.engine.table(live)
-        slot = counted(lambda: stacked._step(0, 64, (0, 1), True))
-        ar = counted(lambda: stacked._step(0, 64, (0,), False)) + counted(lambda: stacked._step(0, 64, (1,), False))
-        stages = [counted(lambda k=k: graphed._static_step(k, 64, k == 0)) for k in range(2)]
+        slot = counted(lambda: stacked.step.run(0, 64, (0, 1), True))
+        ar = counted(lambda: stacked.step.run(0, 64, (0,), False)) + counted(lambda: stacked.step.run(0, 64, (1,), False))
+        stages = [counted(lambda k=k: graphed.steps.static_step(k, 64, k == 0)) for k in range(2)]
     print(f"RESULT stages {[len(r) for r in partition]}: stacked PPSD slot {slot} ops; stacked AR token {ar} ops; "
           f"graphed stage 1 {stages[0]} + stage 2 {stages[1]} = {sum(stages)} ops (one PPSD slot, or one AR token)")
 

@@ -1,0 +1,122 @@
+"""`StageSteps`: the graphed executor's stage steps on a static KV cache and static inputs.
+
+Boundary: what a stage computes, and the buffers it computes from; no schedule, no timing, no
+host read and no choice of device. How a step is launched (replayed as a CUDA graph, compiled, or
+run eagerly) is its backend's (`ppsd.executors.backends`); which steps run is the executor's.
+
+A stage's step goes from its input (token ids for stage 1, hidden states after that) and its
+positions, a device tensor, to its hidden output, plus the draft logits and their argmax (stage 1
+drafting) or the final logits and theirs (stage K). A one-token step reads its inputs from static
+buffers (`static_step`: the token and every stage's position in one device tensor, each stage's
+hidden input in a buffer of its own), so a graph can capture it and a compiler can fix its shapes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import torch
+
+from ..model import StagedModel
+from ..static_cache import StaticKVCache, bucket_for
+from . import schedule
+from .base import Feed, logit_width
+
+StepResult = tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]  # hidden, logits, their argmax
+
+
+@dataclass
+class Done:
+    """One action's device results, not yet read: its hidden output, the logits it gives (draft
+    or final) and their argmax, and its start and end (floats on a CPU, CUDA events on a GPU)."""
+
+    action: schedule.Action
+    hidden: torch.Tensor
+    logits: torch.Tensor | None
+    best: torch.Tensor | None
+    start: object
+    end: object
+    replayed: bool = False  # the tensors are its graph's outputs, overwritten by the next replay
+
+
+class Launch(NamedTuple):
+    """One action ready to start: its input (None for stage 1, whose token is in the static
+    inputs) and what its backend made ready for it (`ready`: a CUDA graph, or None)."""
+
+    action: schedule.Action
+    hidden: torch.Tensor | None
+    handle: object
+
+
+class StageSteps:
+    """Every stage's pure step for `partition`, on one static cache and one set of static inputs
+    (pinned host staging where `pinned`: a CUDA copy in is then non-blocking)."""
+
+    def __init__(self, model: StagedModel, partition: tuple[range, ...], *, pinned: bool) -> None:
+        self.model, self.partition = model, partition
+        self.device = model.info.device
+        self.cache = StaticKVCache.for_model(model.hf_model)
+        hidden_size = model.hf_model.config.hidden_size
+        with torch.inference_mode(False):  # static buffers outlive any one run's inference mode
+            # Device inputs of one-token steps: [token, position of stage 1, ..., of stage K].
+            self._dev_in = torch.zeros(1 + len(partition), dtype=torch.long, device=self.device)
+            self._host_in = torch.zeros(1 + len(partition), dtype=torch.long, pin_memory=pinned)
+            self._stage_in = [torch.zeros(1, 1, hidden_size, dtype=self.cache.dtype, device=self.device)
+                              for _ in partition]
+        self._host_values = self._host_in.numpy()  # written per call without a torch op each
+
+    def set_inputs(self, actions: tuple[schedule.Action, ...], feed: Feed | None) -> None:
+        """The call's token and every acting stage's position, in one copy to the device."""
+        for a in actions:
+            self._host_values[1 + a.index] = a.item.position
+        if feed is not None:
+            self._host_values[0] = feed.tokens[0]
+        self._dev_in.copy_(self._host_in, non_blocking=True)
+
+    def set_stage_input(self, k: int, hidden: torch.Tensor) -> None:
+        """Stage k's hidden input, into the static buffer its one-token step reads."""
+        self._stage_in[k].copy_(hidden)
+
+    def set_stale_position(self, k: int, bucket: int) -> None:
+        """Stage k's position at `bucket`'s last: at or past its length, so what a warm-up writes
+        there is stale (masked, and overwritten before any query reads it)."""
+        self._dev_in[1 + k] = bucket - 1
+
+    def step(self, k: int, x: torch.Tensor, positions: torch.Tensor, bucket: int, *, draft: bool,
+             logits_for: int) -> StepResult:
+        """Stage k's pure step: (hidden out, logits or None, their argmax or None). Stage 1 embeds
+        token ids `x` and, drafting, gives the exit head's (V,) logits; stage K gives the final
+        (logits_for, V) logits; positions (T,) and the cache's bucket are all it knows of where."""
+        model = self.model
+        view = self.cache.view(positions, bucket)
+        hidden = model.embed(x) if k == 0 else x
+        hidden = model.run_static(hidden, self.partition[k], positions=positions, cache=view)
+        if k == 0 and draft:
+            logits = model.exit_logits(hidden, position=positions, cache=view)
+            return hidden, logits, logits.argmax().view(1)
+        if k + 1 == len(self.partition):
+            logits = model.final_logits(hidden[:, hidden.shape[1] - logits_for:])
+            return hidden, logits, logits.argmax(-1)
+        return hidden, None, None
+
+    def static_step(self, k: int, bucket: int, draft: bool) -> StepResult:
+        """The one-token step on the static inputs: what a graph captures and a CPU runs."""
+        x = self._dev_in[0:1].view(1, 1) if k == 0 else self._stage_in[k]
+        return self.step(k, x, self._dev_in[1 + k:2 + k], bucket, draft=draft, logits_for=1)
+
+    def run_now(self, action: schedule.Action, hidden: torch.Tensor | None, feed: Feed | None,
+                one_token) -> StepResult:
+        """`action`'s step run now, a one-token piece through `one_token(k, bucket, draft)` (the
+        static step, or it compiled); host lengths advance (and are checked) here."""
+        k, item = action.index, action.item
+        self.cache.advance(self.partition[k], item.position, item.width)
+        bucket = bucket_for(item.position + item.width)
+        draft = action.kind == "draft"
+        if item.width == 1:
+            if hidden is not None:
+                self.set_stage_input(k, hidden)
+            return one_token(k, bucket, draft)
+        positions = self._dev_in[1 + k] + self.cache.key_index[:item.width]
+        x = hidden if k > 0 else torch.tensor([feed.tokens], dtype=torch.long, device=self.device)
+        return self.step(k, x, positions, bucket, draft=draft, logits_for=logit_width(item.kind, item.width))

@@ -1,0 +1,80 @@
+"""The executors' shape where devices differ: the graphed and stacked executors choose one step
+backend when built (`ppsd.executors.backends`), so no other function of theirs, their steps' or
+their backends' branches on the device, the compiler or the stage threads; every executor in this
+process takes a stage's input off its queue in one place (`ppsd.executors.waiting`); each builds
+the backend its device and options ask for."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+import ppsd
+from ppsd.config import stage_layers
+from ppsd.executors.backends.cpu import CompiledStages, CompiledStageThreads, EagerSlots, EagerStages
+from ppsd.executors.graphed import GraphedExecutor
+from ppsd.executors.stacked import StackedExecutor
+
+from conftest import tiny_llama
+
+EXECUTORS = Path(__file__).resolve().parent.parent / "ppsd" / "executors"
+CHOSEN_ONCE = [EXECUTORS / name for name in ("graphed.py", "graphed_steps.py", "stacked.py", "stacked_step.py")] + \
+    sorted((EXECUTORS / "backends").glob("*.py"))
+CHOICES = {"cuda", "compiled", "threads", "stage_threads"}
+BUILDERS = {"__init__", "_backend"}  # where the choice is made, once
+
+
+def _names(node: ast.AST) -> set[str]:
+    """The names a condition reads: variables, attributes, and "cuda" in a `startswith` call."""
+    found = set()
+    for sub in ast.walk(node):
+        if isinstance(sub, ast.Name):
+            found.add(sub.id)
+        elif isinstance(sub, ast.Attribute):
+            found.add(sub.attr)
+        elif isinstance(sub, ast.Constant) and isinstance(sub.value, str) and sub.value.startswith("cuda"):
+            found.add("cuda")
+    return found
+
+
+def _device_branches(path: Path) -> list[str]:
+    branches = []
+    for function in ast.walk(ast.parse(path.read_text())):
+        if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)) or function.name in BUILDERS:
+            continue
+        for node in ast.walk(function):
+            if isinstance(node, (ast.If, ast.IfExp, ast.While)) and _names(node.test) & CHOICES:
+                branches.append(f"{path.name}:{node.lineno} in {function.name}")
+    return branches
+
+
+def test_no_function_past_the_constructor_branches_on_the_device():
+    branches = [b for path in CHOSEN_ONCE for b in _device_branches(path)]
+    assert not branches
+
+
+def test_a_stage_input_is_taken_off_its_queue_in_one_place():
+    takers = {p.name for p in EXECUTORS.glob("*.py") if "popleft" in p.read_text()}
+    assert takers == {"waiting.py"}
+
+
+@pytest.fixture(scope="module")
+def model():
+    return ppsd.StagedModel(tiny_llama(), name="tiny-llama")
+
+
+def test_each_executor_builds_the_backend_its_options_ask_for(model, monkeypatch):
+    partition = stage_layers(model.num_layers, 4, 2)
+    monkeypatch.setattr("ppsd.executors.backends.cpu._configure_compiler", lambda: None)  # nothing compiles here
+
+    def built(**options):
+        with GraphedExecutor(model, partition, **options) as executor:
+            return type(executor.backend), executor.concurrent
+
+    assert built() == (EagerStages, False)
+    assert built(compiled=True) == (CompiledStageThreads, True)
+    assert built(compiled=True, stage_threads=False) == (CompiledStages, False)
+    with StackedExecutor(model, partition) as stacked:
+        assert type(stacked.backend) is EagerSlots
