@@ -65,6 +65,7 @@ class StageSteps:
             self._stage_in = [torch.zeros(1, 1, hidden_size, dtype=self.cache.dtype, device=self.device)
                               for _ in partition]
         self._host_values = self._host_in.numpy()  # written per call without a torch op each
+        self._model_key: str | None = None  # `shape_key`'s model part, made once
 
     def set_inputs(self, actions: tuple[schedule.Action, ...], feed: Feed | None) -> None:
         """The call's token and every acting stage's position, in one copy to the device."""
@@ -99,6 +100,17 @@ class StageSteps:
             logits = model.final_logits(hidden[:, hidden.shape[1] - logits_for:])
             return hidden, logits, logits.argmax(-1)
         return hidden, None, None
+
+    def shape_key(self) -> tuple:
+        """What fixes a compiled step's graph besides its arguments (`ppsd.kept_steps`): the static
+        buffers' size and the model as the step traces it (config, stages, exit head's weights)."""
+        if self._model_key is None:
+            head = self.model.exit_head
+            weights = sorted((name, tuple(t.shape), str(t.dtype)) for name, t in
+                             (head.state_dict().items() if head is not None else ()))
+            self._model_key = repr((self.model.hf_model.config.to_json_string(), self.cache.dtype, self.partition,
+                                    type(head).__name__, weights))
+        return self.cache.capacity, self._model_key
 
     def static_step(self, k: int, bucket: int, draft: bool) -> StepResult:
         """The one-token step on the static inputs: what a graph captures and a CPU runs."""

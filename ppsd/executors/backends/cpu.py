@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import torch
 
+from ...kept_steps import KeptSteps
 from ...static_cache import bucket_for
 from ...trace import Stopwatch
 from .. import schedule
@@ -90,8 +91,8 @@ class CompiledStages(EagerStages):
     def one_token(self, k: int, bucket: int, draft: bool) -> StepResult:
         """Compiled on first use of each (stage, bucket, drafting), on the caller's thread
         (compiling is not thread-safe), which takes up to a minute or two each on a small CPU
-        with a cold compiler cache."""
-        out = _COMPILED_STEP(self.steps, k, bucket, draft)
+        with a cold compiler cache, and kept whole: a new process loads it (`ppsd.kept_steps`)."""
+        out = _COMPILED_STEP(self.steps, k, bucket, draft, shape_key=self.steps.shape_key())
         self.compiled_keys.add((k, bucket, draft))
         return out
 
@@ -142,7 +143,7 @@ def _configure_compiler() -> None:
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 256)
 
 
-_COMPILED_STEP = torch.compile(StageSteps.static_step, fullgraph=True, dynamic=False)
+_COMPILED_STEP = KeptSteps(StageSteps.static_step)
 
 
 class EagerSlots:
