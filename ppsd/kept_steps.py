@@ -56,17 +56,23 @@ class KeptSteps:
         return step(holder, *args)
 
     def _kept(self, holder: Any, args: tuple, key: tuple) -> Callable[..., Any]:
-        """The step for `key`: loaded from its file, else compiled ahead and saved, else (either
-        failed before) compiled the ordinary way."""
+        """The step for `key`: loaded from its file, else compiled ahead and saved (a file that
+        does not load is compiled again), else (compiling ahead failed once) compiled the
+        ordinary way."""
         if self._fallback:
             return self._jit
         path = compile_cache.use() / compile_cache.STEPS / f"{_digest(repr((source_key(), key)))}{_SUFFIX}"
+        if path.exists():
+            try:
+                return _load(path)
+            except Exception as error:  # noqa: BLE001 - a file torch cannot read back: compile it again
+                _say(f"The kept step {path.name} does not load ({_first_line(error)}); compiling it again")
+                path.unlink(missing_ok=True)
         try:
-            return _load(path) if path.exists() else _save(self._jit.aot_compile(((holder, *args), {})), path)
+            return _save(self._jit.aot_compile(((holder, *args), {})), path)
         except Exception as error:  # noqa: BLE001 - an experimental torch API: the ordinary compile still works
-            self._fallback = (str(error).strip().splitlines() or [type(error).__name__])[0][:200]
-            print(f"Compiled steps are not kept whole ({type(error).__name__}: {self._fallback}); "
-                  "they compile as before", file=sys.stderr, flush=True)
+            self._fallback = _first_line(error)
+            _say(f"Compiled steps are not kept whole ({type(error).__name__}: {self._fallback}); they compile as before")
             return self._jit
 
 
@@ -99,3 +105,11 @@ def source_key() -> str:
 
 def _digest(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def _first_line(error: BaseException) -> str:
+    return (str(error).strip().splitlines() or [type(error).__name__])[0][:200]
+
+
+def _say(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)

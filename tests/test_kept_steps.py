@@ -77,3 +77,15 @@ def test_a_step_compiled_once_is_loaded_by_the_next_process_without_tracing_and_
 
     record = json.loads(next((tmp_path / "compiled").glob("torch-*/" + compile_cache.RECORD)).read_text())
     assert sum(name.startswith(compile_cache.STEPS + "/") for name in record["files"]) == 2
+
+
+def test_a_kept_step_that_does_not_load_is_compiled_again_and_the_rest_still_load(tmp_path):
+    first = run(tmp_path)
+    steps = next((tmp_path / "compiled").glob("torch-*/steps"))
+    spoiled = steps / first["files"][0]
+    spoiled.write_bytes(b"not a compiled function")
+    (steps.parent / "ppsd_source.json").unlink()  # as after a Run that compiled a step the record does not list yet
+    again = run(tmp_path)
+    assert again["equal"] == [True, True, True]
+    assert again["frames"] == 1  # the spoiled one traced and compiled again, the other loaded
+    assert spoiled.read_bytes() != b"not a compiled function"
