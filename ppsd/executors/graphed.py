@@ -32,10 +32,10 @@ from .backends.cuda import CudaGraphStages
 from .base import Feed, Output, final_position
 from .graphed_steps import Done, Launch, StageSteps
 from .threads import StageThreads
-from .waiting import Waiting
+from .waiting import QueuedStages
 
 
-class GraphedExecutor:
+class GraphedExecutor(QueuedStages):
     """All stages here, each a pure step on a static cache: CUDA graphs on a GPU; on a CPU compiled
     steps on stage threads (`compiled`), or eager steps in turn."""
 
@@ -57,8 +57,7 @@ class GraphedExecutor:
         # At once: on a GPU a stream per stage; on a CPU a thread per stage, which pays only for
         # compiled steps (their C++ wrapper releases the GIL; eager steps hold it).
         self.concurrent = self.backend.concurrent
-        self._queues = schedule.empty(len(partition))
-        self._waiting = Waiting(len(partition))
+        self._empty_queues()
         self._run_lock = threading.Lock()
         self.host_reads = 0  # calls that waited for the device: one per executor call
 
@@ -84,8 +83,7 @@ class GraphedExecutor:
         return self._execute(schedule.flow(self._queues), None, None, at_once=False)
 
     def rollback(self, length: int) -> None:
-        self._queues = schedule.empty(len(self.partition))
-        self._waiting = Waiting(len(self.partition))
+        self._empty_queues()
         self.cache.truncate(length)
 
     def prepare(self, length: int) -> None:

@@ -13,10 +13,10 @@ from ..model import KVCache, StagedModel
 from ..trace import Stopwatch
 from . import schedule
 from .base import Feed, Output, final_logits, final_position, first_stage
-from .waiting import Waiting
+from .waiting import QueuedStages
 
 
-class InProcessExecutor:
+class InProcessExecutor(QueuedStages):
     """All stages here, in turn, each timed where it ran."""
 
     concurrent = False
@@ -27,8 +27,7 @@ class InProcessExecutor:
         self.device = model.info.device
         self.cache = KVCache()
         self._clock = stopwatch
-        self._queues = schedule.empty(len(partition))
-        self._waiting = Waiting(len(partition))
+        self._empty_queues()
 
     def begin(self, stopwatch: Stopwatch) -> None:
         self._clock = stopwatch
@@ -47,8 +46,7 @@ class InProcessExecutor:
         return self._execute(schedule.flow(self._queues), None, None)
 
     def rollback(self, length: int) -> None:
-        self._queues = schedule.empty(len(self.partition))
-        self._waiting = Waiting(len(self.partition))
+        self._empty_queues()
         self.cache.truncate(length)
 
     def _execute(self, plan: schedule.Plan, feed: Feed | None, slot: int | None) -> Output:

@@ -42,7 +42,7 @@ from .backends.cpu import EagerSlots
 from .backends.cuda import CudaGraphSlots
 from .base import Feed, Output, final_position, logit_width
 from .stacked_step import SlotOutput, SlotStep, Span
-from .waiting import Waiting
+from .waiting import QueuedStages
 
 
 @dataclass
@@ -91,7 +91,7 @@ class _Guess:
         return replace(self.feed, tokens=(self.before.values[self.index],))
 
 
-class StackedExecutor:
+class StackedExecutor(QueuedStages):
     """All K stages in this process as one stacked chain a slot: CUDA graphs on a GPU, eager on a CPU."""
 
     concurrent = True  # a slot runs every stage at once, in one chain: the measured clock shows it
@@ -110,8 +110,7 @@ class StackedExecutor:
         self.backend: SlotBackend = CudaGraphSlots(self.step) if cuda else EagerSlots(self.step, self._clock)
         self.lookahead = lookahead
         self.stats = SlotStats()
-        self._queues = schedule.empty(len(partition))
-        self._waiting = Waiting(len(partition))
+        self._empty_queues()
         self._inflight: _Slot | None = None
         self._guess_tokens = True
         self._parity = 0
@@ -150,8 +149,7 @@ class StackedExecutor:
     def rollback(self, length: int) -> None:
         """The one rollback: the slot in flight, the queues, and every layer's length."""
         self._discard()
-        self._queues = schedule.empty(len(self.partition))
-        self._waiting = Waiting(len(self.partition))
+        self._empty_queues()
         self.cache.truncate(length)
 
     def close(self) -> None:
