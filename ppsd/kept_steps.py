@@ -32,7 +32,7 @@ import torch
 
 from . import compile_cache
 
-__all__ = ["KeptSteps", "source_key"]
+__all__ = ["KeptSteps", "kept", "prune", "source_key"]
 
 _SUFFIX = ".pt2"
 
@@ -61,7 +61,7 @@ class KeptSteps:
         ordinary way."""
         if self._fallback:
             return self._jit
-        path = compile_cache.use() / compile_cache.STEPS / f"{_digest(repr((source_key(), key)))}{_SUFFIX}"
+        path = compile_cache.use() / compile_cache.STEPS / f"{_prefix()}{_digest(repr((source_key(), key)))}{_SUFFIX}"
         if path.exists():
             try:
                 return _load(path)
@@ -74,6 +74,24 @@ class KeptSteps:
             self._fallback = _first_line(error)
             _say(f"Compiled steps are not kept whole ({type(error).__name__}: {self._fallback}); they compile as before")
             return self._jit
+
+
+def kept() -> bool:
+    """Are steps compiled by this very code kept here, so that a build loads rather than compiles?"""
+    return any((compile_cache.folder() / compile_cache.STEPS).glob(f"{_prefix()}*{_SUFFIX}"))
+
+
+def prune() -> None:
+    """Delete the kept steps of other versions of ppsd's source (3 MB a step, never loaded again);
+    called just before `compile_cache.record` lists the folder's files anew."""
+    for path in (compile_cache.folder() / compile_cache.STEPS).glob(f"*{_SUFFIX}"):
+        if not path.name.startswith(_prefix()):
+            path.unlink(missing_ok=True)
+
+
+def _prefix() -> str:
+    """Every file name starts with its source's key: which code compiled it shows in the name."""
+    return f"{source_key()[:16]}-"
 
 
 def _load(path: Path) -> Callable[..., Any]:

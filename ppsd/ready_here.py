@@ -14,7 +14,7 @@ from __future__ import annotations
 import multiprocessing
 import time
 
-from . import compile_cache
+from . import compile_cache, kept_steps
 from .compare import Comparison, ExecutorSource, State
 from .executors import Executor
 from .executors.background import Background
@@ -35,9 +35,9 @@ def compile_in_background(kind: ExecutorKind, setup: RunSetup) -> Background:
     """`kind` built, compiled and run once through a default comparison round (untimed: every
     step a default Run reaches compiles now, not in a Run) on a thread of its own; the terminal
     hears how far it is every 10 s. Runs meanwhile go on the kind that needs no compile."""
-    kept_steps = compile_cache.kept()
+    loading = compile_cache.kept() and kept_steps.kept()  # this code's steps are kept: a load, not a compile
     last = compile_cache.last_seconds()
-    said = (f"loading the kept compiled steps ({compile_cache.folder()})" if kept_steps else
+    said = (f"loading the kept compiled steps ({compile_cache.folder()})" if loading else
             "a one-time compile" + (f" (it took {last:.0f} s last time)" if last else " (a minute or more on a small CPU)"))
     print(f"Compiling {kind.compiles} in the background, {said}; Runs use the kind that needs no compile meanwhile",
           flush=True)
@@ -48,10 +48,11 @@ def compile_in_background(kind: ExecutorKind, setup: RunSetup) -> Background:
         for _ in Comparison(setup, ("ar", "ppsd"), kind=kind, rounds=1, plain=True, source=ExecutorSource(executor),
                             throttle=float("inf")).run():
             pass
-        compile_cache.record(None if kept_steps else time.monotonic() - began)  # every step a default Run reaches
+        kept_steps.prune()
+        compile_cache.record(None if loading else time.monotonic() - began)  # every step a default Run reaches
         return executor
 
-    background = Background(kind.compiles, build, kept=kept_steps,
+    background = Background(kind.compiles, build, kept=loading,
                             say=lambda words: print(words[0].upper() + words[1:], flush=True))
     _BACKGROUND[kind.name] = (setup_key(setup), background.start())
     return background

@@ -89,3 +89,20 @@ def test_a_kept_step_that_does_not_load_is_compiled_again_and_the_rest_still_loa
     assert again["equal"] == [True, True, True]
     assert again["frames"] == 1  # the spoiled one traced and compiled again, the other loaded
     assert spoiled.read_bytes() != b"not a compiled function"
+
+
+def test_steps_of_another_version_of_the_code_are_not_called_kept_and_are_pruned(tmp_path, monkeypatch):
+    from ppsd import compile_cache, kept_steps
+
+    monkeypatch.setenv("PPSD_CACHE", str(tmp_path))
+    monkeypatch.setattr(compile_cache, "_in_use", None)
+    steps = compile_cache.folder() / compile_cache.STEPS
+    steps.mkdir(parents=True)
+    assert not kept_steps.kept()
+    (steps / "0123456789abcdef-old.pt2").write_bytes(b"compiled by other code")
+    assert not kept_steps.kept()  # a build of this code compiles (and says so), it does not load
+    ours = steps / f"{kept_steps.source_key()[:16]}-new.pt2"
+    ours.write_bytes(b"ours")
+    assert kept_steps.kept()
+    kept_steps.prune()
+    assert sorted(p.name for p in steps.iterdir()) == [ours.name]

@@ -194,13 +194,14 @@ def _graphed(setup: Setup, warm_up: WarmUp, tell: Progress, options: WorkerOptio
     cuda = setup.model.info.device.startswith("cuda")
     tell("Capturing each stage's step as a CUDA graph, at every length the run reaches" if cuda else
          "Compiling each stage's step (first use: about a minute on a small CPU)")
-    from .. import compile_cache
+    from .. import compile_cache, kept_steps
 
-    began, cold = time.perf_counter(), not cuda and not compile_cache.kept()
+    began, cold = time.perf_counter(), not cuda and not (compile_cache.kept() and kept_steps.kept())
     executor = GraphedExecutor(setup.model, setup.partition, compiled=not cuda)
     executor.prepare(reach(setup))  # before the warm-up: its bucket is then captured on the final buffers
     _warmed(setup, executor, warm_up)
     if not cuda:  # what compiled is kept, checked, for the next start; a cold compile's time is said next time
+        kept_steps.prune()
         compile_cache.record(time.perf_counter() - began if cold else None)
     return executor
 
