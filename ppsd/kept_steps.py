@@ -32,9 +32,10 @@ import torch
 
 from . import compile_cache
 
-__all__ = ["KeptSteps", "kept", "prune", "source_key"]
+__all__ = ["KeptSteps", "compiled", "kept", "prune", "source_key"]
 
 _SUFFIX = ".pt2"
+_compiled = 0  # steps this process compiled (rather than loaded): `compiled()`
 
 
 class KeptSteps:
@@ -59,7 +60,9 @@ class KeptSteps:
         """The step for `key`: loaded from its file, else compiled ahead and saved (a file that
         does not load is compiled again), else (compiling ahead failed once) compiled the
         ordinary way."""
+        global _compiled
         if self._fallback:
+            _compiled += 1
             return self._jit
         path = compile_cache.use() / compile_cache.STEPS / f"{_prefix()}{_digest(repr((source_key(), key)))}{_SUFFIX}"
         if path.exists():
@@ -68,12 +71,18 @@ class KeptSteps:
             except Exception as error:  # noqa: BLE001 - a file torch cannot read back: compile it again
                 _say(f"The kept step {path.name} does not load ({_first_line(error)}); compiling it again")
                 path.unlink(missing_ok=True)
+        _compiled += 1
         try:
             return _save(self._jit.aot_compile(((holder, *args), {})), path)
         except Exception as error:  # noqa: BLE001 - an experimental torch API: the ordinary compile still works
             self._fallback = _first_line(error)
             _say(f"Compiled steps are not kept whole ({type(error).__name__}: {self._fallback}); they compile as before")
             return self._jit
+
+
+def compiled() -> int:
+    """How many steps this process compiled rather than loaded: a build that compiled none loaded."""
+    return _compiled
 
 
 def kept() -> bool:

@@ -236,3 +236,17 @@ def test_plain_ar_on_the_captured_steps_has_its_buffers_at_their_final_size_befo
         assert way.executor.cache.capacity >= kinds.reach(setup) > 64
     finally:
         way.executor.close()
+
+
+def test_a_build_that_expected_to_load_but_compiled_says_compiled():
+    clock, built = Clock(), object()
+
+    def build():
+        clock.now += 149
+        background.loaded = False  # what the build found it did: the kept steps were another code's
+        return built
+
+    background = Background("the captured steps", build, kept=True, clock=clock)
+    background.start()
+    assert background.wait(5)
+    assert background.words() == "the captured steps ready (compiled in 149 s)"

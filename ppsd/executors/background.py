@@ -25,12 +25,14 @@ class Background:
     """`build()` run once on a daemon thread: "compiling" until it returns, then "ready" (its
     executor in `executor`) or "failed" (the error's first line in `error`). `what` names what
     compiles ("the captured steps"); `kept`: what compiled before is on disk, so this build loads
-    it (seconds, not minutes) and says so; `clock` is injectable for tests."""
+    it (seconds, not minutes) and says so; `build` may set `loaded` to what it found it did (False:
+    it compiled after all); `clock` is injectable for tests."""
 
     def __init__(self, what: str, build: Callable[[], Executor], *, kept: bool = False,
                  clock: Callable[[], float] = time.monotonic, say: Say | None = None, every: float = 10.0) -> None:
         self.what, self._build, self._clock, self._say, self._every = what, build, clock, say, every
         self._doing = "loading the kept compile of" if kept else "compiling"
+        self.loaded = kept  # the final line's word: loaded from the kept compile, or compiled
         self.executor: Executor | None = None
         self.error = ""
         self._began: float | None = None
@@ -76,7 +78,7 @@ class Background:
         if state == "compiling":
             return f"{self._doing} {self.what}: {self.seconds:.0f} s so far"
         if state == "ready":
-            done = "loaded from the kept compile" if self._doing != "compiling" else "compiled"
+            done = "loaded from the kept compile" if self.loaded else "compiled"
             return f"{self.what} ready ({done} in {self.seconds:.0f} s)"
         if state == "failed":
             return f"{self._doing} {self.what} failed after {self.seconds:.0f} s: {self.error}"
