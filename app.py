@@ -20,7 +20,8 @@ import time
 
 import ppsd
 from app import AppState, create_demo, launch_kwargs, zerogpu
-from app.runner import compiling_in_background, prestart
+from app.runner import prestart
+from ppsd.ready_here import compiling_in_background
 from ppsd.cli import thread_count
 from ppsd.executors.background import ticking
 from ppsd.model import DEVICE_VARIABLE

@@ -23,7 +23,6 @@ from ppsd.config import DEFAULTS
 from ppsd.executors import Executor
 from ppsd.executors.kinds import AUTO, IN_TURN, Choice, ExecutorKind, choose, concurrent_by_default, concurrent_kinds
 from ppsd.executors import PipelineError
-from ppsd.ready_here import background_words, compiling_in_background  # what the page and its entry point ask
 from ppsd.setup import RunSetup
 
 from . import zerogpu
@@ -31,7 +30,7 @@ from .models import Loaded, ModelCache
 from .page_text import load_examples
 from .request import MAX_RUN_SECONDS, CheckedRequest, RunRequest
 
-__all__ = ["MethodRun", "Snapshot", "background_words", "compiling_in_background", "prestart", "run_comparison"]
+__all__ = ["MethodRun", "Snapshot", "prestart", "run_comparison"]
 
 
 @dataclass(frozen=True)

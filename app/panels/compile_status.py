@@ -11,7 +11,8 @@ from typing import Callable
 
 import gradio as gr
 
-from ..runner import background_words
+from ppsd.ready_here import background_words
+
 from . import Page, Single
 
 NAME = "compile_status"  # not a run output: its timer alone refreshes it
@@ -31,7 +32,7 @@ def render(words: str) -> str:
 
 
 def wire(made: Single, page: Page) -> None:
-    """Refreshed from what compiles in the background (`app.runner.background_words`)."""
+    """Refreshed from what compiles in the background (`ppsd.ready_here.background_words`)."""
     refresh(made, background_words)
 
 
