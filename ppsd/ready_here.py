@@ -18,7 +18,7 @@ from . import compile_cache, kept_steps
 from .compare import Comparison, ExecutorSource, State
 from .executors import Executor
 from .executors.background import Background
-from .executors.kinds import Choice, ExecutorKind, choose, choose_measured, concurrent_kinds
+from .executors.kinds import AUTO, Choice, ExecutorKind, choose, choose_measured, concurrent_kinds
 from .generate import warm_up
 from .setup import RunSetup
 
@@ -76,16 +76,20 @@ def setup_key(setup: RunSetup) -> tuple:
 
 def kept(kind: ExecutorKind, setup: RunSetup) -> Executor | None:
     """The background-built executor of `kind` when it is ready and fits `setup`, else None."""
-    key, background = _BACKGROUND.get(kind.name, (None, None))
-    return background.executor if background and background.state == "ready" and key == setup_key(setup) else None
+    background = _ready_for(setup).get(kind.name)
+    return background.executor if background is not None else None
 
 
 def auto(setup: RunSetup) -> Choice:
     """"auto" here: the fastest PPSD measured on this machine among what is ready for `setup`."""
-    ready_here = tuple(name for name, (key, b) in _BACKGROUND.items()
-                       if b.state == "ready" and key == setup_key(setup))
-    return choose_measured(setup.config.num_stages, setup.model.info.device, ready_here,
+    return choose_measured(setup.config.num_stages, setup.model.info.device, tuple(_ready_for(setup)),
                            compile_cache.speeds(setup.model.info.name))
+
+
+def _ready_for(setup: RunSetup) -> dict[str, Background]:
+    """The background builds that are ready and were built for `setup`'s weights, head and stages."""
+    key = setup_key(setup)
+    return {name: b for name, (built_for, b) in _BACKGROUND.items() if b.state == "ready" and built_for == key}
 
 
 def measuring() -> bool:
@@ -115,7 +119,7 @@ def kind_here(requested: str, setup: RunSetup) -> tuple[ExecutorKind, str]:
         raise ValueError(f"pipeline {kind.name!r} runs the stages in turn; at once they run on: "
                          f"{', '.join(k.name for k in concurrent_kinds())}")
     reason = kind.unavailable(device, stages)
-    here = choose("auto", stages, device)
+    here = choose(AUTO, stages, device)
     if reason is None or not multiprocessing.current_process().daemon or here.unavailable(device, stages) is not None:
         return kind, ""
     return here, f"The {kind.choice} cannot run here ({reason}), so the stages ran on {here.choice}."
