@@ -106,3 +106,47 @@ def test_steps_of_another_version_of_the_code_are_not_called_kept_and_are_pruned
     assert kept_steps.kept()
     kept_steps.prune()
     assert sorted(p.name for p in steps.iterdir()) == [ours.name]
+
+
+HEAD_SCRIPT = textwrap.dedent("""
+    import sys, torch
+    from ppsd.model import load_model
+    from ppsd.heads.exits import build_head
+    from ppsd.heads.files import HeadConfig, fingerprint, save_exit_head
+
+    model, _ = load_model(sys.argv[1], device="cpu")
+    torch.manual_seed(1)
+    head = build_head("lowrank", model, 2, rank=4, draft_vocab=60)
+    head.adapter.draft_vocab.copy_(torch.randperm(model.info.vocab_size)[:60].sort().values)
+    torch.nn.init.normal_(head.adapter.up.weight, std=0.02)
+    save_exit_head(head, sys.argv[2], HeadConfig("lowrank", 2, "ppsd-tiny", fingerprint(model), rank=4,
+                                                  draft_vocab=60, stages=2))
+""")
+TINY = str(ROOT / "assets" / "models" / "ppsd-tiny")
+
+
+def generate(cache: Path, method: str, executor: str, head: str) -> list[int]:
+    """`python -m ppsd generate` in a process of its own on `cache`: its token ids (exit 0 asserted)."""
+    env = {**os.environ, "PPSD_CACHE": str(cache), "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "-m", "ppsd", "generate", "--model", TINY, "--prompt", "Once upon a time",
+                           "--no-chat", "--json", "--max-new-tokens", "24", "--method", method, "--executor", executor,
+                           "--exit-head", head, "--exit-layer", "2", "--threads", "1"],
+                          env=env, capture_output=True, text=True, timeout=900, cwd=ROOT)
+    assert done.returncode == 0, f"{method} on {executor} with head {head}: {done.stderr[-3000:]}"
+    return [t["id"] for t in json.loads(done.stdout)["tokens"]]
+
+
+@pytest.mark.parametrize("order", [("ppsd", "ar", "eesd"), ("ar", "ppsd", "eesd")])
+def test_kept_steps_with_a_trained_head_run_in_any_order_in_new_processes_and_give_ar_s_tokens(tmp_path, order):
+    """Issue 56: a step compiled in one process and order, then loaded in another, read the head's
+    lazily made vocabulary slice and crashed (or could compute from a stale one). Here every method
+    runs in a process of its own on one cache (the first compiles, the rest load), with a trained
+    head that drafts from 60 tokens, then with the shared head, and gives in-process AR's tokens."""
+    head = tmp_path / "head"
+    made = subprocess.run([sys.executable, "-c", HEAD_SCRIPT, TINY, str(head)], capture_output=True, text=True,
+                          timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT)}, cwd=ROOT)
+    assert made.returncode == 0, made.stderr[-2000:]
+    want = generate(tmp_path, "ar", "in-process", str(head))
+    for method in order:
+        assert generate(tmp_path, method, "graphed", str(head)) == want, method
+    assert generate(tmp_path, order[0], "graphed", "shared") == want  # another head, another key: never its steps

@@ -106,10 +106,10 @@ class StageSteps:
         buffers' size and the model as the step traces it (config, stages, exit head's weights)."""
         if self._model_key is None:
             head = self.model.exit_head
-            weights = sorted((name, tuple(t.shape), str(t.dtype)) for name, t in
-                             (head.state_dict().items() if head is not None else ()))
+            tensors = {} if head is None else {**head.state_dict(), **dict(head.named_buffers())}
+            weights = sorted((name, tuple(t.shape), str(t.dtype)) for name, t in tensors.items() if t is not None)
             self._model_key = repr((self.model.hf_model.config.to_json_string(), self.cache.dtype, self.partition,
-                                    type(head).__name__, weights))
+                                    type(head).__name__, getattr(head, "exit_layer", None), weights))
         return self.cache.capacity, self._model_key
 
     def static_step(self, k: int, bucket: int, draft: bool) -> StepResult:

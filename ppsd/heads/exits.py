@@ -60,7 +60,12 @@ class TrainedExitHead(nn.Module):
             adapter.register_buffer("draft_vocab", torch.arange(draft_vocab))
         # A tuple, not attributes: nn.Module would register them and save the base weights too.
         self._base = (model.hf_model.model.norm, model.hf_model.lm_head)
-        self._slice: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+        # The LM head's rows for the draft vocabulary, made here and again whenever the vocabulary
+        # or the head's place changes, never while drafting: a compiled step then reads a buffer,
+        # not lazy Python state (a kept step runs without guards, issue 56).
+        self.register_buffer("draft_weight", None, persistent=False)
+        adapter.register_load_state_dict_post_hook(lambda module, keys: self.slice_draft_vocab())
+        self.slice_draft_vocab()
 
     @property
     def norm(self) -> nn.Module:
@@ -77,19 +82,27 @@ class TrainedExitHead(nn.Module):
         """The token ids this head can draft, or None for the whole vocabulary."""
         return getattr(self.adapter, "draft_vocab", None)
 
-    def project(self, normed: torch.Tensor) -> torch.Tensor:
-        """(..., D) logits over the draft vocabulary (or all V tokens) of normed hidden states."""
+    def slice_draft_vocab(self) -> None:
+        """Make `draft_weight` anew from the LM head and `draft_vocab` (after the vocabulary is
+        loaded or written, or the head moved): the one place the slice is made."""
         vocab = self.draft_vocab
         if vocab is None:
+            self.draft_weight = None
+            return
+        weight = self.lm_head.weight.detach()
+        with torch.inference_mode(False):  # a buffer that outlives any one run's inference mode
+            self.draft_weight = weight[vocab.to(weight.device)].clone()
+
+    def _apply(self, fn, recurse=True):  # noqa: ANN001 - nn.Module's own signature
+        super()._apply(fn, recurse)
+        self.slice_draft_vocab()  # `.to()` moved the vocabulary: the slice follows the LM head's place
+        return self
+
+    def project(self, normed: torch.Tensor) -> torch.Tensor:
+        """(..., D) logits over the draft vocabulary (or all V tokens) of normed hidden states."""
+        if self.draft_weight is None:
             return self.lm_head(normed)
-        weight = self.lm_head.weight
-        cached = self._slice
-        # Sliced once per load, not per draft; compared by identity (and where the weight now
-        # lives), which a compiled step can guard on, unlike data pointers.
-        if cached is None or cached[0] is not vocab or cached[1] is not weight or \
-                cached[2].device != weight.device or cached[2].dtype != weight.dtype:
-            cached = self._slice = (vocab, weight, weight.detach()[vocab])
-        return F.linear(normed, cached[2])
+        return F.linear(normed, self.draft_weight)
 
     def draft_ids(self, logits: torch.Tensor) -> torch.Tensor:
         """Token ids of the argmax of `project`'s logits."""

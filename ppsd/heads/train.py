@@ -72,6 +72,7 @@ def train_head(
                           draft_vocab=config.draft_vocab)
     if config.draft_vocab is not None:
         head.adapter.draft_vocab.copy_(frequent_tokens(data.train, config.draft_vocab, model.info.vocab_size))
+        head.slice_draft_vocab()
     head.adapter.float()  # trained in float32 whatever the base dtype; cast at load time
     optimizer = torch.optim.AdamW(head.adapter.parameters(), lr=config.lr, weight_decay=0.0)
     windows = eval_windows(data.heldout, config)
