@@ -95,6 +95,7 @@ class Reading:
     final: bool = True  # every round that will be timed is in `stats` (False while rounds 2..R run)
     round_busy: tuple[float, ...] = ()  # each finished round's largest share of a method's time added by stalls
     forced: float | None = None  # the forced acceptance (`ppsd.bench.forced`) the run was timed at, if any
+    compiled: tuple[int, ...] = ()  # rounds (0-based) during which something compiled in the process: not clean
 
     @property
     def speedup(self) -> float:
@@ -151,7 +152,7 @@ def reading(snap: Snapshot, runs: Mapping[str, MethodRun], finished: Mapping[str
         kind=KINDS[snap.pipeline], stalls={m: stalls(runs[m].trace()) for m in ("ar", "ppsd")}, stages=stages,
         shown=shown, rounds_asked=rounds,
         final=snap.done or snap.stopped or len(stats.runs("ppsd")) >= rounds,
-        round_busy=round_busy(snap), forced=snap.request.forced)
+        round_busy=round_busy(snap), forced=snap.request.forced, compiled=snap.state.compiled)
 
 
 def round_busy(snap: Snapshot) -> tuple[float, ...]:

@@ -23,6 +23,7 @@ from typing import Callable, Iterator, Mapping, Protocol
 
 import torch
 
+from . import quiet
 from .compare_stats import Stats
 from .executors import Executor, PipelineError
 from .executors.kinds import ExecutorKind, PlainAR, fastest_ar
@@ -144,6 +145,7 @@ class State:
     done: bool = False
     stopped: bool = False
     aborted: bool = False  # a worker did not answer a stop within `ppsd.stop_guard.STOP_GRACE`: the executor was torn down
+    compiled: tuple[int, ...] = ()  # rounds (0-based) during which something compiled in this process: not clean
 
     @property
     def clock(self) -> str:
@@ -265,25 +267,37 @@ class Comparison:
         for index in range(self.num_rounds):
             runs: dict[str, MethodRun] = {}
             rounds.append(runs)
-            live = index < LIVE_ROUNDS
-            for method in (*self.methods, *((PLAIN,) if self.plain else ())):
-                name = "plain AR" if method == PLAIN else method.upper()
-                status = (f"Round {index + 1} of {self.num_rounds}: {name}" if method != PLAIN or index else
-                          "Timing plain AR, the fastest AR here with no pipeline")
-                if method == PLAIN:
-                    yield self._with(rounds=_frozen(rounds), active=method, status=status)
-                    run = yield from self._plain(executor, runs, rounds)
-                else:
-                    run = runs[method] = MethodRun.of(self.setup.with_method(method), concurrent=executor is not None)
-                    yield self._with(rounds=_frozen(rounds), active=method, status=status)
-                    yield from self._decode(run, executor, rounds, self.throttle if live else float("inf"),
-                                            self.stop)
-                if self.stop.is_set() or run is None or not run.done:  # a method cut short stays, as far as it got
-                    self._with(rounds=_frozen(rounds))
-                    if index == 0:  # nothing timed in full: stopped; else the rounds finished stand
-                        yield self._with(stopped=True)
-                    return
+            compiles = quiet.compiles()
+            with quiet.timing():  # a background compile waits; one that finishes meanwhile is counted
+                finished = yield from self._round(index, executor, runs, rounds)
+            if quiet.compiles() != compiles:
+                self._with(compiled=(*self._state.compiled, index))
+            if not finished:
+                return
         self._with(rounds=_frozen(rounds))
+
+    def _round(self, index: int, executor: Executor | None, runs: dict, rounds: list) -> Iterator[State]:
+        """Round `index`: every method once, in order; False when it ended the comparison (a stop,
+        or a method cut short)."""
+        live = index < LIVE_ROUNDS
+        for method in (*self.methods, *((PLAIN,) if self.plain else ())):
+            name = "plain AR" if method == PLAIN else method.upper()
+            status = (f"Round {index + 1} of {self.num_rounds}: {name}" if method != PLAIN or index else
+                      "Timing plain AR, the fastest AR here with no pipeline")
+            if method == PLAIN:
+                yield self._with(rounds=_frozen(rounds), active=method, status=status)
+                run = yield from self._plain(executor, runs, rounds)
+            else:
+                run = runs[method] = MethodRun.of(self.setup.with_method(method), concurrent=executor is not None)
+                yield self._with(rounds=_frozen(rounds), active=method, status=status)
+                yield from self._decode(run, executor, rounds, self.throttle if live else float("inf"),
+                                        self.stop)
+            if self.stop.is_set() or run is None or not run.done:  # a method cut short stays, as far as it got
+                self._with(rounds=_frozen(rounds))
+                if index == 0:  # nothing timed in full: stopped; else the rounds finished stand
+                    yield self._with(stopped=True)
+                return False
+        return True
 
     def _plain(self, executor: Executor | None, runs: dict, rounds: list) -> Iterator[State]:
         """Plain AR once, on the way kept (round 1: each way timed, the faster kept; a way still
@@ -328,6 +342,7 @@ class Comparison:
         try:
             with guard:
                 for step in steps:
+                    quiet.wait_for_quiet()  # a background build's own round gives way to a timed one
                     run.add(step)
                     if stop.is_set():
                         return  # between steps: the workers hold no half-done call, so they are kept

@@ -30,7 +30,7 @@ from typing import Any, Callable
 
 import torch
 
-from . import compile_cache
+from . import compile_cache, quiet
 
 __all__ = ["KeptSteps", "compiled", "kept", "prune", "source_key"]
 
@@ -53,6 +53,7 @@ class KeptSteps:
         key = (shape_key, *args, torch.get_num_threads(), torch.is_inference_mode_enabled())
         step = self._ready.get(key)
         if step is None:
+            quiet.wait_for_quiet()  # a compile (minutes of a core) waits while another thread times a round
             step = self._ready[key] = self._kept(holder, args, key)
         return step(holder, *args)
 

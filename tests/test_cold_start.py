@@ -217,27 +217,6 @@ def test_the_page_says_what_compiles_under_run_refreshed_by_a_timer():
 
 
 @needs_compiler
-def test_plain_ar_on_the_captured_steps_has_its_buffers_at_their_final_size_before_it_compiles(llama, tmp_path,
-                                                                                                 monkeypatch):
-    """Each buffer size is another compile of every step: a Run's plain AR on a fresh executor grew
-    its cache as it decoded, and a few page Runs hit dynamo's recompile limit (issue 50, seen on
-    this machine). Nothing compiles here: the warm-up is left out."""
-    from ppsd import DecodeConfig, compile_cache
-    from ppsd.executors import kinds
-    from ppsd.setup import set_up
-
-    monkeypatch.setenv("PPSD_CACHE", str(tmp_path))
-    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "torch"))
-    monkeypatch.setattr(compile_cache, "_in_use", None)
-    setup = set_up(llama, DecodeConfig(method="ppsd", num_stages=2, exit_layer=4, max_new_tokens=200),
-                   exit_head="shared")
-    (way,) = kinds.fastest_ar(setup, "graphed", None, warm_up=lambda *args, **kwargs: None)
-    try:
-        assert way.executor.cache.capacity >= kinds.reach(setup) > 64
-    finally:
-        way.executor.close()
-
-
 def test_a_build_that_expected_to_load_but_compiled_says_compiled():
     clock, built = Clock(), object()
 

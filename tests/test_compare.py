@@ -5,9 +5,11 @@ use the tiny seeded Llama in process."""
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import FrozenInstanceError
 
 import pytest
+import torch
 
 from ppsd import DecodeConfig
 from ppsd.compare import PLAIN, Comparison, State
@@ -125,3 +127,51 @@ def test_bench_pipeline_runs_the_comparison_and_says_what_runs(monkeypatch, caps
                  "repeat 1/1, prompt 1/1: HF generate(), 1 thread"):
         assert line in out, out
     assert "PPSD measured speedup over pipeline AR" in out
+
+
+class _CompilesInRound:
+    """A stop that never fires, but the first time it is asked in round `at` (1-based) compiles a
+    fresh function: a real dynamo compile inside a timed round, as a background build's was."""
+
+    def __init__(self, at: int) -> None:
+        self.at, self.asked, self.done = at, 0, False
+
+    def is_set(self) -> bool:
+        self.asked += 1
+        if not self.done and self.round() == self.at:
+            self.done = True
+            torch.compile(lambda x: x * 3 + 1, backend="eager")(torch.ones(2))
+        return False
+
+    def round(self) -> int:
+        return self.comparison._state.rounds.__len__()
+
+
+def test_a_round_during_which_something_compiled_is_named_not_clean(tiny_setup):
+    """Issue 56: a round the compiler ran in was timed as the decoder's; torch's own counter names it."""
+    stop = _CompilesInRound(at=2)
+    comparison = Comparison(tiny_setup, kind=KINDS["in-process"], rounds=3, stop=stop)
+    stop.comparison = comparison
+    last = list(comparison.run())[-1]
+    assert stop.done and last.done and last.compiled == (1,)  # round 2, 0-based; rounds 1 and 3 clean
+
+
+def test_a_background_build_waits_while_a_round_is_timed():
+    from ppsd import quiet
+
+    waited = []
+
+    def build():
+        with quiet.yielding():
+            began = time.perf_counter()
+            quiet.wait_for_quiet()
+            waited.append(time.perf_counter() - began)
+
+    with quiet.timing():
+        worker = threading.Thread(target=build)
+        worker.start()
+        time.sleep(0.5)
+        assert not waited  # still waiting: the round is timed
+        assert quiet.wait_for_quiet(0)  # a thread that does not yield never waits, its own round included
+    worker.join(5)
+    assert waited and waited[0] >= 0.4

@@ -265,16 +265,22 @@ def test_a_run_above_the_ideal_is_explained_or_flagged_beside_the_ideal():
 # --------------------------------------------------------------------------- the best plain AR
 
 
-def test_plain_ar_may_run_on_one_thread_or_every_core(tiny_cache, monkeypatch):
+@pytest.mark.parametrize("kind", ["processes", "threads", "graphed", "stacked"])
+def test_plain_ar_has_the_same_trials_whatever_kind_ppsd_runs_on(tiny_cache, monkeypatch, kind):
+    """Issue 56: beside the captured steps plain AR ran only on them, compiled for every core, with
+    no 1-thread trial, and was timed 3-10x too slow. On a CPU it is timed the same careful way on
+    every kind: 1 thread and every core, in this one process, each warmed up at its thread count."""
     from ppsd.executors import host, kinds
-    from ppsd.generate import warm_up
 
     monkeypatch.setattr(host, "usable_cores", lambda: 2)
     setup = tiny_cache.set_up(tiny_cache.get("tiny"), "hi", ppsd.DecodeConfig(method="ar"), exit_head="",
                                  chat=False)
-    ways = kinds.fastest_ar(setup, "processes", None, warm_up=warm_up)
+    warmed = []
+    threads = torch.get_num_threads()
+    ways = kinds.fastest_ar(setup, kind, None, warm_up=lambda *a, **k: warmed.append(torch.get_num_threads()))
     assert [(w.executor, w.threads) for w in ways] == [(None, 1), (None, 2)]
     assert ways[0].words == "in this one process on 1 thread with no pipeline"
+    assert warmed == [1, 2] and torch.get_num_threads() == threads
 
 
 @pytest.mark.skipif(len(__import__("os").sched_getaffinity(0)) < 2, reason="a choice needs 2 cores")
@@ -431,3 +437,24 @@ def test_a_card_of_one_timed_round_says_so_not_medians(tiny_cache, quiet_machine
     # the headline's ratio, or (issue 48) no number at all where the run's own ideal does not allow it
     assert ("Not a clean result" in values["headline"] if analysis.unclean_reason(RunView.of(snap).reading)
             else pipeline_ratio(values["headline"]) == label)
+
+
+def test_plain_ar_slower_than_ar_on_the_same_eager_steps_is_a_fault_never_a_ppsd_win():
+    """Issue 56: plain AR timed 3-10x too slow made "PPSD 5.72x faster than plain AR, so PPSD beats it"."""
+    from ppsd.executors.kinds import KINDS
+
+    way = PlainWay(2, "in this one process on 2 threads with no pipeline")
+    slow = comparison((1.25, 1.25, 1.25), plain_walls=(9.0, 9.5, 9.2), plain=way, kind=KINDS["processes"])
+    assert "timing fault" in analysis.unclean_reason(slow)
+    assert "Not a clean result" in text(headline.speedup_headline(slow))
+    assert "beats it" not in analysis.plain_sentence(slow)
+    spread = comparison((1.25, 1.25, 1.25), plain_walls=(1.5, 4.2, 1.6), plain=way, kind=KINDS["processes"])
+    assert "plain AR's slowest round took 2.80 times its fastest" in analysis.unclean_reason(spread)
+    fine = comparison((1.25, 1.25, 1.25), plain_walls=(1.9, 2.0, 2.1), plain=way, kind=KINDS["processes"])
+    assert analysis.unclean_reason(fine) == ""
+
+
+def test_a_round_that_compiled_keeps_the_number_out_of_the_headline():
+    c = comparison((1.25, 1.25, 1.25), compiled=(0,))
+    assert "something compiled in this process during round 1" in analysis.unclean_reason(c)
+    assert "Not a clean result" in text(headline.speedup_headline(c))

@@ -14,6 +14,7 @@ import time
 from contextlib import contextmanager
 from typing import Callable, Iterator
 
+from .. import quiet
 from .base import Executor
 
 __all__ = ["Background", "ticking"]
@@ -46,7 +47,7 @@ class Background:
 
     def _run(self) -> None:
         try:
-            with ticking(self._say, self.words, self._every):
+            with ticking(self._say, self.words, self._every), quiet.yielding():  # timed Runs go first
                 self.executor = self._build()
         except Exception as error:  # noqa: BLE001 - said on the page and in the log; the page serves on
             self.error = (str(error).strip().splitlines() or [type(error).__name__])[0][:200]

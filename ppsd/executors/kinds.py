@@ -359,13 +359,14 @@ class PlainAR:
 
 def fastest_ar(setup: Setup, kind: str, pipeline: Executor | None, *, warm_up: WarmUp) -> tuple[PlainAR, ...]:
     """The ways the fastest plain AR here may run, beside a pipeline of `kind` (`pipeline`,
-    reused where it serves; one built here is warmed up by `warm_up`): the caller times each and keeps the faster, as which is faster is
-    the machine's to say. On a GPU: the captured steps (eager AR there pays about 1,300 kernel
-    launches a token and runs 5-6x slower: docs/benchmarks.md). On a CPU whose pipeline is the
-    captured steps: those steps compiled, in turn, on every core (compiled for that thread count
-    here; a second thread count would compile again, for minutes). Else in-process AR on 1 thread
-    and on every core: on a busy 2-core machine torch on 2 threads ran 3.5x slower than on 1
-    (issue 34), on a quiet one faster. The caller closes what it did not pass in, and gives the
+    reused where it serves; one built here is warmed up by `warm_up`): the caller times each and
+    keeps the faster, as which is faster is the machine's to say. On a GPU: the captured steps
+    (eager AR there pays about 1,300 kernel launches a token and runs 5-6x slower:
+    docs/benchmarks.md). On a CPU, whatever kind PPSD runs on: in-process AR on 1 thread and on
+    every core, each warmed up at its thread count. On a busy 2-core machine torch on 2 threads
+    ran 3.5x slower than on 1 (issue 34), on a quiet one faster; plain AR on the captured steps
+    had no 1-thread trial (a second thread count compiles again, for minutes) and was timed 3-10x
+    too slow beside them (issue 56). The caller closes what it did not pass in, and gives the
     process its threads back."""
     from .host import usable_cores
 
@@ -373,17 +374,12 @@ def fastest_ar(setup: Setup, kind: str, pipeline: Executor | None, *, warm_up: W
     if setup.model.info.device.startswith("cuda"):
         executor = pipeline if kind == graphed.name else graphed.ready(setup, warm_up=warm_up)
         return (PlainAR(executor, 1, f"on the captured steps in this one process ({graphed.where})"),)
-    threads = lambda n: f"{n} thread{'s' * (n != 1)}"  # noqa: E731
-    if kind != graphed.name:
-        return tuple(PlainAR(None, n, f"in this one process on {threads(n)} with no pipeline")
-                     for n in sorted({1, cores}))
-    from .graphed import GraphedExecutor
-
-    torch.set_num_threads(cores)
-    executor = GraphedExecutor(setup.model, setup.partition, compiled=True, stage_threads=False)
-    # Its buffers at their final size before anything compiles: each size is another compile of
-    # every step (and a page's Runs would reach dynamo's recompile limit within a few).
-    executor.prepare(reach(setup))
-    executor = _warmed(setup, executor, warm_up)
-    return (PlainAR(executor, cores, f"on the captured steps, compiled, the stages in turn, in this one process "
-                                     f"on {threads(cores)}"),)
+    ways, threads = [], torch.get_num_threads()
+    try:
+        for n in sorted({1, cores}):
+            torch.set_num_threads(n)
+            warm_up(setup.model, [0], setup.config)  # first calls at this thread count stay out of the timed rounds
+            ways.append(PlainAR(None, n, f"in this one process on {n} thread{'s' * (n != 1)} with no pipeline"))
+    finally:
+        torch.set_num_threads(threads)
+    return tuple(ways)
