@@ -60,10 +60,10 @@ CLEAN_MARGIN = 0.15  # (PPSD hides part of the pipeline's hand-overs); 15 % stil
 
 
 def allowed_speedup(c: Reading) -> float | None:
-    """The most the run's own acceptance allows, margin included: the ideal S_PPSD(a, s) with the
+    """The most the run's own acceptance allows (a what-if's forced a), margin included: the ideal S_PPSD(a, s) with the
     slowest stage's share s counted by layers or by the stages' measured costs (the larger), times
     1 + `CLEAN_MARGIN`; None when no draft was verified (no acceptance, no ideal)."""
-    rate, ideal = c.ppsd.acceptance_rate, c.ppsd.ideal_speedup
+    rate, ideal = c.acceptance, c.ideal
     if rate is None:
         return None
     cost_slot = None if c.stages is None else c.stages.cost_slot
@@ -91,7 +91,7 @@ def unclean_reason(c: Reading, clock: str | None = None) -> str:
     allowed = allowed_speedup(c)
     if allowed is not None and ratio > allowed:
         return (f"{ratio_text(ratio)} is more than the ideal for its own acceptance a = "
-                f"{c.ppsd.acceptance_rate:.2f} allows ({ratio_text(allowed / (1 + CLEAN_MARGIN))}, plus a "
+                f"{c.acceptance:.2f} allows ({ratio_text(allowed / (1 + CLEAN_MARGIN))}, plus a "
                 f"{CLEAN_MARGIN:.0%} margin); run again when the machine is quiet")
     return ""
 
@@ -195,7 +195,7 @@ def above_ideal(c: Reading) -> str:
     """Why the measured speedup (the medians') is above the ideal, said beside the ideal: the busy
     machine or a wide spread, flagged (⚠) as no clean result; the stages' measured costs (the
     ideal counts layers) or timing noise, explained; anything else flagged. "" when it is not."""
-    rate, ideal, measured = c.ppsd.acceptance_rate, c.ppsd.ideal_speedup, c.speedup
+    rate, ideal, measured = c.acceptance, c.ideal, c.speedup
     if rate is None or measured <= ideal:
         return ""
     which = f"{'The median' if c.rounds > 1 else 'This run'} ({ratio_text(measured)}) is above the ideal {ratio_text(ideal)}"
@@ -226,8 +226,29 @@ def compared_sentence(c: Reading) -> str:
              f"one process, the measured stage costs replayed on {c.num_stages} workers")
     timed = (f"each timed in {c.rounds} interleaved rounds; each method's time is the median of its rounds, and "
              "every ratio is of those medians" if c.rounds > 1 else "each timed once")
-    return (f"Compared: AR and PPSD decoding the same prompt to the same {c.ar.tokens} tokens on the same "
+    tokens = (f"the same {c.ar.tokens} tokens" if c.ar.tokens == c.ppsd.tokens else
+              f"{c.ar.tokens} tokens (AR) and {c.ppsd.tokens} (PPSD), unequal work")
+    return (f"Compared: AR and PPSD decoding the same prompt to {tokens} on the same "
             f"{c.num_stages}-stage pipeline ({where}), {timed}; the decoder alone is timed.")
+
+
+def forced_sentence(c: Reading) -> str:
+    """A what-if's forced a against the acceptance measured under it, and why they differ, said
+    once in words a student follows; "" on a run with the model's own drafts."""
+    if c.forced is None:
+        return ""
+    p, a = c.ppsd, c.forced
+    judged = p.accepted + p.rejected
+    measured = ("" if p.acceptance_rate is None else
+                f" It accepted {p.accepted} of the {judged} drafts PPSD judged, a measured acceptance of "
+                f"{p.acceptance_rate:.2f}: a count of whole drafts can only come within one of "
+                f"{a:.2f} × {judged} = {a * judged:.1f}.")
+    flushed = (f" The {p.flushed} draft{'s' * (p.flushed != 1)} made behind a correction (or still in flight at "
+               "the end) were thrown away before they were judged, so they count in neither number."
+               if p.flushed else "")
+    return (f"What-if: the coin was set to accept a = {a:.2f} of the drafts.{measured}{flushed} The ideal is "
+            f"taken at the forced a. Every method decoded exactly {c.ar.tokens} tokens: a what-if ignores the "
+            "end-of-text token, as PPSD's forced tokens are not AR's.")
 
 
 def walls_sentence(c: Reading) -> str:

@@ -14,7 +14,7 @@ from ppsd import Metrics
 from ppsd.compare import MethodRun, PlainWay
 from ppsd.compare_stats import Stats
 from ppsd.executors.kinds import KINDS, ExecutorKind, concurrent_kinds
-from ppsd.metrics import Stalls, cost_slot_fraction, decode_costs, stalls
+from ppsd.metrics import Stalls, cost_slot_fraction, decode_costs, ideal_ppsd_speedup_slowest_stage, stalls
 
 from .runner import Snapshot
 
@@ -102,6 +102,21 @@ class Reading:
         """PPSD against AR on the same pipeline, on the page's clock: median AR wall over median
         PPSD wall (the headline's second line, the theory star, the cards, the API's summary)."""
         return self.stats.ratio("ar", "ppsd") or 0.0
+
+    @property
+    def acceptance(self) -> float | None:
+        """The a the ideal is taken at: in a what-if the forced a (the work the run was asked to
+        do), else PPSD's measured acceptance (None when no draft was judged)."""
+        return self.forced if self.forced is not None else self.ppsd.acceptance_rate
+
+    @property
+    def ideal(self) -> float:
+        """The ideal S_PPSD at `acceptance` and the run's slot (the measured run's own ideal
+        unless a what-if forced another a)."""
+        slot = self.ppsd.slot_fraction
+        if self.forced is None or slot is None:
+            return self.ppsd.ideal_speedup
+        return ideal_ppsd_speedup_slowest_stage(self.forced, slot)
 
     @property
     def rounds(self) -> int:

@@ -50,6 +50,11 @@ class RunSetup:
         """The same run with another decoder (every other setting, already checked, kept)."""
         return replace(self, config=replace(self.config, method=method))
 
+    @property
+    def stop_ids(self) -> tuple[int, ...]:
+        """The token ids that end a run before `max_new_tokens`: the model's EOS."""
+        return self.model.info.eos_token_ids
+
     def steps(self, *, executor: Executor | None = None, stopwatch: Stopwatch | None = None) -> Iterator[Step]:
         """The run's steps, live, from its decoder on `executor` (default: in process)."""
         stopwatch = stopwatch or Stopwatch(device_sync(self.model))
@@ -57,7 +62,7 @@ class RunSetup:
         executor.begin(stopwatch)
         try:
             yield from _inference_mode(DECODERS[self.config.method](
-                executor, list(self.prompt_ids), self.config, self.model.info.eos_token_ids))
+                executor, list(self.prompt_ids), self.config, self.stop_ids))
         finally:
             executor.end()
 

@@ -15,8 +15,8 @@ import gradio as gr
 
 from ppsd.metrics import DEFINITIONS
 
-from ..analysis import (above_ideal, busy_sentence, compared_sentence, plain_sentence, projected_line, rounds_tag,
-                        rounds_text, unclean_reason, walls_sentence, why_sentence)
+from ..analysis import (above_ideal, busy_sentence, compared_sentence, forced_sentence, plain_sentence, projected_line,
+                        rounds_tag, rounds_text, unclean_reason, walls_sentence, why_sentence)
 from ..reading import MIN_TIMED_TOKENS, Reading
 from ..run_view import RunView
 from ..words import GLOSSARY, PROJECTED_MEANING, agreement_note, duration_text, forced_words, ratio_text
@@ -97,6 +97,8 @@ def render_headline(c: Reading | None, *, status: str = "", agreement: str = "",
         return f'<div class="headline-box">{progress}<div class="headline-status">{body}</div></div>'
     note = lambda text: f'<div class="headline-note">{text}</div>'  # noqa: E731
     more = [ideal_line(c), f'<div class="headline-note headline-compared">{html.escape(compared_sentence(c))}</div>']
+    if c.forced is not None:
+        more.insert(0, f'<div class="headline-note headline-forced-why">{html.escape(forced_sentence(c))}</div>')
     walls = walls_sentence(c)
     if walls:
         more.append(f'<div class="headline-note headline-walls">{html.escape(walls)}</div>')
@@ -189,16 +191,17 @@ def _projected_div(c: Reading) -> str:
 
 
 def ideal_line(c: Reading) -> str:
-    """The ideal at the measured acceptance, the slowest stage as the timeline shows it, and why a
-    run above the ideal is there (`above_ideal`)."""
-    rate, slot, stages = c.ppsd.acceptance_rate, c.ppsd.slot_fraction, c.stages
+    """The ideal at the measured acceptance (a what-if's forced a), the slowest stage as the
+    timeline shows it, and why a run above the ideal is there (`above_ideal`)."""
+    rate, slot, stages = c.acceptance, c.ppsd.slot_fraction, c.stages
     if rate is None:
         ideal = "no draft was verified: acceptance undefined"
     else:
         layers = ("" if slot is None else
                   f", counting layers (stage {stages.largest} holds the most: {slot:.0%})" if stages is not None else
                   f", counting layers (the largest stage holds {slot:.0%})")
-        ideal = (f"ideal S<sub>PPSD</sub>(a={rate:.2f}, K={c.num_stages}) = {ratio_text(c.ppsd.ideal_speedup)}"
+        forced = "forced " if c.forced is not None else ""
+        ideal = (f"ideal S<sub>PPSD</sub>({forced}a={rate:.2f}, K={c.num_stages}) = {ratio_text(c.ideal)}"
                  f"{layers}")
     slowest = ("" if stages is None or not stages.utilization else
                f'<span class="headline-slowest">slowest stage: stage {stages.busiest} '

@@ -1,15 +1,17 @@
-"""Forced acceptance, for timing only: every verdict on a draft becomes a seeded coin.
+"""Forced acceptance, for timing only: every verdict on a draft becomes a seeded, evenly dealt coin.
 
 Boundary: an executor wrapper; it changes the argmax ids an executor reports for the final
-stage, nothing else. With greedy decoding the decoder then accepts a draft with probability
-`acceptance` and otherwise commits another token (the draft's successor id), so a random-weight
-model can be timed at any acceptance: the work per slot is the real work, rollbacks and
-discarded slots included, but **the tokens are not the model's**. Every output that uses it must
-say so (`FORCED_NOTE`).
+stage, nothing else. With greedy decoding the decoder then accepts a share `acceptance` of the
+drafts it judges and otherwise commits another token (the draft's successor id), so a
+random-weight model can be timed at any acceptance: the work per slot is the real work,
+rollbacks and discarded slots included, but **the tokens are not the model's**. Every output
+that uses it must say so (`FORCED_NOTE`). `ForcedSetup` runs a whole comparison so: every
+method then decodes exactly `max_new_tokens` (EOS ignored), so every ratio compares equal work.
 """
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import dataclass, replace
 
@@ -24,14 +26,19 @@ FORCED_NOTE = "forced acceptance (timing only): each verdict is a seeded coin, t
 
 
 class ForcedAcceptance:
-    """`executor` with each verdict on a draft replaced by a coin of probability `acceptance`."""
+    """`executor` with each verdict on a draft replaced by a coin that accepts a share `acceptance`.
+
+    The coin is dealt evenly, not tossed: after n verdicts it has accepted floor(n a + phase)
+    drafts, the phase in [0, 1) drawn from `seed`, so the measured acceptance is a up to one
+    draft (whole drafts only). Tossed, 63 verdicts at a = 0.2 came out 0.10 (seed 0), and the run
+    timed the work of an acceptance it was not asked for."""
 
     def __init__(self, executor, acceptance: float, *, vocab_size: int, seed: int = 0) -> None:
         if not 0.0 <= acceptance <= 1.0:
             raise ValueError(f"forced acceptance {acceptance} is outside [0, 1]")
         self.executor, self.acceptance, self.vocab_size = executor, acceptance, vocab_size
         self.partition, self.device, self.concurrent = executor.partition, executor.device, executor.concurrent
-        self._coin = random.Random(seed)
+        self._phase = random.Random(seed).random()
         self._drafts: dict[int, int] = {}  # position -> the draft made for it
         self.forced = 0
 
@@ -63,18 +70,29 @@ class ForcedAcceptance:
         draft = self._drafts.pop(out.final_position + 1, None)
         if draft is None:
             return out
-        token = draft if self._coin.random() < self.acceptance else (draft + 1) % self.vocab_size
+        token = draft if self._accepts(self.forced) else (draft + 1) % self.vocab_size
         self.forced += 1
         return replace(out, final_best=(token,))
+
+    def _accepts(self, n: int) -> bool:
+        """Whether verdict `n` (0-based) is an accept: the evenly dealt count steps up there."""
+        a, phase = self.acceptance, self._phase
+        return math.floor((n + 1) * a + phase) > math.floor(n * a + phase)
 
 
 @dataclass(frozen=True)
 class ForcedSetup(RunSetup):
     """A `RunSetup` whose runs decode on their executor wrapped in `ForcedAcceptance`: the real
     work of every slot at acceptance `acceptance`, rollbacks and flushes included, for timing
-    only (the tokens are not the model's). AR makes no drafts, so its runs are untouched."""
+    only (the tokens are not the model's). AR makes no drafts, so its verdicts are untouched.
+    EOS never ends a run (`stop_ids`): PPSD's forced tokens are not AR's, so with it AR stopped
+    at its EOS (47 tokens) and PPSD ran on to the limit (64), and the ratio compared unequal work."""
 
     acceptance: float = 0.0
+
+    @property
+    def stop_ids(self) -> tuple[int, ...]:
+        return ()
 
     def steps(self, *, executor: Executor | None = None, stopwatch: Stopwatch | None = None):
         stopwatch = stopwatch or Stopwatch(device_sync(self.model))
