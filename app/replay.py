@@ -16,8 +16,9 @@ from pathlib import Path
 from typing import Callable, Mapping
 
 from ppsd.model import ModelInfo
-from ppsd.recording import (MAX_BYTES, BadRecording, Machine, RunRecord, loads, model_facts,
+from ppsd.recording import (MAX_BYTES, BadRecording, Machine, Preamble, RunRecord, loads, model_facts,
                             record as record_state, this_machine)
+from ppsd.setup import check_prompt_length
 
 from .models import Loaded
 from .request import FORM, CheckedRequest, RunRequest
@@ -25,6 +26,9 @@ from .runner import Snapshot
 
 ROOT = Path(__file__).resolve().parent.parent
 RUNS = ROOT / "assets" / "runs"  # the shipped recordings
+# A prompt's tokens are at most its UTF-8 bytes (byte-level and byte-fallback tokenizers give a
+# token a byte at worst) and what a chat template adds around it (the default model's, 30).
+TEMPLATE_TOKENS = 1024
 
 
 @dataclass(frozen=True)
@@ -74,10 +78,9 @@ def label(rec: RunRecord) -> str:
 def snapshot(rec: RunRecord) -> Replayed:
     """The finished snapshot of `rec`, as the live run's last one (BadRecording when its settings
     are not the page's)."""
-    if rec.state.methods[:2] != ("ar", "ppsd"):
-        raise BadRecording(f"the recording holds {', '.join(m.upper() for m in rec.state.methods)} alone (a "
-                           "`generate --record` run): the page replays comparisons of AR and PPSD")
-    request = _request(rec)
+    s = rec.state
+    admit(Preamble(rec.model, rec.settings, len(rec.prompt_ids), s.methods, s.num_rounds, s.kind, s.concurrent))
+    request = _request(rec.settings)
     _check_settings(request, rec)
     m = rec.model
     info = ModelInfo(name=m.name, model_type=m.model_type, num_layers=m.num_layers, vocab_size=m.vocab_size,
@@ -91,17 +94,43 @@ def snapshot(rec: RunRecord) -> Replayed:
                     load_average=rec.machine.load_average)
 
 
-def _request(rec: RunRecord) -> CheckedRequest:
-    unknown = sorted(set(rec.settings) - set(FORM))
+def admit(pre: Preamble) -> None:
+    """The page's check of what a recording says of itself, before any of its runs is read
+    (`ppsd.recording.loads(admit=...)`): AR and PPSD compared, the settings the page's own, as
+    many rounds and the same methods as recorded, K and E within the recorded model's layers,
+    the prompt and new tokens within its context, and no more prompt tokens than the recorded
+    prompt's text could give. A file whose runs no page could have made is refused here."""
+    if pre.methods[:2] != ("ar", "ppsd"):
+        raise BadRecording(f"the recording holds {', '.join(m.upper() for m in pre.methods)} alone (a "
+                           "`generate --record` run): the page replays comparisons of AR and PPSD")
+    request = _request(pre.settings)
+    if request.rounds != pre.num_rounds:
+        raise BadRecording(f"settings.repeats = {request.repeats} does not match the {pre.num_rounds} rounds "
+                           "recorded")
+    if tuple(request.methods) != pre.methods:
+        raise BadRecording("settings.eesd does not match the methods recorded")
+    try:
+        config = request.config.resolved(pre.model.num_layers)
+        check_prompt_length(pre.prompt_tokens, pre.model.max_context, config.max_new_tokens)
+    except ValueError as error:
+        raise BadRecording(f"the recorded settings do not fit the recorded model: {error}") from None
+    most = len(request.prompt.encode("utf-8")) + TEMPLATE_TOKENS
+    if pre.prompt_tokens > most:
+        raise BadRecording(f"prompt_ids holds {pre.prompt_tokens:,} tokens, more than the {most:,} the recorded "
+                           "prompt's text could give")
+
+
+def _request(settings: Mapping) -> CheckedRequest:
+    unknown = sorted(set(settings) - set(FORM))
     if unknown:
         raise BadRecording(f"settings.{unknown[0][:40]} is not a setting of the page")
     # A setting the page gained after the recording was made takes its default (the run had no such choice).
     defaults = {f.name: f.default for f in fields(RunRequest) if f.default is not MISSING}
-    missing = [name for name in FORM if name not in rec.settings and name not in defaults]
+    missing = [name for name in FORM if name not in settings and name not in defaults]
     if missing:
         raise BadRecording(f"settings lacks {missing[0]}")
     try:
-        return RunRequest.from_form(*(rec.settings.get(name, defaults.get(name)) for name in FORM)).checked()
+        return RunRequest.from_form(*(settings.get(name, defaults.get(name)) for name in FORM)).checked()
     except (TypeError, ValueError) as error:
         raise BadRecording(f"the recorded settings are not the page's: {error}") from None
 
@@ -110,11 +139,6 @@ def _check_settings(request: CheckedRequest, rec: RunRecord) -> None:
     """The page's settings must be the ones the recorded runs ran with: the headline and the cards
     read some of them from the request."""
     config = rec.state.rounds[0]["ppsd"].config
-    if request.rounds != rec.state.num_rounds:
-        raise BadRecording(f"settings.repeats = {request.repeats} does not match the {rec.state.num_rounds} rounds "
-                           "recorded")
-    if tuple(request.methods) != rec.state.methods:
-        raise BadRecording("settings.eesd does not match the methods recorded")
     for name, ran in (("num_stages", config.num_stages), ("max_new_tokens", config.max_new_tokens),
                       ("draft_len", config.draft_len), ("temperature", config.temperature),
                       ("top_p", config.top_p), ("seed", config.seed)):
@@ -123,8 +147,9 @@ def _check_settings(request: CheckedRequest, rec: RunRecord) -> None:
 
 
 def open_bytes(data: bytes) -> Replayed:
-    """The finished snapshot of the recording in `data`, checked through (BadRecording says why not)."""
-    return snapshot(loads(data))
+    """The finished snapshot of the recording in `data`, checked through (BadRecording says why
+    not): its settings against the page (`admit`) before any of its runs is read."""
+    return snapshot(loads(data, admit=admit))
 
 
 def read_upload(path: str | Path) -> bytes:
@@ -185,5 +210,5 @@ def file_name(rec: RunRecord) -> str:
     return f"ppsd-{device}-{rec.state.kind}-{rec.recorded_at[:16].replace(':', '')}Z.json"
 
 
-__all__ = ["BadRecording", "RecordedLoaded", "Replayed", "file_name", "label", "open_bytes", "read_upload",
+__all__ = ["BadRecording", "RecordedLoaded", "Replayed", "admit", "file_name", "label", "open_bytes", "read_upload",
            "record", "shipped", "snapshot"]

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, replace
-from typing import Callable, Literal
+from typing import Callable, Iterator, Literal
 
 from .steps import EVENT_KINDS, Event
 
@@ -57,10 +57,21 @@ class Trace:
     def utilization(self) -> list[float]:
         """Per stage: busy time / makespan."""
         span = self.makespan
-        return [self.busy(k) / span if span > 0 else 0.0 for k in range(1, self.num_stages + 1)]
+        busy = [0.0] * (self.num_stages + 1)
+        for e in self.events:
+            if 1 <= e.stage <= self.num_stages:
+                busy[e.stage] += e.duration
+        return [busy[k] / span if span > 0 else 0.0 for k in range(1, self.num_stages + 1)]
 
     def violations(self) -> list[tuple[int, str]]:
-        """Broken invariants as (number, message); empty when the trace is sound.
+        """Broken invariants as (number, message), every one `iter_violations` finds; empty when
+        the trace is sound."""
+        return list(self.iter_violations())
+
+    def iter_violations(self) -> Iterator[tuple[int, str]]:
+        """Broken invariants as (number, message), in the order below, found one at a time: a
+        caller that needs the first (`validate`) does no more work than finding it. Every check
+        costs the events (sorted) or the positions they cover, never the trace's length alone.
 
         1. Every event is well formed: stage in [1, K], 0 <= start <= end, width >= 1,
            0 <= kept <= width, kind known, clock known.
@@ -68,53 +79,57 @@ class Trace:
         3. Tokens pass the stages in order: work on stage k > 1 starts after the latest work of
            stage k - 1 on any of its positions, recorded before it, has ended.
         4. Every position in [0, length - 1) passed every stage exactly once in work that was
-           kept (after its last flush); no kept work lies at or beyond length - 1.
+           kept (after its last flush); no kept work lies at or beyond length - 1. One message a
+           stage: its first position that miscounts.
         5. Utilization of every stage lies in [0, 1].
         6. A correction restarts stage 1: stage-1 work fed from the final stage starts after the
            latest final-stage work recorded before it has ended.
         """
-        found: list[tuple[int, str]] = []
         for i, e in enumerate(self.events):
             if not (1 <= e.stage <= self.num_stages and 0 <= e.start <= e.end + EPS and e.width >= 1
                     and e.kind in EVENT_KINDS and 0 <= e.kept_width <= e.width):
-                found.append((1, f"event {i} is malformed: {e}"))
+                yield 1, f"event {i} is malformed: {e}"
         if self.clock not in ("measured", "projected"):
-            found.append((1, f"clock {self.clock!r} is neither measured nor projected"))
-        for k in range(1, self.num_stages + 1):
-            on_stage = sorted((e for e in self.events if e.stage == k), key=lambda e: e.start)
+            yield 1, f"clock {self.clock!r} is neither measured nor projected"
+        stages = self._by_stage()
+        for k, on_stage in stages.items():
+            on_stage = sorted(on_stage, key=lambda e: e.start)
             for a, b in zip(on_stage, on_stage[1:]):
                 if b.start < a.end - EPS:
-                    found.append((2, f"stage {k} runs two pieces of work at once at t={b.start:.6f}"))
+                    yield 2, f"stage {k} runs two pieces of work at once at t={b.start:.6f}"
         deps = dependencies(self.events, self.num_stages)
         for i, e in enumerate(self.events):
             if e.stage > 1 and e.kind != "prefill" and deps[i].producer is None:
-                found.append((3, f"event {i} on stage {e.stage} has no input from stage {e.stage - 1}"))
+                yield 3, f"event {i} on stage {e.stage} has no input from stage {e.stage - 1}"
             elif deps[i].producer is not None and e.start < self.events[deps[i].producer].end - EPS:
-                found.append((3, f"event {i} on stage {e.stage} starts before its input is ready"))
+                yield 3, f"event {i} on stage {e.stage} starts before its input is ready"
             if deps[i].restart is not None and e.start < self.events[deps[i].restart].end - EPS:
-                found.append((6, f"event {i} restarts stage 1 before the final stage decided"))
-        for k in range(1, self.num_stages + 1):
-            counts: dict[int, int] = {}
-            for e in self.events:
-                if e.stage == k:
-                    for p in range(e.position, e.position + e.kept_width):
-                        counts[p] = counts.get(p, 0) + 1
-            for p in range(self.length - 1):
-                if counts.get(p, 0) != 1:
-                    found.append((4, f"position {p} passed stage {k} {counts.get(p, 0)} times"))
-            beyond = [p for p in counts if p >= self.length - 1]
+                yield 6, f"event {i} restarts stage 1 before the final stage decided"
+        for k, on_stage in stages.items():
+            kept = [(e.position, e.position + e.kept_width) for e in on_stage if e.kept_width > 0]
+            miscount = _first_miscount(kept, self.length - 1)
+            if miscount is not None:
+                yield 4, f"position {miscount[0]} passed stage {k} {miscount[1]} times"
+            beyond = [max(a, self.length - 1) for a, b in kept if b > self.length - 1]
             if beyond:
-                found.append((4, f"stage {k} kept work at position {min(beyond)} >= length - 1"))
+                yield 4, f"stage {k} kept work at position {min(beyond)} >= length - 1"
         for k, u in enumerate(self.utilization(), start=1):
             if not 0.0 <= u <= 1.0 + 1e-6:
-                found.append((5, f"stage {k} utilization {u:.3f} is outside [0, 1]"))
-        return found
+                yield 5, f"stage {k} utilization {u:.3f} is outside [0, 1]"
+
+    def _by_stage(self) -> dict[int, list[Event]]:
+        """Stages 1..K, each with its events in recording order (one pass, not K)."""
+        stages: dict[int, list[Event]] = {k: [] for k in range(1, self.num_stages + 1)}
+        for e in self.events:
+            if e.stage in stages:
+                stages[e.stage].append(e)
+        return stages
 
     def validate(self) -> "Trace":
         """Raise ValueError naming the first broken invariant; return self when sound."""
-        found = self.violations()
-        if found:
-            number, message = found[0]
+        first = next(self.iter_violations(), None)
+        if first is not None:
+            number, message = first
             raise ValueError(f"trace invariant {number} broken: {message}")
         return self
 
@@ -161,21 +176,47 @@ class Dependencies:
 def dependencies(events: tuple[Event, ...] | list[Event], num_stages: int) -> list[Dependencies]:
     """For each event: the latest earlier work of the previous stage on any of its positions (an
     EESD verification spans g drafts, each pushed through stage 1 on its own), and, for stage-1
-    work fed by the final stage, the latest earlier final-stage work."""
+    work fed by the final stage, the latest earlier final-stage work.
+
+    Each stage keeps a row, position -> the latest event there (-1: none), read and written a
+    slice per event: an event costs its width at C speed (a prefill's thousands of positions
+    are one slice), and the rows together hold each stage's furthest position."""
     last_final: int | None = None
-    last_at: dict[tuple[int, int], int] = {}
+    rows: dict[int, list[int]] = {}
     found = []
     for i, e in enumerate(events):
-        inputs = [last_at[(e.stage - 1, p)] for p in range(e.position, e.position + e.width)
-                  if (e.stage - 1, p) in last_at] if e.stage > 1 else []
-        producer = max(inputs) if inputs else None
+        stop = e.position + e.width
+        below = rows.get(e.stage - 1) if e.stage > 1 else None
+        latest = max(below[e.position:stop], default=-1) if below is not None else -1
         restart = last_final if e.stage == 1 and e.from_final else None
-        found.append(Dependencies(producer, restart))
-        for p in range(e.position, e.position + e.width):
-            last_at[(e.stage, p)] = i
+        found.append(Dependencies(latest if latest >= 0 else None, restart))
+        row = rows.setdefault(e.stage, [])
+        if len(row) < stop:
+            row.extend([-1] * (stop - len(row)))
+        row[e.position:stop] = [i] * e.width
         if e.stage == num_stages:
             last_final = i
     return found
+
+
+def _first_miscount(spans: list[tuple[int, int]], end: int) -> tuple[int, int] | None:
+    """The first position p in [0, end) that the half-open `spans` cover other than exactly
+    once, with how many cover it; None when each is covered once. A sweep over the spans' ends:
+    the cost is the spans', not `end`'s."""
+    deltas: dict[int, int] = {}
+    for a, b in spans:
+        deltas[a] = deltas.get(a, 0) + 1
+        deltas[b] = deltas.get(b, 0) - 1
+    count, at = 0, 0  # positions from `at` up to the next end are covered `count` times
+    for x in sorted(deltas):
+        if x > at:
+            if at >= end:
+                return None
+            if count != 1:
+                return at, count
+            at = x
+        count += deltas[x]
+    return (at, count) if at < end else None
 
 
 class Stopwatch:

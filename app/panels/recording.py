@@ -35,6 +35,10 @@ OUTPUTS = ("recording",)
 SAVES = Path(tempfile.gettempdir()) / "ppsd-saved-runs"  # a saved run's file, until Gradio has copied it
 SAVE_SECONDS = 3600.0  # a saved file older than this is removed when the next is written
 CHOOSE = "Choose a recorded run…"
+# Opens at once, of uploads and of shipped recordings each (Gradio's default is one an event, so
+# one slow file held every other visitor's open). A hostile file costs at most about 0.5 s and
+# 50 MB before it is refused (tools/research/hostile_recordings.py), so eight at once stay small.
+OPENS_AT_ONCE = 8
 
 
 @dataclass(frozen=True)
@@ -85,8 +89,10 @@ def wire(made: RecordingPanel, page: Page) -> None:
     shown = [*page.outputs, made.said]
     race_panel: race.RacePanel = page.made["race"]
     steps_panel: steps.StepsPanel = page.made["steps"]
-    for event in (made.shipped.input(lambda name: on_shipped(name, page.shows), made.shipped, shown, **QUIET),
-                  made.upload.upload(lambda path: on_upload(path, page.shows), made.upload, shown, **QUIET)):
+    for event in (made.shipped.input(lambda name: on_shipped(name, page.shows), made.shipped, shown,
+                                     concurrency_limit=OPENS_AT_ONCE, concurrency_id="open-shipped", **QUIET),
+                  made.upload.upload(lambda path: on_upload(path, page.shows), made.upload, shown,
+                                     concurrency_limit=OPENS_AT_ONCE, concurrency_id="open-upload", **QUIET)):
         event.success(race.on_replay, race_panel.state, race_panel.lanes, **QUIET)
         event.success(steps.on_steps_ready, race_panel.state, [steps_panel.slot, steps_panel.view, steps_panel.timer],
                       **QUIET)  # as after a Run: a play of the last run stops

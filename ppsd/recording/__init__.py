@@ -8,11 +8,11 @@ that this package checks for type only: what they mean is the front end's (`app.
 Gradio, no tokenizer: token text travels as recorded pieces and texts.
 """
 
-from .format import (FORMAT, MAX_BYTES, MAX_DEPTH, VERSION, BadRecording, Machine, ModelFacts, RecordedRun,
-                     RunRecord)
+from .format import (FORMAT, MAX_BYTES, MAX_DEPTH, VERSION, BadRecording, Machine, ModelFacts, Preamble,
+                     RecordedRun, RunRecord)
 from .read import loads
 from .write import dumps, model_facts, now_utc, of_result, record, this_machine, weights_sha256
 
-__all__ = ["FORMAT", "MAX_BYTES", "MAX_DEPTH", "VERSION", "BadRecording", "Machine", "ModelFacts", "RecordedRun",
+__all__ = ["FORMAT", "MAX_BYTES", "MAX_DEPTH", "VERSION", "BadRecording", "Machine", "ModelFacts", "Preamble", "RecordedRun",
            "RunRecord", "dumps", "loads", "model_facts", "now_utc", "of_result", "record", "this_machine",
            "weights_sha256"]

@@ -5,9 +5,17 @@ sentence (`BadRecording`), and bounds every text, list and number.
 from __future__ import annotations
 
 import math
-from typing import Any
+import re
+from typing import Any, Literal
 
 from .format import MAX_SECONDS, MAX_TEXT, BadRecording
+
+# What a text may hold: a label the recording gives itself (a device, a name, a date) no control
+# character but tab and line breaks; a setting as the visitor sent it any but NUL; the model's
+# own output (a token's piece, an answer) anything, as it came (every panel escapes it).
+TextKind = Literal["label", "sent", "output"]
+_FORBIDDEN = {"label": re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]"), "sent": re.compile(r"\x00"),
+              "output": None}
 
 
 class Reader:
@@ -27,8 +35,8 @@ class Reader:
     def get(self, name: str) -> Any:
         return self.obj[name]
 
-    def text(self, name: str, limit: int = MAX_TEXT) -> str:
-        return as_text(self.obj[name], f"{self.where}.{name}", limit)
+    def text(self, name: str, limit: int = MAX_TEXT, kind: TextKind = "label") -> str:
+        return as_text(self.obj[name], f"{self.where}.{name}", limit, kind)
 
     def whole(self, name: str, low: int = 0, high: int | None = None) -> int:
         return as_whole(self.obj[name], f"{self.where}.{name}", low, high)
@@ -52,7 +60,7 @@ def cut(text: str) -> str:
     return text if len(text) <= 40 else text[:40] + "…"
 
 
-def as_text(value: Any, where: str, limit: int = MAX_TEXT) -> str:
+def as_text(value: Any, where: str, limit: int = MAX_TEXT, kind: TextKind = "label") -> str:
     if not isinstance(value, str):
         raise BadRecording(f"{where} must be text, not {kind_of(value)}")
     if len(value) > limit:
@@ -61,6 +69,11 @@ def as_text(value: Any, where: str, limit: int = MAX_TEXT) -> str:
         value.encode("utf-8")
     except UnicodeEncodeError:
         raise BadRecording(f"{where} holds a lone surrogate, which is no text") from None
+    forbidden = _FORBIDDEN[kind]
+    found = forbidden.search(value) if forbidden is not None else None
+    if found:
+        raise BadRecording(f"{where} holds the control character U+{ord(found.group()):04X} at {found.start()}, "
+                           "which no such text holds")
     return value
 
 

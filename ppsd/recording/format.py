@@ -19,10 +19,23 @@ VERSION = 1
 # upload can make the server parse and build.
 MAX_BYTES = 8 * 1024 * 1024
 MAX_DEPTH = 8  # the format nests 6 deep (rounds -> method -> events -> event); a parser's recursion is bounded
+# Objects and lists in one file, counted before parsing: each costs the parser 60-200 bytes of
+# memory where it costs the file 2 ("[]"). A shipped recording has one every 58 bytes, a file of
+# nothing but drafts one every 20 (400,000 in 8 MB); 2.7 million empty lists cost 155 MB and 1.9 s.
+MAX_CONTAINERS = 500_000
 MAX_ROUNDS = 16
 MAX_STAGES = 256
 MAX_EVENTS = 200_000  # per run: every stage's work of MAX_NEW_TOKENS_CAP tokens, drafts and flushes included
-MAX_PROMPT = 1 << 20
+MAX_PROMPT = 1 << 20  # and never past the model's context less the run's new tokens, as every entry point checks
+# A stage's work may cover, in all, the prompt, each token and each draft once, and this many
+# more positions (measured: AR covers tokens - 1, PPSD its drafts, EESD at most tokens + drafts).
+WIDTH_SLACK = 64
+# Checking a trace costs, for each run, a row of positions a stage (K x (prompt + new tokens +
+# 64)) and the positions its events cover (each event's width). A run may spend 2^23 of them
+# (64 MB of rows), a file 2^25 (about 1 s of checking); the page's largest run, K = 30 on the
+# default model's full 8,192-token context with 1,024 new tokens, spends about 0.6 million.
+MAX_RUN_WORK = 1 << 23
+MAX_TRACE_WORK = 1 << 25
 MAX_TEXT = 1 << 20  # characters of one text (a run's answer, the prompt)
 MAX_PIECES = 1 << 18
 MAX_SECONDS = 7 * 24 * 3600.0  # no timed run is longer than a week
@@ -41,6 +54,22 @@ MODEL_FIELDS = ("name", "sha256", "model_type", "num_layers", "vocab_size", "max
 
 class BadRecording(ValueError):
     """A recording that cannot be opened, and why, in one sentence."""
+
+
+@dataclass(frozen=True)
+class Preamble:
+    """What a recording says of itself before its runs: the model, the front end's settings, how
+    many prompt tokens, the comparison's methods, rounds, kind and clock. `loads(admit=...)`
+    hands it to a front end's check before any run is read (its values checked for type and
+    range only)."""
+
+    model: "ModelFacts"
+    settings: Mapping[str, Any]
+    prompt_tokens: int
+    methods: tuple[str, ...]
+    num_rounds: int
+    kind: str
+    concurrent: bool
 
 
 @dataclass(frozen=True)
