@@ -28,6 +28,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -38,8 +39,8 @@ from starlette.requests import Request
 
 from .bodies import Body, Message, Parts, Receive, Refused, Send, content_length, log
 from .limits import (DISK_RESERVE_BYTES, DRAIN_BYTES, MAX_BODY_BYTES, MAX_UPLOAD_BYTES, MAX_UPLOAD_FILES,
-                     UPLOAD_BYTES_PER_HOUR, UPLOAD_DISK_BYTES, UPLOAD_FILES_PER_HOUR, UploadLedger, megabytes,
-                     minutes)
+                     UPLOAD_BYTES_PER_HOUR, UPLOAD_DISK_BYTES, UPLOAD_FILES_PER_HOUR, UPLOAD_HELD_SECONDS,
+                     UPLOAD_SHARES, UPLOAD_SWEEP_SECONDS, UploadLedger, megabytes, minutes)
 from .sessions import Listeners
 from .visitors import visitor
 
@@ -83,27 +84,39 @@ class Guard:
             raise Refused(429, f"you have uploaded {megabytes(used)} in {files} files in the last hour, the most one "
                                f"visitor may ({megabytes(UPLOAD_BYTES_PER_HOUR)}, {UPLOAD_FILES_PER_HOUR} files): "
                                f"try again in {minutes(wait)}", wait)
-        held = held_bytes(getattr(blocks, "upload_file_set", ()))
+        share, mine = UPLOAD_DISK_BYTES // UPLOAD_SHARES, self.ledger.used(address, UPLOAD_HELD_SECONDS)[0]
+        share_free_in = self.ledger.free_again_in(address, UPLOAD_HELD_SECONDS)
+        if mine >= share:
+            raise Refused(429, f"you have uploaded {megabytes(mine)} in the last {minutes(UPLOAD_HELD_SECONDS)}, your "
+                               f"share of the demo's room for uploads ({megabytes(share)}; an upload is kept at most "
+                               f"{minutes(UPLOAD_HELD_SECONDS)}): try again in {minutes(share_free_in)}", share_free_in)
+        uploads = list(getattr(blocks, "upload_file_set", ()))
+        held, room_free_in = held_bytes(uploads), free_again_in(uploads)
         space = min(UPLOAD_DISK_BYTES - held, free_disk(Path(folder)) - DISK_RESERVE_BYTES) - self.in_flight
         if space <= 0:
-            raise Refused(429, "the demo's room for uploads is full for now (uploads are kept an hour, and the disk "
-                               "keeps room for the model cache): try again in a few minutes", 300)
+            raise Refused(429, f"the demo's room for uploads is full for now (an upload is kept at most "
+                               f"{minutes(UPLOAD_HELD_SECONDS)}, and the disk keeps room for the model cache): try "
+                               f"again in {minutes(room_free_in)}", room_free_in)
         limits = [(MAX_UPLOAD_FILES * (MAX_UPLOAD_BYTES + PART_SLACK),
-                   f"the most one upload may carry ({MAX_UPLOAD_FILES} files of {megabytes(MAX_UPLOAD_BYTES)})"),
+                   f"the most one upload may carry ({MAX_UPLOAD_FILES} files of {megabytes(MAX_UPLOAD_BYTES)})", (None, 0)),
                   (UPLOAD_BYTES_PER_HOUR - used, f"what you may still upload this hour "
-                                                 f"({megabytes(UPLOAD_BYTES_PER_HOUR - used)})"),
-                  (space, f"the room uploads have now ({megabytes(space)})")]
-        most, why = min(limits, key=lambda limit: limit[0])
-        return Room(most, why, min(MAX_UPLOAD_FILES, UPLOAD_FILES_PER_HOUR - files), held, self.landed)
+                                                 f"({megabytes(UPLOAD_BYTES_PER_HOUR - used)})",
+                   (self.ledger.free_again_in(address), UPLOAD_BYTES_PER_HOUR)),
+                  (share - mine, f"what is left of your share of the room for uploads ({megabytes(share - mine)})",
+                   (share_free_in, share)),
+                  (space, f"the room uploads have now ({megabytes(space)})", (room_free_in, UPLOAD_DISK_BYTES))]
+        most, why, (wait, ceiling) = min(limits, key=lambda limit: limit[0])
+        return Room(most, why, min(MAX_UPLOAD_FILES, UPLOAD_FILES_PER_HOUR - files), held, self.landed, wait, ceiling)
 
     def overflow(self, room: Room, address: str, folder: str) -> Refused | None:
         """Whether the uploads in progress, this one's bytes so far included, went past a room as
         it is now: the address's hour (its other uploads at once count too), the uploads' room on
         disk (uploads that landed since `room` was measured count too), or the disk's reserve."""
         used, files = self.ledger.used(address)
+        mine = self.ledger.used(address, UPLOAD_HELD_SECONDS)[0]
         held = room.held + self.landed - room.landed
-        if used > UPLOAD_BYTES_PER_HOUR or files > UPLOAD_FILES_PER_HOUR or held + self.in_flight > UPLOAD_DISK_BYTES \
-                or free_disk(Path(folder)) < DISK_RESERVE_BYTES:
+        if used > UPLOAD_BYTES_PER_HOUR or files > UPLOAD_FILES_PER_HOUR or mine > UPLOAD_DISK_BYTES // UPLOAD_SHARES \
+                or held + self.in_flight > UPLOAD_DISK_BYTES or free_disk(Path(folder)) < DISK_RESERVE_BYTES:
             return room.refusal()
         return None
 
@@ -111,16 +124,23 @@ class Guard:
 @dataclass(frozen=True)
 class Room:
     """The most an upload may bring, as measured when it began: bytes, what set that number (in
-    words), files; and what the uploads held on disk then, and had landed (`Guard.landed`)."""
+    words), files; what the uploads held on disk then, and had landed (`Guard.landed`); and when
+    that number grows again (seconds; None for a cap of every request), and the most it grows to."""
 
     bytes: int
     why: str
     files: int
     held: int
     landed: int
+    retry_after: float | None = None
+    ceiling: int = 0
 
-    def refusal(self) -> Refused:
-        return too_large(f"this upload is larger than {self.why}: nothing of it was kept")
+    def refusal(self, length: int | None = None) -> Refused:
+        """The refusal of an upload past `bytes` (of `length` bytes, when it said): when to try
+        again, unless it would not fit even then."""
+        wait = self.retry_after if length is None or length <= self.ceiling else None
+        later = "" if wait is None else f"; try again in {minutes(wait)}"
+        return Refused(413, f"this upload is larger than {self.why}: nothing of it was kept{later}", wait)
 
 
 def free_disk(folder: Path) -> int:
@@ -132,6 +152,19 @@ def free_disk(folder: Path) -> int:
         except OSError:
             continue
     return 0
+
+
+def free_again_in(files: list) -> float:
+    """Seconds until the oldest of the kept uploads `files` is deleted (Gradio's sweep counts from a
+    file's ctime), at least one sweep: when the room for uploads grows again."""
+    times = []
+    for path in files:
+        try:
+            times.append(os.stat(path).st_ctime)
+        except OSError:
+            continue
+    oldest = min(times, default=time.time())
+    return max(float(UPLOAD_SWEEP_SECONDS), oldest + UPLOAD_HELD_SECONDS - time.time())
 
 
 def held_bytes(files: Any) -> int:
@@ -211,7 +244,7 @@ class RequestLimits:
                 upload.files = parts.files
                 return refusal or guard.overflow(room, address, folder)
 
-            body = Body(receive, room.bytes, room.refusal, check, cut_off=True)
+            body = Body(receive, room.bytes, lambda: room.refusal(content_length(scope)), check, cut_off=True)
             try:
                 status = await self._guarded(scope, body, send, rewrite=_file_too_large)
             finally:
