@@ -9,7 +9,8 @@ listens for results.
   `max_file_size`, said in these words), within what the address may upload an hour, what the
   uploads may hold together on disk, and what the disk must keep free for the model cache. A
   refused upload keeps nothing: the refusal is raised inside Gradio's parser, which deletes what
-  it had written.
+  it had written. A kept upload's files each get a path of their own (`app.uploads`) before the
+  paths go back: Gradio stores by content, and one visitor's open deleted another's same file.
 - A poll of a session the queue does not know is answered 404 in one line, where Gradio would
   write a 76-line traceback to the log for each.
 - An event stream that opens or closes is counted for its session (`app.sessions.Listeners`),
@@ -28,6 +29,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,6 +44,7 @@ from .limits import (DISK_RESERVE_BYTES, DRAIN_BYTES, MAX_BODY_BYTES, MAX_UPLOAD
                      UPLOAD_BYTES_PER_HOUR, UPLOAD_DISK_BYTES, UPLOAD_FILES_PER_HOUR, UPLOAD_HELD_SECONDS,
                      UPLOAD_SHARES, UPLOAD_SWEEP_SECONDS, UploadLedger, megabytes, minutes)
 from .sessions import Listeners
+from .uploads import own_paths
 from .visitors import visitor
 
 ATTRIBUTE = "ppsd_guard"  # where a page's Blocks carries its Guard
@@ -246,7 +249,8 @@ class RequestLimits:
 
             body = Body(receive, room.bytes, lambda: room.refusal(content_length(scope)), check, cut_off=True)
             try:
-                status = await self._guarded(scope, body, send, rewrite=_file_too_large)
+                status = await self._guarded(scope, body, send, rewrite=lambda status, text: _stored(
+                    status, text, getattr(blocks, "upload_file_set", set()), folder))
             finally:
                 guard.in_flight -= upload.bytes
             kept = body.refusal is None and status == 200
@@ -257,34 +261,30 @@ class RequestLimits:
                 guard.ledger.refund(address, upload)
 
     async def _guarded(self, scope: dict, body: Body, send: Send,
-                       rewrite: Callable[[int, bytes], Refused | None] | None = None) -> int:
+                       rewrite: Callable[[int, bytes], Refused | bytes | None] | None = None) -> int:
         """The app on `body`; a body over its limit (by its length, or as it streams) answered
-        with its refusal instead of whatever the app made of it. Returns the status sent."""
+        with its refusal instead of whatever the app made of it. With `rewrite`, an answer of 200
+        or 413 is held whole and handed to it: what it returns (a refusal, or another body) goes
+        out instead. Returns the status sent."""
         length = content_length(scope)
         if length is not None and length > body.limit:
             return await self._answer(scope, body, send, body.over())
         sent: dict[str, Any] = {}
 
         async def guarded_send(message: Message) -> None:
-            if body.refusal is not None:
-                return  # the app's answer to a body cut short; the refusal goes out instead
+            if body.refusal is not None or sent.get("replaced"):
+                return  # the app's answer to a body cut short (its refusal goes out instead), or one replaced
             if message["type"] == "http.response.start":
                 if not body.done:
                     await body.rest()
-                if rewrite is not None and message["status"] == 413:
-                    sent["held"] = message  # Gradio's own words, perhaps reworded below
+                if rewrite is not None and message["status"] in (200, 413):
+                    sent["held"], sent["text"] = message, b""  # perhaps reworded below
                     return
                 sent["status"] = message["status"]
             elif message["type"] == "http.response.body" and "held" in sent:
-                held = sent.pop("held")
-                if (refusal := rewrite(held["status"], message.get("body", b""))) is not None:
-                    await refusal.answer(send)
-                    log(refusal)
-                    sent["status"], sent["replaced"] = refusal.status, True
-                    return
-                sent["status"] = held["status"]
-                await send(held)
-            elif sent.get("replaced"):
+                sent["text"] += message.get("body", b"")
+                if not message.get("more_body", False):
+                    await self._rewritten(sent, rewrite, send)
                 return
             await send(message)
 
@@ -295,6 +295,22 @@ class RequestLimits:
         if body.refusal is not None and "status" not in sent:
             return await self._answer(scope, body, send, body.refusal)
         return sent.get("status", 500)
+
+    @staticmethod
+    async def _rewritten(sent: dict, rewrite: Callable[[int, bytes], Refused | bytes | None], send: Send) -> None:
+        """The held answer (`sent`), as `rewrite` has it: its refusal, or its body."""
+        held, text = sent.pop("held"), sent.pop("text")
+        answer = rewrite(held["status"], text)
+        if isinstance(answer, Refused):
+            await answer.answer(send)
+            log(answer)
+            sent["status"], sent["replaced"] = answer.status, True
+            return
+        text = text if answer is None else answer
+        headers = [(k, v) for k, v in held.get("headers", []) if k.lower() != b"content-length"]
+        sent["status"] = held["status"]
+        await send({**held, "headers": [*headers, (b"content-length", str(len(text)).encode())]})
+        await send({"type": "http.response.body", "body": text})
 
     @staticmethod
     async def _answer(scope: dict, body: Body, send: Send, refusal: Refused) -> int:
@@ -311,9 +327,17 @@ class RequestLimits:
         return refusal.status
 
 
-def _file_too_large(status: int, text: bytes) -> Refused | None:
-    """Gradio's refusal of a file past `max_file_size`, said in this page's words."""
-    return file_too_large() if status == 413 and text.startswith(b"File size exceeded") else None
+def _stored(status: int, text: bytes, kept: set, folder: str) -> Refused | bytes | None:
+    """Gradio's answer to an upload: its refusal of a file past `max_file_size`, said in this
+    page's words; the paths it stored, each made the upload's own (`app.uploads`)."""
+    if status == 413:
+        return file_too_large() if text.startswith(b"File size exceeded") else None
+    try:
+        return own_paths(text, kept, folder)
+    except OSError as error:
+        print(f"an upload could not be given its own path: {error}", file=sys.stderr, flush=True)
+        return Refused(503, "the upload could not be kept (the same file arrived twice at once): send it again",
+                       1)
 
 
 def _blocks(scope: dict) -> Any:

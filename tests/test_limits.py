@@ -173,6 +173,27 @@ def test_four_addresses_at_their_hourly_most_leave_room_for_a_fifth(server):
     assert create_demo(AppState()).delete_cache[1] <= 600  # an unopened upload expires in minutes, not an hour
 
 
+def test_two_visitors_uploading_the_same_file_each_open_their_own(server):
+    """Gradio stores an upload by its content: two visitors sending one file got one path, and the
+    first to open it deleted it ("the file could not be read: No such file or directory")."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from app import replay
+
+    url, folder = server
+    data = next(iter(replay.shipped().values())).read_bytes()
+    first, second = (upload(url, [("run.json", data)], address=a).json()[0] for a in ("192.0.2.1", "192.0.2.2"))
+    assert first != second
+    for path in (first, second):  # each visitor's open, in turn
+        assert replay.open_bytes(replay.read_upload(path)).recorded.startswith("Recorded on")
+    with ThreadPoolExecutor(3) as pool:  # one content at once from three addresses
+        answers = list(pool.map(lambda a: slow_upload(url, "same.json", MB, f"192.0.2.{a}"), (7, 8, 9)))
+    paths = [a.json()[0] for a in answers]
+    assert len(set(paths)) == 3, paths
+    assert [len(replay.read_upload(p)) for p in paths] == [MB] * 3
+    assert stored(folder) == []  # every open deleted its own copy, and the shared name is gone
+
+
 def test_the_disk_keeps_the_model_cache_room(server, monkeypatch):
     url, folder = server
     import shutil
