@@ -87,7 +87,7 @@ def wire(made: RecordingPanel, page: Page) -> None:
     steps_panel: steps.StepsPanel = page.made["steps"]
     for event in (made.shipped.input(lambda name: on_shipped(name, page.shows), made.shipped, shown, **QUIET),
                   made.upload.upload(lambda path: on_upload(path, page.shows), made.upload, shown, **QUIET)):
-        event.success(race.on_replay, race_panel.state, race_panel.lanes, **QUIET)
+        event.success(race.on_replay, race_panel.state, race_panel.lanes, **QUIET, **race.REPLAY_EVENT)
         event.success(steps.on_steps_ready, race_panel.state, [steps_panel.slot, steps_panel.view, steps_panel.timer],
                       **QUIET)  # as after a Run: a play of the last run stops
     made.state.change(on_recorded, made.state, [made.save, made.said], **QUIET)
