@@ -9,7 +9,8 @@ listens for results.
   `max_file_size`, said in these words), within what the address may upload an hour, what the
   uploads may hold together on disk, and what the disk must keep free for the model cache. A
   refused upload keeps nothing: the refusal is raised inside Gradio's parser, which deletes what
-  it had written.
+  it had written. A kept upload's files each get a path of their own (`app.uploads`) before the
+  paths go back: Gradio stores by content, and one visitor's open deleted another's same file.
 - A poll of a session the queue does not know is answered 404 in one line, where Gradio would
   write a 76-line traceback to the log for each.
 - An event stream that opens or closes is counted for its session (`app.sessions.Listeners`),
@@ -28,6 +29,8 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -38,9 +41,10 @@ from starlette.requests import Request
 
 from .bodies import Body, Message, Parts, Receive, Refused, Send, content_length, log
 from .limits import (DISK_RESERVE_BYTES, DRAIN_BYTES, MAX_BODY_BYTES, MAX_UPLOAD_BYTES, MAX_UPLOAD_FILES,
-                     UPLOAD_BYTES_PER_HOUR, UPLOAD_DISK_BYTES, UPLOAD_FILES_PER_HOUR, UploadLedger, megabytes,
-                     minutes)
+                     UPLOAD_BYTES_PER_HOUR, UPLOAD_DISK_BYTES, UPLOAD_FILES_PER_HOUR, UPLOAD_HELD_SECONDS,
+                     UPLOAD_SHARES, UPLOAD_SWEEP_SECONDS, UploadLedger, megabytes, minutes)
 from .sessions import Listeners
+from .uploads import own_paths
 from .visitors import visitor
 
 ATTRIBUTE = "ppsd_guard"  # where a page's Blocks carries its Guard
@@ -83,27 +87,39 @@ class Guard:
             raise Refused(429, f"you have uploaded {megabytes(used)} in {files} files in the last hour, the most one "
                                f"visitor may ({megabytes(UPLOAD_BYTES_PER_HOUR)}, {UPLOAD_FILES_PER_HOUR} files): "
                                f"try again in {minutes(wait)}", wait)
-        held = held_bytes(getattr(blocks, "upload_file_set", ()))
+        share, mine = UPLOAD_DISK_BYTES // UPLOAD_SHARES, self.ledger.used(address, UPLOAD_HELD_SECONDS)[0]
+        share_free_in = self.ledger.free_again_in(address, UPLOAD_HELD_SECONDS)
+        if mine >= share:
+            raise Refused(429, f"you have uploaded {megabytes(mine)} in the last {minutes(UPLOAD_HELD_SECONDS)}, your "
+                               f"share of the demo's room for uploads ({megabytes(share)}; an upload is kept at most "
+                               f"{minutes(UPLOAD_HELD_SECONDS)}): try again in {minutes(share_free_in)}", share_free_in)
+        uploads = list(getattr(blocks, "upload_file_set", ()))
+        held, room_free_in = held_bytes(uploads), free_again_in(uploads)
         space = min(UPLOAD_DISK_BYTES - held, free_disk(Path(folder)) - DISK_RESERVE_BYTES) - self.in_flight
         if space <= 0:
-            raise Refused(429, "the demo's room for uploads is full for now (uploads are kept an hour, and the disk "
-                               "keeps room for the model cache): try again in a few minutes", 300)
+            raise Refused(429, f"the demo's room for uploads is full for now (an upload is kept at most "
+                               f"{minutes(UPLOAD_HELD_SECONDS)}, and the disk keeps room for the model cache): try "
+                               f"again in {minutes(room_free_in)}", room_free_in)
         limits = [(MAX_UPLOAD_FILES * (MAX_UPLOAD_BYTES + PART_SLACK),
-                   f"the most one upload may carry ({MAX_UPLOAD_FILES} files of {megabytes(MAX_UPLOAD_BYTES)})"),
+                   f"the most one upload may carry ({MAX_UPLOAD_FILES} files of {megabytes(MAX_UPLOAD_BYTES)})", (None, 0)),
                   (UPLOAD_BYTES_PER_HOUR - used, f"what you may still upload this hour "
-                                                 f"({megabytes(UPLOAD_BYTES_PER_HOUR - used)})"),
-                  (space, f"the room uploads have now ({megabytes(space)})")]
-        most, why = min(limits, key=lambda limit: limit[0])
-        return Room(most, why, min(MAX_UPLOAD_FILES, UPLOAD_FILES_PER_HOUR - files), held, self.landed)
+                                                 f"({megabytes(UPLOAD_BYTES_PER_HOUR - used)})",
+                   (self.ledger.free_again_in(address), UPLOAD_BYTES_PER_HOUR)),
+                  (share - mine, f"what is left of your share of the room for uploads ({megabytes(share - mine)})",
+                   (share_free_in, share)),
+                  (space, f"the room uploads have now ({megabytes(space)})", (room_free_in, UPLOAD_DISK_BYTES))]
+        most, why, (wait, ceiling) = min(limits, key=lambda limit: limit[0])
+        return Room(most, why, min(MAX_UPLOAD_FILES, UPLOAD_FILES_PER_HOUR - files), held, self.landed, wait, ceiling)
 
     def overflow(self, room: Room, address: str, folder: str) -> Refused | None:
         """Whether the uploads in progress, this one's bytes so far included, went past a room as
         it is now: the address's hour (its other uploads at once count too), the uploads' room on
         disk (uploads that landed since `room` was measured count too), or the disk's reserve."""
         used, files = self.ledger.used(address)
+        mine = self.ledger.used(address, UPLOAD_HELD_SECONDS)[0]
         held = room.held + self.landed - room.landed
-        if used > UPLOAD_BYTES_PER_HOUR or files > UPLOAD_FILES_PER_HOUR or held + self.in_flight > UPLOAD_DISK_BYTES \
-                or free_disk(Path(folder)) < DISK_RESERVE_BYTES:
+        if used > UPLOAD_BYTES_PER_HOUR or files > UPLOAD_FILES_PER_HOUR or mine > UPLOAD_DISK_BYTES // UPLOAD_SHARES \
+                or held + self.in_flight > UPLOAD_DISK_BYTES or free_disk(Path(folder)) < DISK_RESERVE_BYTES:
             return room.refusal()
         return None
 
@@ -111,16 +127,23 @@ class Guard:
 @dataclass(frozen=True)
 class Room:
     """The most an upload may bring, as measured when it began: bytes, what set that number (in
-    words), files; and what the uploads held on disk then, and had landed (`Guard.landed`)."""
+    words), files; what the uploads held on disk then, and had landed (`Guard.landed`); and when
+    that number grows again (seconds; None for a cap of every request), and the most it grows to."""
 
     bytes: int
     why: str
     files: int
     held: int
     landed: int
+    retry_after: float | None = None
+    ceiling: int = 0
 
-    def refusal(self) -> Refused:
-        return too_large(f"this upload is larger than {self.why}: nothing of it was kept")
+    def refusal(self, length: int | None = None) -> Refused:
+        """The refusal of an upload past `bytes` (of `length` bytes, when it said): when to try
+        again, unless it would not fit even then."""
+        wait = self.retry_after if length is None or length <= self.ceiling else None
+        later = "" if wait is None else f"; try again in {minutes(wait)}"
+        return Refused(413, f"this upload is larger than {self.why}: nothing of it was kept{later}", wait)
 
 
 def free_disk(folder: Path) -> int:
@@ -132,6 +155,19 @@ def free_disk(folder: Path) -> int:
         except OSError:
             continue
     return 0
+
+
+def free_again_in(files: list) -> float:
+    """Seconds until the oldest of the kept uploads `files` is deleted (Gradio's sweep counts from a
+    file's ctime), at least one sweep: when the room for uploads grows again."""
+    times = []
+    for path in files:
+        try:
+            times.append(os.stat(path).st_ctime)
+        except OSError:
+            continue
+    oldest = min(times, default=time.time())
+    return max(float(UPLOAD_SWEEP_SECONDS), oldest + UPLOAD_HELD_SECONDS - time.time())
 
 
 def held_bytes(files: Any) -> int:
@@ -211,9 +247,10 @@ class RequestLimits:
                 upload.files = parts.files
                 return refusal or guard.overflow(room, address, folder)
 
-            body = Body(receive, room.bytes, room.refusal, check, cut_off=True)
+            body = Body(receive, room.bytes, lambda: room.refusal(content_length(scope)), check, cut_off=True)
             try:
-                status = await self._guarded(scope, body, send, rewrite=_file_too_large)
+                status = await self._guarded(scope, body, send, rewrite=lambda status, text: _stored(
+                    status, text, getattr(blocks, "upload_file_set", set()), folder))
             finally:
                 guard.in_flight -= upload.bytes
             kept = body.refusal is None and status == 200
@@ -224,34 +261,30 @@ class RequestLimits:
                 guard.ledger.refund(address, upload)
 
     async def _guarded(self, scope: dict, body: Body, send: Send,
-                       rewrite: Callable[[int, bytes], Refused | None] | None = None) -> int:
+                       rewrite: Callable[[int, bytes], Refused | bytes | None] | None = None) -> int:
         """The app on `body`; a body over its limit (by its length, or as it streams) answered
-        with its refusal instead of whatever the app made of it. Returns the status sent."""
+        with its refusal instead of whatever the app made of it. With `rewrite`, an answer of 200
+        or 413 is held whole and handed to it: what it returns (a refusal, or another body) goes
+        out instead. Returns the status sent."""
         length = content_length(scope)
         if length is not None and length > body.limit:
             return await self._answer(scope, body, send, body.over())
         sent: dict[str, Any] = {}
 
         async def guarded_send(message: Message) -> None:
-            if body.refusal is not None:
-                return  # the app's answer to a body cut short; the refusal goes out instead
+            if body.refusal is not None or sent.get("replaced"):
+                return  # the app's answer to a body cut short (its refusal goes out instead), or one replaced
             if message["type"] == "http.response.start":
                 if not body.done:
                     await body.rest()
-                if rewrite is not None and message["status"] == 413:
-                    sent["held"] = message  # Gradio's own words, perhaps reworded below
+                if rewrite is not None and message["status"] in (200, 413):
+                    sent["held"], sent["text"] = message, b""  # perhaps reworded below
                     return
                 sent["status"] = message["status"]
             elif message["type"] == "http.response.body" and "held" in sent:
-                held = sent.pop("held")
-                if (refusal := rewrite(held["status"], message.get("body", b""))) is not None:
-                    await refusal.answer(send)
-                    log(refusal)
-                    sent["status"], sent["replaced"] = refusal.status, True
-                    return
-                sent["status"] = held["status"]
-                await send(held)
-            elif sent.get("replaced"):
+                sent["text"] += message.get("body", b"")
+                if not message.get("more_body", False):
+                    await self._rewritten(sent, rewrite, send)
                 return
             await send(message)
 
@@ -262,6 +295,22 @@ class RequestLimits:
         if body.refusal is not None and "status" not in sent:
             return await self._answer(scope, body, send, body.refusal)
         return sent.get("status", 500)
+
+    @staticmethod
+    async def _rewritten(sent: dict, rewrite: Callable[[int, bytes], Refused | bytes | None], send: Send) -> None:
+        """The held answer (`sent`), as `rewrite` has it: its refusal, or its body."""
+        held, text = sent.pop("held"), sent.pop("text")
+        answer = rewrite(held["status"], text)
+        if isinstance(answer, Refused):
+            await answer.answer(send)
+            log(answer)
+            sent["status"], sent["replaced"] = answer.status, True
+            return
+        text = text if answer is None else answer
+        headers = [(k, v) for k, v in held.get("headers", []) if k.lower() != b"content-length"]
+        sent["status"] = held["status"]
+        await send({**held, "headers": [*headers, (b"content-length", str(len(text)).encode())]})
+        await send({"type": "http.response.body", "body": text})
 
     @staticmethod
     async def _answer(scope: dict, body: Body, send: Send, refusal: Refused) -> int:
@@ -278,9 +327,17 @@ class RequestLimits:
         return refusal.status
 
 
-def _file_too_large(status: int, text: bytes) -> Refused | None:
-    """Gradio's refusal of a file past `max_file_size`, said in this page's words."""
-    return file_too_large() if status == 413 and text.startswith(b"File size exceeded") else None
+def _stored(status: int, text: bytes, kept: set, folder: str) -> Refused | bytes | None:
+    """Gradio's answer to an upload: its refusal of a file past `max_file_size`, said in this
+    page's words; the paths it stored, each made the upload's own (`app.uploads`)."""
+    if status == 413:
+        return file_too_large() if text.startswith(b"File size exceeded") else None
+    try:
+        return own_paths(text, kept, folder)
+    except OSError as error:
+        print(f"an upload could not be given its own path: {error}", file=sys.stderr, flush=True)
+        return Refused(503, "the upload could not be kept (the same file arrived twice at once): send it again",
+                       1)
 
 
 def _blocks(scope: dict) -> Any:

@@ -23,9 +23,16 @@ UPLOAD_FILES_PER_HOUR = 100  # and in how many files
 # (the converted default model is about 548 MB, and a model converted again needs as much more).
 UPLOAD_DISK_BYTES = 256 * MB
 DISK_RESERVE_BYTES = 1024 * MB
-# Old uploads deleted (Gradio's `delete_cache`): every 10 minutes, those older than an hour.
-UPLOAD_KEEP_SECONDS = 3600
-DELETE_UPLOADS = (600, UPLOAD_KEEP_SECONDS)
+# An unopened upload is deleted (Gradio's `delete_cache`) once it is 10 minutes old, swept every
+# minute; an opened one at once (`app.replay.read_upload`). So an upload holds room for at most
+# `UPLOAD_HELD_SECONDS`.
+UPLOAD_KEEP_SECONDS = 600
+UPLOAD_SWEEP_SECONDS = 60
+DELETE_UPLOADS = (UPLOAD_SWEEP_SECONDS, UPLOAD_KEEP_SECONDS)
+UPLOAD_HELD_SECONDS = UPLOAD_KEEP_SECONDS + UPLOAD_SWEEP_SECONDS
+# One address's share of the room: what it uploaded while that may still be held. Eight shares fill
+# it, so the hourly budgets of four addresses (which once filled it in 2 s) leave half of it to others.
+UPLOAD_SHARES = 8
 
 # Any other request's body: the run's JSON carries a prompt of at most `MAX_PROMPT_CHARS`
 # characters, each at most 12 bytes escaped (a surrogate pair, "\\ud83d\\ude00"), and 14 short values.
@@ -83,17 +90,25 @@ class UploadLedger:
             if not uploads:
                 self._uploads.pop(address, None)
 
-    def used(self, address: str) -> tuple[int, int]:
-        """Bytes and files `address` uploaded in the window (the uploads in progress included)."""
+    def used(self, address: str, within: float | None = None) -> tuple[int, int]:
+        """Bytes and files `address` uploaded in the window, or in the last `within` seconds of it
+        (the uploads in progress included)."""
         with self._lock:
-            uploads = self._recent(address)
+            uploads = self._since(address, within)
             return sum(u.bytes for u in uploads), sum(u.files for u in uploads)
 
-    def free_again_in(self, address: str) -> float:
-        """Seconds until the oldest upload of `address` in the window leaves it."""
+    def free_again_in(self, address: str, within: float | None = None) -> float:
+        """Seconds until the oldest upload of `address` in the window (or in its last `within`
+        seconds) leaves it."""
         with self._lock:
-            uploads = self._recent(address)
-            return max(0.0, uploads[0].at + self.window - self._clock()) if uploads else 0.0
+            uploads = self._since(address, within)
+            span = self.window if within is None else within
+            return max(0.0, uploads[0].at + span - self._clock()) if uploads else 0.0
+
+    def _since(self, address: str, within: float | None) -> list[Upload]:
+        uploads = self._recent(address)
+        cutoff = -float("inf") if within is None else self._clock() - within
+        return [u for u in uploads if u.at >= cutoff]
 
     def _recent(self, address: str) -> deque[Upload]:
         uploads = self._uploads.get(address, deque())

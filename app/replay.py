@@ -23,6 +23,7 @@ from ppsd.setup import check_prompt_length
 from .models import Loaded
 from .request import FORM, CheckedRequest, RunRequest
 from .runner import Snapshot
+from .uploads import discard
 
 ROOT = Path(__file__).resolve().parent.parent
 RUNS = ROOT / "assets" / "runs"  # the shipped recordings
@@ -166,14 +167,11 @@ def read_upload(path: str | Path) -> bytes:
 
 
 def _discard(path: Path) -> None:
-    """Delete `path` if it lies in Gradio's upload folder (never a file outside it)."""
+    """Delete `path` if it lies in Gradio's upload folder (never a file outside it): the upload's
+    own copy (`app.uploads`), so another visitor's upload of the same file stays."""
     from gradio.utils import get_upload_folder
 
-    try:
-        if path.resolve().is_relative_to(Path(get_upload_folder()).resolve()):
-            path.unlink(missing_ok=True)
-    except OSError:
-        pass  # already gone, or Gradio's own hourly sweep takes it
+    discard(path, get_upload_folder())
 
 
 def shipped() -> dict[str, Path]:

@@ -62,8 +62,9 @@ def test_a_64_mb_upload_is_refused_in_words_and_nothing_of_it_is_kept(server):
     url, folder = server
     answer = upload(url, [("big.bin", b"\0" * (64 * 10**6))])
     assert answer.status_code == 413
-    assert answer.text == (f"a file may be at most 8 MB (a recorded run is well under that): nothing of this "
-                           "upload was kept")
+    # Its Content-Length alone is past the address's share of the room (32 MB): refused before a byte is read.
+    assert answer.text == ("this upload is larger than what is left of your share of the room for uploads (32 MB): "
+                           "nothing of it was kept")
     assert stored(folder) == []
 
 
@@ -94,7 +95,9 @@ def test_an_address_gets_its_hourly_upload_budget_and_another_address_its_own(se
     assert [upload(url, [(f"r{i}.json", bytes([i]) * MB)]).status_code for i in range(2)] == [200, 200]
     over = upload(url, [("big.json", b"x" * 2 * MB)])  # 4 MB in the hour: past the budget as it streams
     assert over.status_code == 413
-    assert over.text == "this upload is larger than what you may still upload this hour (1 MB): nothing of it was kept"
+    assert over.text == ("this upload is larger than what you may still upload this hour (1 MB): nothing of it was "
+                         "kept; try again in 60 min")
+    assert int(over.headers["retry-after"]) > 3500
     assert upload(url, [("r2.json", b"{}")]).status_code == 200  # a refused upload costs nothing
     spent = upload(url, [("r3.json", b"{}")])  # a fourth file
     assert spent.status_code == 429
@@ -129,6 +132,7 @@ def test_uploads_at_once_share_one_budget(server, monkeypatch, budget, addresses
 
     url, folder = server
     monkeypatch.setattr(guard, budget, 3 * MB)
+    monkeypatch.setattr(guard, "UPLOAD_SHARES", 1)  # the room's budget, not an address's share of it
     with ThreadPoolExecutor(3) as pool:
         answers = list(pool.map(lambda a: slow_upload(url, f"{a[0]}.json", 2 * MB, a[1]), enumerate(addresses)))
     kept = [a for a in answers if a.status_code == 200]
@@ -140,6 +144,7 @@ def test_uploads_at_once_share_one_budget(server, monkeypatch, budget, addresses
 def test_uploads_never_hold_more_than_their_room_on_disk(server, monkeypatch):
     url, folder = server
     monkeypatch.setattr(guard, "UPLOAD_DISK_BYTES", 3 * MB)
+    monkeypatch.setattr(guard, "UPLOAD_SHARES", 1)
     answers = [upload(url, [(f"r{i}.json", bytes([i]) * MB)], address=f"203.0.113.{i}") for i in range(4)]
     assert [a.status_code for a in answers] == [200, 200, 413, 413]  # 1 MB and its headers past the 1 MB left
     assert answers[-1].text.startswith("this upload is larger than the room uploads have now (1 MB)")
@@ -147,7 +152,46 @@ def test_uploads_never_hold_more_than_their_room_on_disk(server, monkeypatch):
     monkeypatch.setattr(guard, "UPLOAD_DISK_BYTES", 2 * MB)  # now full
     full = upload(url, [("r.json", b"{}")])
     assert full.status_code == 429 and full.text.startswith("the demo's room for uploads is full for now")
+    assert full.text.endswith("try again in 11 min") and 600 < int(full.headers["retry-after"]) <= 660
     assert sum(p.stat().st_size for p in stored(folder)) == 2 * MB
+
+
+def test_four_addresses_at_their_hourly_most_leave_room_for_a_fifth(server):
+    """Four addresses once filled the whole room in about 2 s with their hourly budgets, and every
+    upload was then refused for an hour. Now each address holds at most its share, each refusal
+    says when to retry, and a fifth address's recording of 100 KB is kept."""
+    url, folder = server
+    size = limits.UPLOAD_BYTES_PER_HOUR // 8 - 4096  # eight of these fit an address's hour, headers included
+    for a in range(4):
+        answers = [upload(url, [(f"r{i}.json", b"x" * size)], address=f"203.0.113.{a}") for i in range(9)]
+        refused = [r for r in answers if r.status_code != 200]
+        assert refused, f"address {a} was refused nothing"
+        assert all(r.status_code in (413, 429) and "try again in" in r.text and int(r.headers["retry-after"]) > 0
+                   for r in refused), [r.text for r in refused]
+    fifth = upload(url, [("recording.json", b"{}" + b" " * (100 * 1024))], address="198.51.100.20")
+    assert fifth.status_code == 200, fifth.text
+    assert create_demo(AppState()).delete_cache[1] <= 600  # an unopened upload expires in minutes, not an hour
+
+
+def test_two_visitors_uploading_the_same_file_each_open_their_own(server):
+    """Gradio stores an upload by its content: two visitors sending one file got one path, and the
+    first to open it deleted it ("the file could not be read: No such file or directory")."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from app import replay
+
+    url, folder = server
+    data = next(iter(replay.shipped().values())).read_bytes()
+    first, second = (upload(url, [("run.json", data)], address=a).json()[0] for a in ("192.0.2.1", "192.0.2.2"))
+    assert first != second
+    for path in (first, second):  # each visitor's open, in turn
+        assert replay.open_bytes(replay.read_upload(path)).recorded.startswith("Recorded on")
+    with ThreadPoolExecutor(3) as pool:  # one content at once from three addresses
+        answers = list(pool.map(lambda a: slow_upload(url, "same.json", MB, f"192.0.2.{a}"), (7, 8, 9)))
+    paths = [a.json()[0] for a in answers]
+    assert len(set(paths)) == 3, paths
+    assert [len(replay.read_upload(p)) for p in paths] == [MB] * 3
+    assert stored(folder) == []  # every open deleted its own copy, and the shared name is gone
 
 
 def test_the_disk_keeps_the_model_cache_room(server, monkeypatch):

@@ -9,7 +9,7 @@ from __future__ import annotations
 import html
 import time
 from dataclasses import dataclass
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import gradio as gr
 
@@ -23,8 +23,16 @@ from ..words import METHOD_NAMES, PROJECTED_LANE, duration_text, forced_words
 from . import QUIET, Page
 
 OUTPUTS = ("race",)
-REPLAY_SECONDS = 3.0  # least screen time of the slowest lane: a faster race is slowed down, never sped up
+REPLAY_SECONDS = 3.0  # least screen time of the slowest lane: a faster race is slowed down to it
+REPLAY_MOST_SECONDS = 30.0  # most screen time: a longer race (a recording may say a week) is sped up to it
 REPLAY_FPS = 12
+REPLAY_BYTES = 16 * 2**20  # the most one replay streams: past it, frames come further apart
+DRAWN_TOKENS = 400  # a lane draws at most its latest this many tokens (a frame's size stays bounded)
+DRAWN_CHARS = 40  # and each token's text at most this many characters
+REPLAYS_AT_ONCE = 16  # replays streaming at once, for every visitor together (each holds a thread)
+# Every replay event, whatever started it, shares one group of REPLAYS_AT_ONCE (Gradio gives each
+# event a group of one by default: five visitors' replays ran one after another).
+REPLAY_EVENT = dict(concurrency_id="race-replay", concurrency_limit=REPLAYS_AT_ONCE)
 WAITING = '<div class="race-note">Run a comparison; its race replays here.</div>'
 
 
@@ -48,8 +56,9 @@ def create() -> RacePanel:
 
 def wire(made: RacePanel, page: Page) -> None:
     """The race replays after each successful Run and on its button; Stop cancels both replays."""
-    after_run = page.run.success(on_replay, made.state, made.lanes, **QUIET)
-    again = made.replay.click(on_replay, made.state, made.lanes, api_name="replay", show_progress="hidden")
+    after_run = page.run.success(on_replay, made.state, made.lanes, **QUIET, **REPLAY_EVENT)
+    again = made.replay.click(on_replay, made.state, made.lanes, api_name="replay", show_progress="hidden",
+                              **REPLAY_EVENT)
     page.cancels.extend((after_run, again))
 
 
@@ -96,24 +105,50 @@ def round_seconds(view: RunView) -> float:
     return sum(run.wall("measured") for run in runs.values() if run.done)
 
 
-def on_replay(race: dict | None) -> Iterator[str]:
+_latest: dict[str, object] = {}  # each session's replay in progress: a newer one ends the older
+
+
+def on_replay(race: dict | None, request: gr.Request | None = None) -> Iterator[str]:
     """Replay the finished run: every lane commits its tokens at its recorded times, on the page's
-    clock, at their pace (a race shorter than REPLAY_SECONDS is slowed down to it, and says so)."""
+    clock, at their pace, within REPLAY_SECONDS and REPLAY_MOST_SECONDS of screen time (slowed
+    down or sped up to fit, and says so), and within REPLAY_BYTES streamed. One replay a
+    session: a newer one of the same session ends this one."""
     if not race:
         yield '<div class="race-note">Run a comparison first; its race replays here.</div>'
         return
+    session, mine = getattr(request, "session_hash", None) or "", object()
+    _latest[session] = mine
+    try:
+        yield from _frames(race, lambda: _latest.get(session) is mine)
+    finally:
+        if _latest.get(session) is mine:
+            del _latest[session]
+
+
+def _frames(race: dict, current: Callable[[], bool]) -> Iterator[str]:
+    """The race's frames while `current()`, the last one at its end."""
     lanes, pieces = race["lanes"], race["pieces"]
-    piece = lambda token_id: pieces.get(token_id, "?")  # noqa: E731
+    piece = lambda token_id: _drawn(pieces.get(token_id, "?"))  # noqa: E731
     longest = max(lane.total for lane in lanes) or 1e-3
-    stretch = max(1.0, REPLAY_SECONDS / longest)
+    stretch = min(max(1.0, REPLAY_SECONDS / longest), REPLAY_MOST_SECONDS / longest)
+    screen = longest * stretch
     started = time.perf_counter()
-    while True:
+    while current():
         at = (time.perf_counter() - started) / stretch
-        yield render_race(lanes, piece, at=min(at, longest), clock=race["clock"], stretch=stretch,
-                          shown=race.get("shown", ""), forced=race.get("forced", ""))
+        frame = render_race(lanes, piece, at=min(at, longest), clock=race["clock"], stretch=stretch,
+                            shown=race.get("shown", ""), forced=race.get("forced", ""))
+        yield frame
         if at >= longest:
             return
-        time.sleep(1 / REPLAY_FPS)
+        # as many frames as REPLAY_BYTES holds over the screen time, at most REPLAY_FPS a second,
+        # and the last one on time
+        gap = max(1 / REPLAY_FPS, screen * len(frame) / REPLAY_BYTES)
+        time.sleep(max(0.0, min(gap, (longest - at) * stretch)))
+
+
+def _drawn(text: str) -> str:
+    """A token's text as the race draws it: at most DRAWN_CHARS characters."""
+    return text if len(text) <= DRAWN_CHARS else text[:DRAWN_CHARS - 1] + "…"
 
 
 @dataclass(frozen=True)
@@ -148,7 +183,10 @@ def render_race(lanes: Sequence[Lane], piece: Piece, *, at: float, clock: str, s
     for lane in lanes:
         done = sum(t <= at for t in lane.times)
         finished = at >= lane.total
-        committed = render_tokens(lane.tokens[:done], piece)
+        earlier = max(0, done - DRAWN_TOKENS)
+        committed = render_tokens(lane.tokens[earlier:done], piece)
+        if earlier:
+            committed = f'<div class="race-earlier">… {earlier} earlier tokens not drawn</div>{committed}'
         clock_text = f"{duration_text(min(at, lane.total))}" + (" ✓ finished" if finished else "")
         if lane.ar_total is not None:
             clock_text += f" · AR on this clock: {duration_text(lane.ar_total)}"
@@ -161,6 +199,8 @@ def render_race(lanes: Sequence[Lane], piece: Piece, *, at: float, clock: str, s
     which = f"{shown[0].lower()}{shown[1:].split(';')[0]}" if shown else "this run"  # the round, as the panels say
     note = (f"Replay of {which}, slowed {stretch:.0f}× from its recorded pace ({clock} clock) so the "
             "eye can follow." if stretch >= 1.5 else
+            f"Replay of {which}, sped up {1 / stretch:,.0f}× from its recorded pace ({clock} clock) to fit "
+            f"{REPLAY_MOST_SECONDS:g} s." if stretch < 1 else
             f"Replay of {which} at its recorded pace ({clock} clock).")
     if any(lane.method == PROJECTED_LANE for lane in lanes):
         note += (" The lane of PPSD on one device per stage is projected from this run's stage costs (not run so): "
