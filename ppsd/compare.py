@@ -281,6 +281,7 @@ class Comparison:
         or a method cut short)."""
         live = index < LIVE_ROUNDS
         for method in (*self.methods, *((PLAIN,) if self.plain else ())):
+            quiet.wait_for_quiet()  # a background build's own round gives way to a timed one, method by method
             name = "plain AR" if method == PLAIN else method.upper()
             status = (f"Round {index + 1} of {self.num_rounds}: {name}" if method != PLAIN or index else
                       "Timing plain AR, the fastest AR here with no pipeline")
@@ -342,7 +343,6 @@ class Comparison:
         try:
             with guard:
                 for step in steps:
-                    quiet.wait_for_quiet()  # a background build's own round gives way to a timed one
                     run.add(step)
                     if stop.is_set():
                         return  # between steps: the workers hold no half-done call, so they are kept

@@ -91,7 +91,7 @@ class TrainedExitHead(nn.Module):
             return
         weight = self.lm_head.weight.detach()
         with torch.inference_mode(False):  # a buffer that outlives any one run's inference mode
-            self.draft_weight = weight[vocab.to(weight.device)].clone()
+            self.draft_weight = weight[vocab.to(weight.device)]  # indexing copies: a tensor of its own
 
     def _apply(self, fn, recurse=True):  # noqa: ANN001 - nn.Module's own signature
         super()._apply(fn, recurse)
