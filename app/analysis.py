@@ -1,5 +1,5 @@
 """What the page says of a comparison, in sentences: whether its result is clean, the headline's
-rounds, plain AR, why the two headline lines differ, the ideal and every round's walls, each from
+rounds, plain AR, why the two headline lines differ, why PPSD lost when it did, the ideal and every round's walls, each from
 one `app.reading.Reading` (laid out as HTML by `app.panels.headline`). Plain text out; every
 number says its clock.
 
@@ -11,6 +11,7 @@ every duration by `words.duration_text`.
 
 from __future__ import annotations
 
+from ppsd.compare import PlainWay
 from ppsd.metrics import Stalls, break_even_acceptance, ideal_ppsd_speedup_slowest_stage
 
 from .reading import Reading
@@ -185,6 +186,44 @@ def why_sentence(c: Reading) -> str:
     cause = ("the stages share one CPU's memory bus and caches, and pass every token between them"
              if c.device == "cpu" else "the stages pass every token between them")
     return f"AR on the pipeline ran {slower} than plain AR: {cause}; PPSD hides that cost only in part."
+
+
+def loss_sentence(c: Reading) -> str:
+    """Why PPSD lost to the fastest AR measured here, in one sentence for the headline box ("" when
+    it did not, or there is no clean number): a second thread that speeds plain AR up (then no
+    acceptance may help), AR on the pipeline slower than plain AR by more than PPSD won back, or
+    the pipeline's own overheads above what drafting ahead saved at this acceptance."""
+    if not c.workers or unclean_reason(c) or (c.stats.against_fastest() or 0.0) >= 1:
+        return ""
+    slot = c.ppsd.slot_fraction or 1.0 / c.num_stages
+    rate = "no draft was judged" if c.acceptance is None else f"a = {c.acceptance:.2f}"
+    if c.fastest[0] != "plain":  # lost to AR on its own pipeline
+        spent = c.kind.overhead or "the hand-overs between the stages"
+        return (f"Why PPSD lost: at {rate} the ideal is {ratio_text(c.ideal)} than AR, but on this pipeline "
+                f"{spent} outweighed what drafting ahead saved.")
+    need = c.stats.ratio("ar", "plain") or 1.0  # AR on the pipeline over plain AR
+    a_star = break_even_acceptance(need, slot)
+    gap = (f"by the ideal model no acceptance closes that gap here (even a = 1 gives PPSD only {ratio_text(1 / slot)} "
+           "than AR on the pipeline)" if a_star > 1 else f"PPSD would need acceptance a* = {a_star:.2f} ({rate} here)")
+    lead = f"AR on the pipeline ran {ratio_text(1 / need)} than plain AR, and PPSD {ratio_text(c.speedup)} than that AR"
+    second = _second_thread(c.plain)
+    if second is not None:
+        return (f"Why PPSD lost: a second thread speeds AR up here (plain AR on {_threads(c.plain.threads)} ran "
+                f"{second:.2f}× as fast as on 1), while each of the {c.num_stages} stages runs on a core of its own; "
+                f"{lead}, so {gap}.")
+    return f"Why PPSD lost: {lead}; {gap}."
+
+
+def _second_thread(plain: PlainWay | None) -> float | None:
+    """How much faster plain AR ran on every core than on 1 in round 1 (None: it kept 1 thread, or
+    more threads were no faster than the noise)."""
+    if plain is None or plain.threads <= 1:
+        return None
+    walls = {threads: seconds for threads, seconds, _ in plain.trials}
+    if 1 not in walls or plain.threads not in walls or walls[plain.threads] <= 0:
+        return None
+    gain = walls[1] / walls[plain.threads]  # a 1-thread trial cut short: its wall is a lower bound
+    return gain if gain > 1 + NOISE else None
 
 
 NOISE = 0.05  # a timed run this far above an ideal is within run-to-run timing noise

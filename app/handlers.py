@@ -19,7 +19,8 @@ import gradio as gr
 import ppsd
 from ppsd.config import fit_stages, stage_bounds
 from ppsd.heads import default_exit_layer
-from ppsd.executors.kinds import AUTO, choose
+from ppsd.executors.choice import choose
+from ppsd.executors.kinds import AUTO
 from ppsd.executors.host import usable_cores
 from ppsd.model import model_config, resolve_device
 from ppsd.model_source import needs_preparing

@@ -15,7 +15,8 @@ from __future__ import annotations
 import math
 from typing import Any, Callable
 
-from ppsd.executors.kinds import IN_TURN, choose
+from ppsd.executors.choice import choose
+from ppsd.executors.kinds import IN_TURN
 from ppsd.static_cache import buckets_to, run_reach
 
 from .request import MAX_PROMPT_CHARS, MAX_RUN_SECONDS, CheckedRequest, RunRequest

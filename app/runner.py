@@ -21,7 +21,8 @@ from ppsd.compare import PLAIN, Comparison, MethodRun, PlainWay, State, Stats, r
 from ppsd.compare import THROTTLE_SECONDS, ExecutorSource
 from ppsd.config import DEFAULTS
 from ppsd.executors import Executor
-from ppsd.executors.kinds import AUTO, IN_TURN, Choice, ExecutorKind, choose, concurrent_by_default, concurrent_kinds
+from ppsd.executors.choice import Choice, choose, concurrent_by_default
+from ppsd.executors.kinds import AUTO, IN_TURN, ExecutorKind, concurrent_kinds
 from ppsd.executors import PipelineError
 from ppsd.setup import RunSetup
 
@@ -143,6 +144,7 @@ def run_comparison(request: RunRequest, cache: ModelCache, *, throttle: float = 
                              chat=request.chat and loaded.chat)
         if forced is not None:  # the what-if: the same setup, every verdict on a draft a seeded coin
             setup = ForcedSetup(**vars(setup), acceptance=forced)
+        load = ready_here.load()  # before this Run's own work: what its speed is measured at
         kind, note, lent = _kind(request, setup)
         # threads live for one run (in a ZeroGPU call, until the next); the worker processes stay
         comparison = Comparison(setup, request.methods, kind=kind, rounds=rounds, plain=request.workers,
@@ -152,7 +154,7 @@ def run_comparison(request: RunRequest, cache: ModelCache, *, throttle: float = 
             for state in comparison.run():
                 if state.done and forced is None and kind.concurrent and setup.model.info.device == "cpu" \
                         and ready_here.measuring():
-                    ready_here.note_speed(kind, setup, state)
+                    ready_here.note_speed(kind, setup, state, load)
                 limit, said = first if expired.is_set() else None, note
                 if getattr(stop, "handed_over", False):
                     limit, said = Limit.device(shared_limit), _joined(note, f"Another visitor was waiting for the device: while "

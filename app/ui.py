@@ -23,7 +23,8 @@ from starlette.middleware import Middleware
 
 import ppsd
 from ppsd.config import DEFAULTS, MAX_DRAFT_LEN
-from ppsd.executors.kinds import AUTO, AUTO_CHOICE, concurrent_by_default, concurrent_kinds
+from ppsd.executors.choice import concurrent_by_default
+from ppsd.executors.kinds import AUTO, AUTO_CHOICE, concurrent_kinds
 from ppsd.heads import default_exit_layer
 from ppsd.model import resolve_device
 

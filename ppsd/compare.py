@@ -264,16 +264,19 @@ class Comparison:
 
     def _rounds(self, executor: Executor | None) -> Iterator[State]:
         rounds: list[dict[str, MethodRun]] = []
-        for index in range(self.num_rounds):
-            runs: dict[str, MethodRun] = {}
-            rounds.append(runs)
-            compiles = quiet.compiles()
-            with quiet.timing():  # a background compile waits; one that finishes meanwhile is counted
+        if quiet.compiling_now():
+            yield self._with(status=f"Waiting for a background compile's step to finish before timing "
+                                    f"(at most {quiet.WAIT_FOR_COMPILE:.0f} s)")
+        with quiet.timing():  # one under way finishes first; none starts until the last round ends
+            for index in range(self.num_rounds):
+                runs: dict[str, MethodRun] = {}
+                rounds.append(runs)
+                compiles = quiet.compiles()
                 finished = yield from self._round(index, executor, runs, rounds)
-            if quiet.compiles() != compiles:
-                self._with(compiled=(*self._state.compiled, index))
-            if not finished:
-                return
+                if quiet.compiles() != compiles:
+                    self._with(compiled=(*self._state.compiled, index))
+                if not finished:
+                    return
         self._with(rounds=_frozen(rounds))
 
     def _round(self, index: int, executor: Executor | None, runs: dict, rounds: list) -> Iterator[State]:

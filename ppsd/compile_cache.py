@@ -16,7 +16,8 @@ a compile cut short, or running in another process now) is used as it is: torch 
 entry whole, and a restart compiles only what is missing.
 
 The same folder keeps PPSD's tokens/s as this machine last measured them, by model and executor
-kind (`speeds`, `note_speed`): what "auto" on a CPU compares (`ppsd.executors.kinds.choose_measured`).
+kind, each with the load it was measured at and when (`Speed`, `speeds`, `note_speed`): what
+"auto" on a CPU compares, and measures again when stale (`ppsd.executors.choice.choose_measured`).
 
 Boundary: the folder, its record and its check; what is compiled, and when, is
 `ppsd.executors.graphed`'s and the front ends'.
@@ -32,6 +33,7 @@ import shutil
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -39,7 +41,7 @@ import torch
 
 from .cache_files import COMPLETE_MARKER, checksums, damage
 
-__all__ = ["RECORD", "SPEEDS", "STEPS", "cpu_identity", "folder", "kept", "last_seconds", "note_speed", "record", "speeds", "use"]
+__all__ = ["RECORD", "SPEEDS", "STEPS", "Speed", "cpu_identity", "folder", "kept", "last_seconds", "note_speed", "record", "speeds", "use"]
 
 SPEEDS = "ppsd_speeds.json"  # PPSD's tokens/s by model and executor kind, as this machine last measured them
 RECORD = COMPLETE_MARKER  # written after a finished compile, with the checksums, as the model cache's
@@ -152,11 +154,31 @@ def record(seconds: float | None = None) -> None:
         staging.replace(place / RECORD)
 
 
-def speeds(model: str) -> dict[str, float]:
-    """{executor kind: PPSD tokens/s} for `model` as last measured on this machine (by the page's
-    Runs): what "auto" on a CPU picks the fastest of. Empty when none were, or the file is unreadable."""
+@dataclass(frozen=True)
+class Speed:
+    """PPSD's tokens/s on one kind as this machine measured it, with the 1-minute load average
+    just before that Run and when it ran (seconds since the epoch); None where a file kept by an
+    earlier version recorded neither."""
+
+    tokens_per_second: float
+    load: float | None = None
+    at: float | None = None
+
+
+def speeds(model: str) -> dict[str, Speed]:
+    """{executor kind: `Speed`} of `model` as last measured on this machine (by the page's Runs):
+    what "auto" on a CPU picks the fastest of. Empty when none were, or the file is unreadable."""
     found = _speeds().get(model)
-    return {k: float(v) for k, v in found.items() if isinstance(v, (int, float))} if isinstance(found, dict) else {}
+    return {kind: speed for kind, value in found.items() if (speed := _speed(value)) is not None} \
+        if isinstance(found, dict) else {}
+
+
+def _speed(value: object) -> Speed | None:
+    number = lambda v: float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None  # noqa: E731
+    if not isinstance(value, dict):  # an earlier version kept the tokens/s alone
+        return None if number(value) is None else Speed(number(value))
+    tokens = number(value.get("tokens_per_second"))
+    return None if tokens is None else Speed(tokens, number(value.get("load")), number(value.get("at")))
 
 
 def _speeds() -> dict:
@@ -167,12 +189,15 @@ def _speeds() -> dict:
     return data if isinstance(data, dict) else {}
 
 
-def note_speed(model: str, kind: str, tokens_per_second: float) -> None:
-    """Keep PPSD's latest measured tokens/s of `model` on `kind` (a full disk keeps the old ones)."""
+def note_speed(model: str, kind: str, tokens_per_second: float, load: float) -> None:
+    """Keep PPSD's latest measured tokens/s of `model` on `kind`, measured at `load` (the 1-minute
+    load average before the Run), with the time now; a full disk keeps the old ones."""
     with _lock:
         place = folder()
         data = _speeds()
-        data[model] = speeds(model) | {kind: round(float(tokens_per_second), 3)}
+        kept = data.get(model) if isinstance(data.get(model), dict) else {}
+        data[model] = kept | {kind: {"tokens_per_second": round(float(tokens_per_second), 3),
+                                     "load": round(float(load), 2), "at": round(time.time())}}
         try:
             place.mkdir(parents=True, exist_ok=True)
             staging = place / f".{SPEEDS}.{os.getpid()}.part"

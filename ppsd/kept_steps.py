@@ -53,8 +53,8 @@ class KeptSteps:
         key = (shape_key, *args, torch.get_num_threads(), torch.is_inference_mode_enabled())
         step = self._ready.get(key)
         if step is None:
-            quiet.wait_for_quiet()  # a compile (minutes of a core) waits while another thread times a round
-            step = self._ready[key] = self._kept(holder, args, key)
+            with quiet.compiling():  # a background compile never overlaps timed rounds (`ppsd.quiet`)
+                step = self._ready[key] = self._kept(holder, args, key)
         return step(holder, *args)
 
     def _kept(self, holder: Any, args: tuple, key: tuple) -> Callable[..., Any]:

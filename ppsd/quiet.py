@@ -1,12 +1,14 @@
 """Timed rounds kept clean of compiles: whether anything compiled in this process during a round
-(torch's own counters), and a gate that work which can wait (a background build, on a thread
-marked `yielding`) waits at while a round is timed.
+(torch's own counters), and a gate between timed rounds and work that can wait (a background
+build, on a thread marked `yielding`).
 
 A round during which a step compiled measured the compile as much as the decoder: a fresh
 server's first Runs overlapped the background compile of the captured steps and came out
 "stalled" even at load 2-3, and "auto" once chose from a speed measured under it (issue 56).
-The gate is checked before each step compiles (`ppsd.kept_steps`), so a compile already under
-way finishes first; the counter then names the round that overlapped it.
+So the gate works both ways: a yielding thread's compile (`compiling`, around each step's compile
+in `ppsd.kept_steps`) does not start while rounds are timed, and timed rounds do not start while
+such a compile is under way (one step's compile, seconds): they wait for it first, at most
+`WAIT_FOR_COMPILE`. A compile that outlasts that wait is counted, and the counter names its round.
 
 Boundary: the gate and the counter; which rounds are timed is `ppsd.compare`'s, what compiles is
 `ppsd.kept_steps`'.
@@ -18,12 +20,14 @@ import threading
 from contextlib import contextmanager
 from typing import Iterator
 
-__all__ = ["compiles", "timing", "wait_for_quiet", "yielding"]
+__all__ = ["compiles", "compiling", "compiling_now", "timing", "wait_for_quiet", "yielding"]
 
 WAIT_AT_MOST = 120.0  # seconds work waits for timed rounds: a stuck round never stops it for good
+WAIT_FOR_COMPILE = 60.0  # seconds timed rounds wait for a yielding compile under way (one step: 2-20 s measured)
 
 _changed = threading.Condition()
 _timed = 0  # rounds being timed now, by threads that do not yield
+_compiling = 0  # compiles under way on yielding threads
 _mark = threading.local()  # `on`: this thread's work waits for timed rounds (a background build)
 
 
@@ -49,18 +53,46 @@ def yielding() -> Iterator[None]:
 
 @contextmanager
 def timing() -> Iterator[None]:
-    """The block is a timed round: work that yields waits until it ends (a yielding thread's own
-    rounds hold nobody)."""
+    """The block is timed rounds: a yielding compile under way finishes first (at most
+    `WAIT_FOR_COMPILE` s), and work that yields waits until the block ends (a yielding thread's
+    own rounds hold nobody)."""
     global _timed
     counted = not getattr(_mark, "on", False)
     with _changed:
         _timed += counted
+        if counted:
+            _changed.wait_for(lambda: not _compiling, WAIT_FOR_COMPILE)
     try:
         yield
     finally:
         with _changed:
             _timed -= counted
             _changed.notify_all()
+
+
+@contextmanager
+def compiling() -> Iterator[None]:
+    """The block compiles a step. On a yielding thread it starts once no round is timed (at most
+    `WAIT_AT_MOST` s), and timed rounds wait for it to end; elsewhere (a Run's own compile) it
+    runs at once, and the counter names the round it ran in."""
+    global _compiling
+    counted = getattr(_mark, "on", False)
+    if counted:
+        with _changed:
+            _changed.wait_for(lambda: not _timed, WAIT_AT_MOST)
+            _compiling += 1
+    try:
+        yield
+    finally:
+        if counted:
+            with _changed:
+                _compiling -= 1
+                _changed.notify_all()
+
+
+def compiling_now() -> bool:
+    """Is a yielding compile under way (so timed rounds starting now wait for it)?"""
+    return _compiling > 0
 
 
 def wait_for_quiet(timeout: float = WAIT_AT_MOST) -> bool:

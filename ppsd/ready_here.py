@@ -12,18 +12,20 @@ end says of the choice, and its run loop, are the front end's (`app.runner`).
 from __future__ import annotations
 
 import multiprocessing
+import os
 import time
 
 from . import compile_cache, kept_steps
 from .compare import Comparison, ExecutorSource, State
 from .executors import Executor
 from .executors.background import Background
-from .executors.kinds import AUTO, Choice, ExecutorKind, choose, choose_measured, concurrent_kinds
+from .executors.choice import Choice, choose, choose_measured
+from .executors.kinds import AUTO, ExecutorKind, concurrent_kinds
 from .generate import warm_up
 from .setup import RunSetup
 
 __all__ = ["auto", "background_words", "compile_in_background", "compiling_in_background", "kept", "kind_here",
-           "measuring", "note_speed", "setup_key"]
+           "load", "measuring", "note_speed", "setup_key"]
 
 # The kinds compiling (or compiled) in the background since start-up, by name, each with the key
 # of the run setup it was built for (the weights, exit head and stages): "auto" runs on one only
@@ -81,9 +83,15 @@ def kept(kind: ExecutorKind, setup: RunSetup) -> Executor | None:
 
 
 def auto(setup: RunSetup) -> Choice:
-    """"auto" here: the fastest PPSD measured on this machine among what is ready for `setup`."""
+    """"auto" here: the fastest PPSD measured on this machine among what is ready for `setup`, a
+    stale speed measured again (at the load now: `load`)."""
     return choose_measured(setup.config.num_stages, setup.model.info.device, tuple(_ready_for(setup)),
-                           compile_cache.speeds(setup.model.info.name))
+                           compile_cache.speeds(setup.model.info.name), load=load())
+
+
+def load() -> float:
+    """The machine's 1-minute load average now: what a speed is measured at, and compared with."""
+    return os.getloadavg()[0]
 
 
 def _ready_for(setup: RunSetup) -> dict[str, Background]:
@@ -99,12 +107,16 @@ def measuring() -> bool:
     return bool(_BACKGROUND) and all(b.state != "compiling" for _, b in _BACKGROUND.values())
 
 
-def note_speed(kind: ExecutorKind, setup: RunSetup, state: State) -> None:
-    """PPSD's tokens/s of this run (the median of its timed rounds), kept for "auto" to compare."""
+def note_speed(kind: ExecutorKind, setup: RunSetup, state: State, load: float) -> bool:
+    """PPSD's tokens/s of this run (the median of its timed rounds), kept for "auto" to compare,
+    with `load`, the load average just before the Run; not when something compiled in a round (the
+    compile was measured too). True when kept."""
     median = state.stats().median("ppsd")
     run = state.rounds[0].get("ppsd") if state.rounds else None
-    if median and run is not None and run.result is not None:
-        compile_cache.note_speed(setup.model.info.name, kind.name, len(run.result.token_ids) / median)
+    if not median or run is None or run.result is None or state.compiled:
+        return False
+    compile_cache.note_speed(setup.model.info.name, kind.name, len(run.result.token_ids) / median, load)
+    return True
 
 
 def kind_here(requested: str, setup: RunSetup) -> tuple[ExecutorKind, str]:

@@ -16,7 +16,9 @@ import pytest
 
 from ppsd.executors import host
 from ppsd.executors.background import Background, ticking
-from ppsd.executors.kinds import KINDS, choose, choose_measured
+from ppsd.compile_cache import Speed
+from ppsd.executors.choice import choose, choose_measured
+from ppsd.executors.kinds import KINDS
 
 ROOT = Path(__file__).resolve().parent.parent
 needs_compiler = pytest.mark.skipif(shutil.which("g++") is None and shutil.which("c++") is None,
@@ -79,25 +81,56 @@ def test_ticking_says_where_it_stands_while_the_block_runs_and_stops_after():
         time.sleep(0.05)
 
 
+NOW = 1_800_000_000.0
+
+
+def quiet(tokens: float, load: float = 0.3) -> Speed:
+    """A speed measured an hour ago on a quiet machine."""
+    return Speed(tokens, load, NOW - 3600)
+
+
 @needs_compiler
 def test_auto_on_a_cpu_runs_where_nothing_compiles_until_the_captured_steps_are_ready(monkeypatch):
     monkeypatch.setattr(host, "usable_cores", lambda: 2)
     default = choose("auto", 2, "cpu")
-    first = choose_measured(2, "cpu", (), {})
+    measured = lambda ready, speeds, **kw: choose_measured(2, "cpu", ready, speeds, load=0.2, now=NOW, **kw)  # noqa: E731
+    first = measured((), {})
     assert first.kind is default and first.why == "it needs no compile (the captured steps are not compiled yet)"
-    measured_once = choose_measured(2, "cpu", ("graphed",), {default.name: 15.4})
+    measured_once = measured(("graphed",), {default.name: quiet(15.4)})
     assert measured_once.kind is KINDS["graphed"] and "this run measures it" in measured_once.why
-    faster = choose_measured(2, "cpu", ("graphed",), {default.name: 15.4, "graphed": 19.9})
+    faster = measured(("graphed",), {default.name: quiet(15.4), "graphed": quiet(19.9, 0.5)})
     assert faster.kind is KINDS["graphed"]
-    assert faster.why == "the fastest PPSD measured on this machine (19.9 tokens/s, against 15.4 on the worker processes)"
-    slower = choose_measured(2, "cpu", ("graphed",), {default.name: 15.4, "graphed": 12.7})
-    assert slower.kind is default and "15.4 tokens/s, against 12.7 on the captured steps" in slower.why
-    cli = choose_measured(2, "cpu", ("graphed",), {}, measures=False)  # the CLI measures nothing
+    assert faster.why == ("the fastest PPSD measured on this machine (19.9 tokens/s at load 0.5, against 15.4 at "
+                          "load 0.3 on the worker processes)")
+    slower = measured(("graphed",), {default.name: quiet(15.4), "graphed": quiet(12.7)})
+    assert slower.kind is default and "15.4 tokens/s at load 0.3, against 12.7 at load 0.3 on the captured steps" in slower.why
+    cli = measured(("graphed",), {}, measures=False)  # the CLI measures nothing
     assert cli.kind is KINDS["graphed"] and "docs/benchmarks.md" in cli.why
-    assert choose_measured(2, "cpu", ("graphed",), {"graphed": 19.9}, measures=False).kind is KINDS["graphed"]
-    assert choose_measured(2, "cpu", ("graphed",), {default.name: 15.4, "graphed": 12.7},
-                           measures=False).kind is default  # where the page measured otherwise
-    assert choose_measured(2, "cuda:0", ("graphed",), {"processes": 99.0}).kind is KINDS["graphed"]
+    assert measured(("graphed",), {"graphed": quiet(19.9)}, measures=False).kind is KINDS["graphed"]
+    assert measured(("graphed",), {default.name: quiet(15.4), "graphed": quiet(12.7)},
+                    measures=False).kind is default  # where the page measured otherwise
+    assert choose_measured(2, "cuda:0", ("graphed",), {"processes": quiet(99.0)}).kind is KINDS["graphed"]
+
+
+@needs_compiler
+def test_auto_measures_again_a_speed_taken_on_a_busier_machine_or_long_ago(monkeypatch):
+    """Issue 56: auto chose the captured steps over the worker processes' 5.3 tokens/s, measured while
+    the background compile held a core (the bench measured 18.1). A speed kept with its load is
+    measured again once the machine is at least a load of 1 quieter, or a day later."""
+    monkeypatch.setattr(host, "usable_cores", lambda: 2)
+    default = choose("auto", 2, "cpu")
+    busy = {default.name: Speed(5.3, 2.4, NOW - 600), "graphed": Speed(12.6, 0.4, NOW - 60)}
+    again = choose_measured(2, "cpu", ("graphed",), busy, load=0.4, now=NOW)
+    assert again.kind is default
+    assert again.why == ("its speed kept here (5.3 tokens/s) is stale: it was measured at load 2.4, busier than now "
+                         "(0.4); this run measures it again")
+    assert choose_measured(2, "cpu", ("graphed",), busy, load=2.0, now=NOW).kind is KINDS["graphed"]  # as busy now
+    old = {default.name: Speed(15.4, 0.3, NOW - 2 * 86400), "graphed": quiet(12.7)}
+    assert "more than a day ago" in choose_measured(2, "cpu", ("graphed",), old, load=0.3, now=NOW).why
+    unrecorded = {default.name: Speed(15.4), "graphed": quiet(12.7)}  # kept by an earlier version
+    assert "no load recorded" in choose_measured(2, "cpu", ("graphed",), unrecorded, load=0.3, now=NOW).why
+    assert choose_measured(2, "cpu", ("graphed",), busy, load=0.4, now=NOW,
+                           measures=False).kind is KINDS["graphed"]  # the CLI compares what is kept
 
 
 @needs_compiler
@@ -107,7 +140,9 @@ def test_the_page_runs_auto_on_the_kept_executor_only_for_the_setup_it_was_built
 
     monkeypatch.setattr(host, "usable_cores", lambda: 2)
     monkeypatch.setattr(ready_here.compile_cache, "speeds",
-                        lambda model: {"processes": 15.4, "graphed": 19.9} if model == "m" else {})
+                        lambda model: {"processes": Speed(15.4, 0.2, time.time()),
+                                       "graphed": Speed(19.9, 0.2, time.time())} if model == "m" else {})
+    monkeypatch.setattr(ready_here, "load", lambda: 0.2)
     weights, head, partition = object(), object(), (range(0, 4), range(4, 8))
 
     def setup(hf_model=weights) -> SimpleNamespace:
@@ -128,7 +163,7 @@ def test_the_page_runs_auto_on_the_kept_executor_only_for_the_setup_it_was_built
     assert choice.kind is KINDS["graphed"] and ready_here.kept(choice.kind, setup()) is built
     assert ready_here.measuring()
     assert runner._chosen(choice) == ("The stages ran on the captured steps, chosen by auto: the fastest PPSD "
-                                      "measured on this machine (19.9 tokens/s, against 15.4 on the worker processes).")
+                                      "measured on this machine (19.9 tokens/s at load 0.2, against 15.4 at load 0.2 on the worker processes).")
     other = setup(hf_model=object())  # another model: the kept steps do not fit it
     assert ready_here.auto(other).kind is KINDS["processes"] and ready_here.kept(KINDS["graphed"], other) is None
 
@@ -229,3 +264,19 @@ def test_a_build_that_expected_to_load_but_compiled_says_compiled():
     background.start()
     assert background.wait(5)
     assert background.words() == "the captured steps ready (compiled in 149 s)"
+
+
+def test_a_runs_speed_is_kept_with_its_load_only_when_nothing_compiled_in_its_rounds(monkeypatch):
+    """Issue 56: a speed measured while a compile ran measured the compile too; auto must not compare it."""
+    from ppsd import ready_here
+
+    kept = []
+    monkeypatch.setattr(ready_here.compile_cache, "note_speed", lambda *args: kept.append(args))
+    run = SimpleNamespace(result=SimpleNamespace(token_ids=list(range(40))))
+    setup = SimpleNamespace(model=SimpleNamespace(info=SimpleNamespace(name="m")))
+    state = lambda compiled: SimpleNamespace(stats=lambda: SimpleNamespace(median=lambda m: 2.0),  # noqa: E731
+                                             rounds=({"ppsd": run},), compiled=compiled)
+    assert not ready_here.note_speed(KINDS["graphed"], setup, state((1,)), 0.7)
+    assert kept == []
+    assert ready_here.note_speed(KINDS["graphed"], setup, state(()), 0.7)
+    assert kept == [("m", "graphed", 20.0, 0.7)]

@@ -175,3 +175,32 @@ def test_a_background_build_waits_while_a_round_is_timed():
         assert quiet.wait_for_quiet(0)  # a thread that does not yield never waits, its own round included
     worker.join(5)
     assert waited and waited[0] >= 0.4
+
+
+def test_timed_rounds_wait_for_a_background_compile_under_way_so_none_overlaps_them(tiny_setup):
+    """Issue 56: a fresh server's first Run overlapped the background compile and was not clean. A
+    background step's compile under way finishes before the rounds are timed; none starts during them."""
+    from ppsd import quiet
+
+    started, ended, began_late = threading.Event(), [], []
+
+    def background():
+        with quiet.yielding():
+            with quiet.compiling():
+                started.set()
+                time.sleep(0.8)
+                torch.compile(lambda x: x * 5 - 1, backend="eager")(torch.ones(3))  # moves torch's counter
+                ended.append(time.perf_counter())
+            time.sleep(0.05)  # the rounds have begun: the next compile waits for them to end
+            with quiet.compiling():
+                began_late.append(time.perf_counter())
+
+    worker = threading.Thread(target=background)
+    worker.start()
+    assert started.wait(5)
+    states = list(Comparison(tiny_setup, kind=KINDS["in-process"], rounds=2).run())
+    finished = time.perf_counter()
+    worker.join(10)
+    assert any("Waiting for a background compile" in s.status for s in states)
+    assert states[-1].done and states[-1].compiled == ()  # no round overlapped the compile
+    assert began_late and began_late[0] >= finished - 0.05  # the second compile waited for both rounds

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 
 import pytest
 import torch
@@ -99,10 +100,18 @@ def _rewrite(place, **changes) -> None:
 
 def test_measured_speeds_are_kept_per_model_and_kind_in_the_folder(cache):
     assert compile_cache.speeds("m") == {}
-    compile_cache.note_speed("m", "processes", 15.4)
-    compile_cache.note_speed("m", "graphed", 19.9)
-    compile_cache.note_speed("m", "processes", 15.1)  # the latest run counts
-    compile_cache.note_speed("tiny", "processes", 180.0)  # another model's speeds are its own
-    assert compile_cache.speeds("m") == {"processes": 15.1, "graphed": 19.9}
-    assert compile_cache.speeds("tiny") == {"processes": 180.0}
+    compile_cache.note_speed("m", "processes", 15.4, 0.5)
+    compile_cache.note_speed("m", "graphed", 19.9, 0.25)
+    compile_cache.note_speed("m", "processes", 15.1, 1.5)  # the latest run counts
+    compile_cache.note_speed("tiny", "processes", 180.0, 0.0)  # another model's speeds are its own
+    kept = compile_cache.speeds("m")
+    assert {k: (s.tokens_per_second, s.load) for k, s in kept.items()} == {"processes": (15.1, 1.5), "graphed": (19.9, 0.25)}
+    assert all(abs(s.at - time.time()) < 60 for s in kept.values())  # when each was measured
+    assert compile_cache.speeds("tiny")["processes"].tokens_per_second == 180.0
     assert (compile_cache.folder() / compile_cache.SPEEDS).is_file()
+
+
+def test_speeds_kept_by_an_earlier_version_read_with_no_load(cache):
+    (compile_cache.folder()).mkdir(parents=True, exist_ok=True)
+    (compile_cache.folder() / compile_cache.SPEEDS).write_text(json.dumps({"m": {"processes": 15.4, "x": "fast"}}))
+    assert compile_cache.speeds("m") == {"processes": compile_cache.Speed(15.4)}  # no load: stale for auto

@@ -14,7 +14,8 @@ import pytest
 
 from ppsd.executors import host, kinds
 from ppsd.executors.distributed import pool
-from ppsd.executors.kinds import KINDS, choose, concurrent_by_default, concurrent_kinds, kind_named
+from ppsd.executors.choice import choose, concurrent_by_default
+from ppsd.executors.kinds import KINDS, concurrent_kinds, kind_named
 from ppsd.generate import warm_up
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -458,3 +458,25 @@ def test_a_round_that_compiled_keeps_the_number_out_of_the_headline():
     c = comparison((1.25, 1.25, 1.25), compiled=(0,))
     assert "something compiled in this process during round 1" in analysis.unclean_reason(c)
     assert "Not a clean result" in text(headline.speedup_headline(c))
+
+
+def test_when_ppsd_loses_the_headline_box_says_why_in_one_sentence():
+    """Issue 56: "PPSD 1.26x slower than AR on the same pipeline" at a = 0.76 (ideal 1.44x), with no
+    sentence on why; and the mission's two cases: a second thread that speeds AR up, or not."""
+    from ppsd.executors.kinds import KINDS
+
+    two = PlainWay(2, "in this one process on 2 threads with no pipeline", trials=((1, 1.86, True), (2, 1.1, True)))
+    threaded = comparison((1.30, 1.30, 1.30), plain_walls=(1.1, 1.1, 1.1), plain=two, kind=KINDS["processes"])
+    why = analysis.loss_sentence(threaded)
+    assert why.startswith("Why PPSD lost: a second thread speeds AR up here (plain AR on 2 threads ran 1.69× as fast")
+    assert "no acceptance closes that gap here" in why  # AR on the pipeline 2.0 / 1.1 = 1.82x slower > 1 / 0.6
+    assert why in text(headline.speedup_headline(threaded)) and why.count(". ") == 0
+    one = PlainWay(1, "in this one process on 1 thread with no pipeline", trials=((1, 1.8, True), (2, 3.0, True)))
+    single = comparison((1.05, 1.05, 1.05), plain_walls=(1.8, 1.8, 1.8), plain=one, kind=KINDS["processes"])
+    assert "second thread" not in analysis.loss_sentence(single)
+    assert "PPSD would need acceptance a* = 0.25 (a = 0.50 here)" in analysis.loss_sentence(single)
+    own = comparison((0.8, 0.8, 0.8), kind=KINDS["processes"])  # lost to AR on its own pipeline
+    assert analysis.loss_sentence(own).startswith("Why PPSD lost: at a = 0.50 the ideal is 1.25× faster than AR")
+    assert "the cost of moving hidden states and logits between processes" in analysis.loss_sentence(own)
+    won = comparison((1.3, 1.3, 1.3), plain_walls=(2.4, 2.4, 2.4), plain=one, kind=KINDS["processes"])
+    assert analysis.loss_sentence(won) == ""  # PPSD beat every AR measured: nothing to explain

@@ -15,8 +15,8 @@ import gradio as gr
 
 from ppsd.metrics import DEFINITIONS
 
-from ..analysis import (above_ideal, busy_sentence, compared_sentence, forced_sentence, plain_sentence, projected_line,
-                        rounds_tag, rounds_text, unclean_reason, walls_sentence, why_sentence)
+from ..analysis import (above_ideal, busy_sentence, compared_sentence, forced_sentence, loss_sentence, plain_sentence,
+                        projected_line, rounds_tag, rounds_text, unclean_reason, walls_sentence, why_sentence)
 from ..reading import MIN_TIMED_TOKENS, Reading
 from ..run_view import RunView
 from ..words import GLOSSARY, PROJECTED_MEANING, agreement_note, duration_text, forced_words, ratio_text
@@ -178,7 +178,7 @@ def speedup_headline(c: Reading) -> str:
         lines.append(f'<div class="headline headline-second"><span class="headline-pipeline">PPSD '
                      f"{ratio_text(c.speedup)} than AR on the same pipeline</span></div>")
     lines.append(_projected_div(c))
-    why = why_sentence(c)
+    why = loss_sentence(c) or why_sentence(c)  # when PPSD lost, why it lost says why the lines differ too
     if why:
         lines.append(f'<div class="headline-why">{html.escape(why)}</div>')
     return "".join(lines)

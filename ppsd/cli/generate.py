@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 
@@ -14,7 +15,8 @@ from . import options
 from .values import check_output_file, thread_count, write_result
 from .. import compile_cache, recording
 from ..executors.background import ticking
-from ..executors.kinds import ALIASES, AUTO, KINDS, ExecutorKind, choose_measured, concurrent_kinds
+from ..executors.choice import choose_measured
+from ..executors.kinds import ALIASES, AUTO, KINDS, ExecutorKind, concurrent_kinds
 from ..executors import PipelineError
 from ..generate import Result, decode, warm_up
 from ..model import load_model
@@ -97,7 +99,7 @@ def _auto(setup) -> ExecutorKind:
     device, stages = setup.model.info.device, setup.config.num_stages
     compiled = tuple(k.name for k in concurrent_kinds() if k.compiles_on(device) and k.unavailable(device, stages) is None)
     choice = choose_measured(stages, device, compiled, compile_cache.speeds(setup.model.info.name),
-                             measures=False)
+                             measures=False, load=os.getloadavg()[0])
     _tell(f"--executor auto: the {choice.kind.choice.split(',')[0]}, chosen: {choice.why}")
     return choice.kind
 

@@ -3,7 +3,7 @@ here, and how to get one ready and let it go. The CLI's `--executor`, the page's
 choice and its summary, and `bench-pipeline`'s rows all read `KINDS`, so a kind is named and
 described once.
 
-Boundary: choosing and readying executors; the executors themselves live in `local`,
+Boundary: the registry and readying executors (which kind "auto" runs on is `choice`'s); the executors themselves live in `local`,
 `threads`, `pipeline` (with `pool`, the process's shared pipeline). Those that bring
 torch.distributed are imported only when a kind needs them.
 
@@ -19,8 +19,8 @@ captures each length bucket first (`gpu_captures`). "stacked" is the newest such
 
 A kind whose steps compile before first use on a CPU names what compiles in `compiles`: the page
 builds it in the background at start-up (`ppsd.ready_here`, from `app.runner.prestart`), and
-"auto" moves to it once it is ready where this machine measured it fastest (`choose_measured`; the compile is kept by
-`ppsd.compile_cache`).
+"auto" moves to it once it is ready where this machine measured it fastest (`ppsd.executors.choice`; the compile
+is kept by `ppsd.compile_cache`).
 
 Every front end then offers it: the CLI's `--executor` by name; the page, when it is
 concurrent, as a choice under "The stages at once on" ("auto" keeps today's rule); and
@@ -41,8 +41,9 @@ from ..config import DecodeConfig
 from ..model import StagedModel
 from .base import Executor
 
-__all__ = ["AUTO", "AUTO_CHOICE", "Choice", "ExecutorKind", "IN_TURN", "KINDS", "PlainAR", "WorkerOptions", "choose", "choose_measured",
-           "concurrent_by_default", "concurrent_kinds", "fastest_ar", "kind_named"]
+
+__all__ = ["AUTO", "AUTO_CHOICE", "ExecutorKind", "IN_TURN", "KINDS", "PlainAR", "WorkerOptions", "concurrent_kinds",
+           "fastest_ar", "kind_named"]
 
 Progress = Callable[[str], None]
 
@@ -267,13 +268,9 @@ KINDS: dict[str, ExecutorKind] = {kind.name: kind for kind in (
                  gpu_token_seconds=CAPTURED_GPU_TOKEN_SECONDS, gpu_captures=True),
 )}
 IN_TURN = KINDS["in-process"]  # the stages in turn in one process: a run that is not "at once"
-# On a GPU "auto" takes the first of these that can run: the fastest PPSD measured on a GPU first
-# (docs/benchmarks.md). Only "graphed" has been measured there so far; "stacked" joins this order
-# where a device check measures it faster.
-GPU_PPSD_ORDER = ("graphed",)
 ALIASES = {"distributed": "processes"}  # the CLI's earlier name
 AUTO = "auto"
-AUTO_CHOICE = "auto: the fastest PPSD measured here"  # the page's radio button for AUTO (`choose_measured`)
+AUTO_CHOICE = "auto: the fastest PPSD measured here"  # the page's radio button for AUTO (`choice.choose_measured`)
 
 
 def concurrent_kinds() -> tuple[ExecutorKind, ...]:
@@ -287,64 +284,6 @@ def kind_named(name: str) -> ExecutorKind:
     if kind is None:
         raise ValueError(f"executor {name!r} is unknown; choose one of: {', '.join((AUTO, *KINDS))}")
     return kind
-
-
-def choose(requested: str, num_stages: int, device: str) -> ExecutorKind:
-    """The kind `requested` names, or for "auto": on a GPU the captured steps (CUDA graphs, one
-    stream per stage: docs/benchmarks.md); on a CPU worker processes where they can start (no
-    compilation before the first run), else threads. A kind asked for by name is returned even
-    where it cannot run: its `ready` says why. ValueError for unknown names."""
-    if requested != AUTO:
-        return kind_named(requested)
-    if device.startswith("cuda"):
-        return next(KINDS[name] for name in GPU_PPSD_ORDER if KINDS[name].unavailable(device, num_stages) is None)
-    processes = KINDS["processes"]
-    return processes if processes.unavailable(device, num_stages) is None else KINDS["threads"]
-
-
-@dataclass(frozen=True)
-class Choice:
-    """The kind "auto" runs on, and why, in words (after "chosen: ")."""
-
-    kind: ExecutorKind
-    why: str
-
-
-def choose_measured(num_stages: int, device: str, ready: tuple[str, ...], speeds: dict[str, float], *,
-                    measures: bool = True) -> Choice:
-    """"auto" for PPSD once this machine has measured: on a GPU as `choose`; on a CPU the fastest
-    PPSD measured here (`speeds`: tokens/s by kind) among the kind that needs no compile and the
-    compiled kinds `ready` now. A candidate not measured yet is taken first: a run that `measures`
-    (the page's) measures it; else (the CLI) it is the compiled kind, fastest on a quiet 2-core
-    CPU (docs/benchmarks.md). With no compiled kind ready, the kind that needs no compile."""
-    default = choose(AUTO, num_stages, device)
-    if device.startswith("cuda"):
-        return Choice(default, "the fastest PPSD measured on a GPU (docs/benchmarks.md)")
-    candidates = [default, *(KINDS[name] for name in ready if name in KINDS and name != default.name
-                             and KINDS[name].unavailable(device, num_stages) is None)]
-    if len(candidates) == 1:
-        pending = [k.compiles for k in KINDS.values()
-                   if k.compiles_on(device) and k.unavailable(device, num_stages) is None]
-        return Choice(default, "it needs no compile" + (f" ({pending[0]} are not compiled yet)" if pending else ""))
-    untried = [kind for kind in candidates if kind.name not in speeds]
-    if untried and measures:
-        return Choice(untried[-1], "not measured on this machine yet: this run measures it")
-    measured = [kind for kind in candidates if kind.name in speeds]
-    if len(measured) < 2:  # nothing to compare: the compiled kind, measured fastest on a quiet 2-core CPU
-        return Choice(candidates[-1], "the fastest PPSD on a quiet 2-core CPU (docs/benchmarks.md); not measured "
-                                      "against the others on this machine yet")
-    candidates = measured
-    best = max(candidates, key=lambda kind: speeds[kind.name])
-    others = ", ".join(f"{speeds[k.name]:.1f} on the {k.choice.split(',')[0]}" for k in candidates if k is not best)
-    return Choice(best, f"the fastest PPSD measured on this machine ({speeds[best.name]:.1f} tokens/s, against {others})")
-
-
-def concurrent_by_default(num_stages: int, device: str) -> bool:
-    """Whether a front end should run the K stages at once by default: on a GPU (worker processes
-    or CUDA streams), or where K cores are there for them."""
-    from .host import usable_cores  # where workers_unavailable counts them
-
-    return device.startswith("cuda") or usable_cores() >= num_stages
 
 
 @dataclass(frozen=True)
