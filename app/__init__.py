@@ -1,21 +1,19 @@
-"""The PPSD web demo, in layers (each imports only those listed before it):
+"""The PPSD web demo, over the library `ppsd` (imports point that way only).
 
-- `render`, `numbers`, `tables`, `teach`: pure functions, records in, HTML and Plotly figures out;
-- `models`: the loaded models a server shares; `line`: the device line, background waits, Stops;
-- `request`: what a visitor asks for (the form, checked); `lease`: the GPU lease it needs on ZeroGPU;
-- `zerogpu`: the device's part of a run as a ZeroGPU call, what crosses its fork, what a reused
-  worker keeps, and the thread that imported `spaces`;
-- `limits`: what a request may send (bytes, files, an address's uploads an hour); `sessions`: what
-  the server keeps of each session, and who listens for results;
-- `state`: what one server shares (models, device line, Stops), built by the entry point;
-- `bodies`: a request's body counted as it streams; `guard`: the ASGI middleware that holds every
-  request to `limits` before Gradio reads it;
-- `runner`: one comparison (AR, PPSD, EESD, timed again), as snapshots;
-- `view`: snapshot -> every output of the page, by name; `page_text`: the page's words;
-- `handlers`: thin event handlers; `ui`: the Gradio page's panels and their wiring.
+- `runner`: one comparison as the page runs it (the model, the kind, the time limit), as
+  snapshots; `run_view` reads a snapshot once for every panel (`reading`, `analysis`: its numbers
+  and sentences);
+- `panels/`: one module a panel; `view` gathers the results panels, `ui` lays the page out and
+  wires it, `handlers` are its events; `replay` and `record`: recorded runs;
+- `models`, `request`, `lease`, `zerogpu`, `state`: the loaded models, a visitor's checked
+  request, the ZeroGPU lease and call, what one server shares;
+- `server/`: the defences under the page (request limits, the ASGI guard, uploads, visitors,
+  the device line, sessions), with the Gradio internals they rely on.
 
-`app.py` at the repository root launches it: it builds the `AppState` and hands it to
-`create_demo`. Importing the package builds nothing and reads no environment.
+The full map, and how a headline's number travels from the stopwatch to the HTML, is in
+`docs/app.md` ("How the page is built"). `app.py` at the repository root launches it: it builds
+the `AppState` and hands it to `create_demo`. Importing the package builds nothing and reads no
+environment.
 """
 
 from .state import AppState

@@ -1,5 +1,5 @@
 """The page's run and model handlers: thin functions from Gradio inputs to outputs. They validate,
-load (`app.models`), queue for the device (`app.line`), run (`app.runner`) and hand every
+load (`app.models`), queue for the device (`app.server.line`), run (`app.runner`) and hand every
 snapshot to `app.view`; the E and K sliders' rules live here too. A panel's own events (the
 race, the step-through, the theory, the diagram) are in its module in `app.panels`. A handler that needs the server's shared
 state (its models, its device line, each session's Stop) takes an `AppState` as its first
@@ -26,14 +26,14 @@ from ppsd.model import model_config, resolve_device
 from ppsd.model_source import needs_preparing
 
 from . import lease, view, zerogpu
-from .line import Background, wait_text
+from .server.line import Background, wait_text
 from .panels import run_message
 from .page_text import STAGES_LABEL, WORKERS_LABEL
 from .models import ModelCache
 from .request import CheckedRequest, RunRequest, prompt_text, unicode_text
 from .runner import Limit, Snapshot, run_comparison
 from .state import AppState
-from .visitors import visitor
+from .server.visitors import visitor
 
 DEFAULT_LAYERS = 30  # the default model's (SmolLM2-135M); replaced on page load / Load for others
 FIGURE_SECONDS = 1.0  # live redraw period of the plots (the token streams follow every snapshot)
@@ -212,7 +212,7 @@ def on_run(state: AppState, decode: Callable[..., Iterator[tuple]], run: Checked
 def on_decode(state: AppState, stop_slot: int, run: CheckedRequest) -> Iterator[tuple]:
     """The device's part of a Run: the comparison `run` asks for, its outputs as they come. On
     ZeroGPU this is the GPU call, in a forked child: it finds the model in its copy of the
-    server's memory, its Stop by `stop_slot` (`app.line.StopRegistry.flag`), and chooses the
+    server's memory, its Stop by `stop_slot` (`app.server.line.StopRegistry.flag`), and chooses the
     pipeline there (`app.runner`); what it refuses reaches the page in words. A model it lacks (a
     reused ZeroGPU worker forked before the server loaded it) it loads and warms up here first,
     saying so twice a second. On ZeroGPU the run ends, with what it has, `lease.MARGIN_SECONDS`

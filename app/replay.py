@@ -23,7 +23,7 @@ from ppsd.setup import check_prompt_length
 from .models import Loaded
 from .request import FORM, CheckedRequest, RunRequest
 from .runner import Snapshot
-from .uploads import discard
+from .server.uploads import discard
 
 ROOT = Path(__file__).resolve().parent.parent
 RUNS = ROOT / "assets" / "runs"  # the shipped recordings
@@ -168,7 +168,7 @@ def read_upload(path: str | Path) -> bytes:
 
 def _discard(path: Path) -> None:
     """Delete `path` if it lies in Gradio's upload folder (never a file outside it): the upload's
-    own copy (`app.uploads`), so another visitor's upload of the same file stays."""
+    own copy (`app.server.uploads`), so another visitor's upload of the same file stays."""
     from gradio.utils import get_upload_folder
 
     discard(path, get_upload_folder())

@@ -17,11 +17,11 @@ import ppsd
 from ppsd.executors.host import on_zerogpu
 
 from . import lease
-from .line import DeviceLine, StopRegistry
+from .server.line import DeviceLine, StopRegistry
 from .models import ModelCache
 from .request import MAX_RUN_SECONDS, SHARED_RUN_SECONDS, RunRequest
-from .sessions import SESSION_IDLE_SECONDS, Listeners
-from .visitors import proxy_hops_from_environment
+from .server.sessions import SESSION_IDLE_SECONDS, Listeners
+from .server.visitors import proxy_hops_from_environment
 from .zerogpu import on_import_thread
 
 QUEUE_SIZE = 16  # runs that may wait for the device; one more is told the demo is busy
@@ -76,9 +76,9 @@ class AppState:
     stops: StopRegistry = field(default_factory=StopRegistry)  # session -> its running comparisons' Stops
     run_seconds: float = MAX_RUN_SECONDS  # how long one comparison may hold the device
     shared_seconds: float = SHARED_RUN_SECONDS  # the shortest turn while another visitor waits (`turn_seconds`)
-    proxy_hops: int = 0  # proxies in front that append to X-Forwarded-For (`app.visitors.visitor`)
-    session_seconds: float = SESSION_IDLE_SECONDS  # a visitor's session unused this long is forgotten (`app.sessions`)
-    listeners: Listeners = field(default_factory=Listeners)  # sessions with an event stream open (`app.guard`)
+    proxy_hops: int = 0  # proxies in front that append to X-Forwarded-For (`app.server.visitors.visitor`)
+    session_seconds: float = SESSION_IDLE_SECONDS  # a visitor's session unused this long is forgotten (`app.server.sessions`)
+    listeners: Listeners = field(default_factory=Listeners)  # sessions with an event stream open (`app.server.guard`)
     turn_token_seconds: float | None = None  # the pace turns are sized at; None: by device (CPU_TURN_TOKEN_SECONDS)
 
     def turn_seconds(self, run: RunRequest, device: str) -> float:

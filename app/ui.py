@@ -36,11 +36,11 @@ from .page_text import STAGES_LABEL, TITLE, WORKERS_LABEL, load_examples
 from .panels import (QUIET, Page, Shows, columns, compile_status, exit_head, gpu_lease, headline, intro, metrics, race,
                      recording, rounds, run_message, steps, summary, theory, timeline)
 from .request import DEFAULT_REPEATS, FORM, MAX_REPEATS
-from .guard import Guard, RequestLimits
-from .limits import DELETE_UPLOADS, MAX_UPLOAD_BYTES
-from .sessions import sweep_sessions
+from .server.guard import Guard, RequestLimits
+from .server.limits import DELETE_UPLOADS, MAX_UPLOAD_BYTES
+from .server.sessions import sweep_sessions
 from .state import AppState
-from .visitors import distrust_forwarded_headers
+from .server.visitors import distrust_forwarded_headers
 
 ROOT = Path(__file__).resolve().parent.parent
 CSS = ROOT / "assets" / "styles" / "app.css"
@@ -322,7 +322,7 @@ def _wire_settings(state: AppState, c: dict[str, Any]) -> None:
 def launch_kwargs() -> dict[str, Any]:
     """What Gradio 6 takes at launch rather than in Blocks: theme and CSS; `show_error`, so
     input Gradio itself refuses (a value past a slider's maximum) reaches an API client in words;
-    and the limits on what a request may send (`app.guard`): a file's size (Gradio's own check),
+    and the limits on what a request may send (`app.server.guard`): a file's size (Gradio's own check),
     the middleware that bounds every body and upload before Gradio reads it, and no static file
     workers, which would take uploads past it."""
     return {"theme": theme(), "css_paths": [CSS], "show_error": True, "max_file_size": MAX_UPLOAD_BYTES,

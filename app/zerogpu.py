@@ -4,7 +4,7 @@ What the real `spaces` package (0.51) does, and what the page does about it:
 
 - **Each call runs in a worker forked from the server**: daemonic (it cannot start worker
   processes), its memory a copy (a model it loads, or a Stop set in the parent, is not seen across
-  the fork), what it yields pickled back. A Stop crosses as a slot number (`app.line.StopFlag`);
+  the fork), what it yields pickled back. A Stop crosses as a slot number (`app.server.line.StopFlag`);
   the pipeline kind is chosen inside the call (`app.runner`).
 - **Workers are reused** while the scheduler says the GPU is idle: the next call runs in the same
   worker, whose copy is from its first fork. It keeps what it loaded, warmed and captured; a model

@@ -1,9 +1,16 @@
 """PPSD: pipeline-parallel self-speculative decoding (Li et al., arXiv 2509.19368).
 
-The core: a staged early-exit model (`model`), three decoders (`decoders`) over an executor
-(`executors`: the schedule, in process or on K processes), the trace and its metrics (`trace`,
-`metrics`). `generate` is the entry point. Exit heads are `heads`, benchmarks `bench`, the
-command line `cli`.
+- `model`: the staged early-exit model (HF modules, the reference); `heads`: exit heads;
+- `decoders`: AR, EESD and PPSD as loops over an executor; `generate`: the entry point;
+- `executors`: the schedule and the ways to run K stages (in turn; threads; captured steps;
+  stacked; K processes in `executors.distributed`), the registry of kinds (`executors.kinds`) and
+  the rule of "auto" (`executors.choice`); `ready_here`: what this process has ready;
+- `compare`: a timed comparison (rounds, plain AR, the statistic); `quiet`: no compile in a round;
+- `trace`, `metrics`: the timeline and its numbers; `recording`: runs saved and read back;
+- `bench`, `cli`: benchmarks and the command line.
+
+The engine's design, kinds and measurements are in `docs/engine.md`, `docs/distributed.md` and
+`docs/benchmarks.md`.
 """
 
 __version__ = "0.1.0"  # pyproject.toml's version (tests/test_recording.py checks they agree); a recording names it

@@ -584,7 +584,7 @@ def test_a_run_stopped_while_its_model_loads_says_stopped_in_its_summary(saved_m
 def test_a_full_line_says_busy_in_words(saved_model):
     import time
 
-    from app.line import DeviceLine, wait_text
+    from app.server.line import DeviceLine, wait_text
     from app.request import RunRequest
 
     model, state = saved_model, AppState(line=DeviceLine(0))  # room for the running one, none waiting

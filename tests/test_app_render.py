@@ -587,7 +587,7 @@ def test_a_megabyte_name_writes_a_line_not_a_megabyte_to_the_log(tiny_loader, ca
 def test_one_client_holds_at_most_two_places_and_a_newcomer_waits_behind_one_run():
     from contextlib import ExitStack
 
-    from app.line import DeviceLine
+    from app.server.line import DeviceLine
 
     line = DeviceLine(16)
     with ExitStack() as held:
@@ -602,7 +602,7 @@ def test_one_client_holds_at_most_two_places_and_a_newcomer_waits_behind_one_run
 
 
 def test_stop_reaches_every_run_of_its_session_and_no_other():
-    from app.line import StopRegistry
+    from app.server.line import StopRegistry
 
     stops = StopRegistry()
     older, newer, other = stops.running("a"), stops.running("a"), stops.running("b")

@@ -1,4 +1,4 @@
-"""What a request may send, through the real server (`app.guard`, `app.limits`): uploads bounded
+"""What a request may send, through the real server (`app.server.guard`, `app.server.limits`): uploads bounded
 in size, number, per address an hour and on disk, each refusal one sentence and nothing kept;
 a body over the cap refused before Gradio parses it, by its length and as it streams; a prompt
 over its characters refused in words before any tokenizer; unknown-session polls answered in one
@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from app import AppState, create_demo, launch_kwargs
-from app import guard, limits
+from app.server import guard, limits
 from app.request import MAX_PROMPT_CHARS
 from conftest import free_port
 

@@ -1,4 +1,4 @@
-"""What the server keeps of each session, and that it lets go (`app.sessions`): idle sessions are
+"""What the server keeps of each session, and that it lets go (`app.server.sessions`): idle sessions are
 forgotten, and the server's memory stays flat over 200 runs, each from a new session (as an API
 script makes them)."""
 
@@ -14,7 +14,7 @@ import httpx
 import torch
 
 from app import AppState
-from app.sessions import Listeners, forget_idle
+from app.server.sessions import Listeners, forget_idle
 
 from test_app_e2e import run_args, serving
 

@@ -1,4 +1,4 @@
-"""Fairness and Stop without a server: who a visitor is (`app.visitors`), a run giving its turn up
+"""Fairness and Stop without a server: who a visitor is (`app.server.visitors`), a run giving its turn up
 while others wait (`DeviceLine.turn`), and a Stop that cannot wait for a blocked run
 (`ppsd.stop_guard.StopGuard`). The same through the page is in test_app_e2e."""
 
@@ -11,11 +11,11 @@ from types import SimpleNamespace
 
 import pytest
 
-from app.line import DeviceLine, StopRegistry
+from app.server.line import DeviceLine, StopRegistry
 from app.request import RunRequest
 from app.state import DEFAULT_RUN, AppState, decoded_tokens
 from ppsd.stop_guard import StopGuard
-from app.visitors import proxy_hops_from_environment, visitor
+from app.server.visitors import proxy_hops_from_environment, visitor
 
 
 def request(peer: str, *forwarded: str) -> SimpleNamespace:

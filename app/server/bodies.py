@@ -1,6 +1,6 @@
 """A request's body as the app reads it, counted before any of it is parsed or stored: `Body`
 (its bytes, and the rest read and dropped so a refusal is seen), `Parts` (a multipart body's
-parts, by their delimiters) and `Refused` (a limit's status and one sentence). `app.guard`
+parts, by their delimiters) and `Refused` (a limit's status and one sentence). `app.server.guard`
 decides the limits and answers with these.
 
 Boundary: raw ASGI messages and bytes; no Gradio, no limits of its own.

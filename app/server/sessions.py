@@ -65,7 +65,7 @@ LISTEN_GRACE_SECONDS = 10.0  # how long a run waits for its client to open its e
 class Listeners:
     """Which sessions have an event stream open: Gradio runs an event whether or not anyone
     reads its results, so a client that joins and never listens would hold the device for
-    nothing. `app.guard` counts each stream as it opens and closes; a run waits for its session
+    nothing. `app.server.guard` counts each stream as it opens and closes; a run waits for its session
     to be listened to (`wait`). Until the guard has seen a request (`watched`), nothing is known
     and every session counts as listened to: a page served without the guard still runs."""
 

@@ -1,5 +1,5 @@
 """The server's door: an ASGI middleware in front of Gradio that bounds what a request may send
-before any of it is read, parsed or stored (`app.limits` has the numbers), and notes who
+before any of it is read, parsed or stored (`app.server.limits` has the numbers), and notes who
 listens for results.
 
 - Any request's body: at most `MAX_BODY_BYTES`, by its Content-Length and by the bytes it really
@@ -9,15 +9,15 @@ listens for results.
   `max_file_size`, said in these words), within what the address may upload an hour, what the
   uploads may hold together on disk, and what the disk must keep free for the model cache. A
   refused upload keeps nothing: the refusal is raised inside Gradio's parser, which deletes what
-  it had written. A kept upload's files each get a path of their own (`app.uploads`) before the
+  it had written. A kept upload's files each get a path of their own (`app.server.uploads`) before the
   paths go back: Gradio stores by content, and one visitor's open deleted another's same file.
 - A poll of a session the queue does not know is answered 404 in one line, where Gradio would
   write a 76-line traceback to the log for each.
-- An event stream that opens or closes is counted for its session (`app.sessions.Listeners`),
+- An event stream that opens or closes is counted for its session (`app.server.sessions.Listeners`),
   so that a run starts only once its client listens.
 
 Every refusal is one status (413 too large, 429 too many for now) and one sentence. Who sent a
-request is its address, as the device line counts visitors (`app.visitors`).
+request is its address, as the device line counts visitors (`app.server.visitors`).
 
 Boundary: raw ASGI messages and Gradio's upload folder and queue, read; no handlers, no models.
 `create_demo` hands the page's `Guard` to its Blocks (`attach`); `launch_kwargs` installs
@@ -329,7 +329,7 @@ class RequestLimits:
 
 def _stored(status: int, text: bytes, kept: set, folder: str) -> Refused | bytes | None:
     """Gradio's answer to an upload: its refusal of a file past `max_file_size`, said in this
-    page's words; the paths it stored, each made the upload's own (`app.uploads`)."""
+    page's words; the paths it stored, each made the upload's own (`app.server.uploads`)."""
     if status == 413:
         return file_too_large() if text.startswith(b"File size exceeded") else None
     try:
@@ -371,6 +371,6 @@ def _upload_folder() -> str:
 
 
 def _prompt_cap() -> int:
-    from .request import MAX_PROMPT_CHARS
+    from ..request import MAX_PROMPT_CHARS
 
     return MAX_PROMPT_CHARS

@@ -6,7 +6,7 @@ paths go back to the client, and puts those paths, not the shared one, in the se
 sweep deletes from.
 
 Boundary: files in the upload folder and the JSON list of paths Gradio's upload route answers
-with; `app.guard` calls it on that answer. No limits, no ASGI.
+with; `app.server.guard` calls it on that answer. No limits, no ASGI.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """What a visitor may send the server, in bytes and files: the numbers, and the ledger of what
-each address uploaded in the last hour. `app.guard` enforces them on every request, before
+each address uploaded in the last hour. `app.server.guard` enforces them on every request, before
 Gradio reads a byte of the body; the prompt's own cap, in characters, is `app.request`'s.
 
 Plain data and arithmetic; no Gradio, no ASGI.

@@ -17,7 +17,7 @@ from typing import Callable, Iterator, Protocol
 
 from ppsd.model_source import Progress
 
-from .words import OPEN_RECORDED
+from ..words import OPEN_RECORDED
 
 
 class Background:
@@ -53,7 +53,7 @@ class Background:
         return self._result
 
 
-PER_CLIENT = 2  # runs one client (an address, `app.visitors`) may have in line: the one decoding and one waiting
+PER_CLIENT = 2  # runs one client (an address, `app.server.visitors`) may have in line: the one decoding and one waiting
 
 
 @dataclass(frozen=True, eq=False)
@@ -74,7 +74,7 @@ def wait_text(seconds: float) -> str:
 class DeviceLine:
     """The device decodes one comparison at a time: visitors queue here, at most `max_waiting`
     of them (more are told to come back), and can see how many are ahead. Fair by client (an
-    address, `app.visitors`, not a session a script can multiply): one client may have at most
+    address, `app.server.visitors`, not a session a script can multiply): one client may have at most
     `per_client` runs in line, and the line is served round-robin, a client's first run ahead of
     any other client's second, so a newcomer waits for at most the run in progress and one run of
     each client already waiting, however many sessions a script opens; and while others wait, the
