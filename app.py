@@ -20,8 +20,7 @@ import time
 
 import ppsd
 from app import AppState, create_demo, launch_kwargs, zerogpu
-from app.runner import prestart
-from ppsd.ready_here import compiling_in_background
+from app.runner import READY, prestart
 from ppsd.cli import thread_count
 from ppsd.executors.background import ticking
 from ppsd.model import DEVICE_VARIABLE
@@ -139,7 +138,7 @@ def leave(code: int) -> None:
     """Exit with `code`. With a background compile still inside torch, the interpreter's teardown
     can crash under it (a segfault seen on Ctrl-C mid-compile), so the exit handlers run (the
     worker pipelines close in order) and the process ends without that teardown."""
-    if not compiling_in_background():
+    if not READY.compiling():
         sys.exit(code)
     atexit._run_exitfuncs()
     _end_children()
@@ -165,7 +164,7 @@ if __name__ == "__main__":
     try:
         main()
     except SystemExit as stopping:  # SIGTERM, or a refusal of the command line
-        if not compiling_in_background():
+        if not READY.compiling():
             raise
         if isinstance(stopping.code, str):
             print(stopping.code, file=sys.stderr)

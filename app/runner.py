@@ -31,7 +31,11 @@ from .models import Loaded, ModelCache
 from .page_text import load_examples
 from .request import MAX_RUN_SECONDS, CheckedRequest, RunRequest
 
-__all__ = ["MethodRun", "Snapshot", "prestart", "run_comparison"]
+__all__ = ["READY", "MethodRun", "Snapshot", "prestart", "run_comparison"]
+
+# What this server process has ready (the kinds compiled in the background since start-up): the
+# page's, as its shared worker processes are; a ZeroGPU call's fork works on its copy.
+READY = ready_here.ReadyKinds()
 
 
 @dataclass(frozen=True)
@@ -153,7 +157,7 @@ def run_comparison(request: RunRequest, cache: ModelCache, *, throttle: float = 
         try:
             for state in comparison.run():
                 if state.done and forced is None and kind.concurrent and setup.model.info.device == "cpu" \
-                        and ready_here.measuring():
+                        and READY.measuring():
                     ready_here.note_speed(kind, setup, state, load)
                 limit, said = first if expired.is_set() else None, note
                 if getattr(stop, "handed_over", False):
@@ -176,7 +180,7 @@ def prestart(cache: ModelCache, model: str, progress=None) -> str:
     """What a first Run of `model` with the page's defaults needs beyond the model: its shared
     pipeline (the worker processes), started and warmed up now, so that Run's first token does
     not wait for them; then the kinds that compile first (on a CPU) start compiling in the
-    background (`ppsd.ready_here.compile_in_background`). `progress` hears each step as it
+    background (`READY.compile_in_background`). `progress` hears each step as it
     begins. Returns what was started, in words ("" when the defaults run the stages in turn, or
     on a kind built per run)."""
     tell = progress or (lambda message: None)
@@ -194,7 +198,7 @@ def prestart(cache: ModelCache, model: str, progress=None) -> str:
     ready(kind, setup, tell)
     for compiled in concurrent_kinds():
         if compiled.compiles_on(device) and compiled.unavailable(device, stages) is None:
-            ready_here.compile_in_background(compiled, setup)
+            READY.compile_in_background(compiled, setup)
     return f"{stages} {kind.choice.split(',')[0]}"
 
 
@@ -205,9 +209,9 @@ def _kind(request: CheckedRequest, setup: RunSetup) -> tuple[ExecutorKind, str, 
         return IN_TURN, "", None
     kind, note = ready_here.kind_here(request.pipeline, setup)
     if request.pipeline == AUTO and not note:
-        choice = ready_here.auto(setup)
+        choice = READY.auto(setup)
         kind, note = choice.kind, _chosen(choice)
-    return kind, note, ready_here.kept(kind, setup)
+    return kind, note, READY.kept(kind, setup)
 
 
 def _chosen(choice: Choice) -> str:

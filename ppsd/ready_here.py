@@ -1,7 +1,7 @@
 """Which executor kind a run takes in this process, and what is ready for it: the kinds whose
 steps compile first (on a CPU) building in the background since start-up, "auto" among those
-ready (the fastest PPSD measured on this machine), and the speeds it compares. One process, one
-front end: module state, as the shared worker processes are.
+ready (the fastest PPSD measured on this machine), and the speeds it compares. The state is one
+`ReadyKinds`, which the front end owns and passes in: the library keeps none at module level.
 
 Boundary: choosing and readying kinds for the runs of this process. The kinds and the rules of
 "auto" are `ppsd.executors.kinds`', a background build's own state is
@@ -24,51 +24,76 @@ from .executors.kinds import AUTO, ExecutorKind, concurrent_kinds
 from .generate import warm_up
 from .setup import RunSetup
 
-__all__ = ["auto", "background_words", "compile_in_background", "compiling_in_background", "kept", "kind_here",
-           "load", "measuring", "note_speed", "setup_key"]
-
-# The kinds compiling (or compiled) in the background since start-up, by name, each with the key
-# of the run setup it was built for (the weights, exit head and stages): "auto" runs on one only
-# for a setup it fits.
-_BACKGROUND: dict[str, tuple[tuple, Background]] = {}
+__all__ = ["ReadyKinds", "kind_here", "load", "note_speed", "setup_key"]
 
 
-def compile_in_background(kind: ExecutorKind, setup: RunSetup) -> Background:
-    """`kind` built, compiled and run once through a default comparison round (untimed: every
-    step a default Run reaches compiles now, not in a Run) on a thread of its own; the terminal
-    hears how far it is every 10 s. Runs meanwhile go on the kind that needs no compile."""
-    loading = compile_cache.kept() and kept_steps.kept()  # this code's steps are kept: a load, not a compile
-    last = compile_cache.last_seconds()
-    said = (f"loading the kept compiled steps ({compile_cache.folder()})" if loading else
-            "a one-time compile" + (f" (it took {last:.0f} s last time)" if last else " (a minute or more on a small CPU)"))
-    print(f"Compiling {kind.compiles} in the background, {said}; Runs use the kind that needs no compile meanwhile",
-          flush=True)
+class ReadyKinds:
+    """What one front end's process has ready: the kinds compiling (or compiled) in the
+    background since start-up, by name, each with the key of the run setup it was built for (the
+    weights, exit head and stages), so "auto" runs on one only for a setup it fits. The front end
+    owns one (`app.runner.READY`), as it owns its shared worker processes."""
 
-    def build():
-        began, compiled = time.monotonic(), kept_steps.compiled()
-        executor = kind.ready(setup, warm_up=warm_up)
-        for _ in Comparison(setup, ("ar", "ppsd"), kind=kind, rounds=1, plain=True, source=ExecutorSource(executor),
-                            throttle=float("inf")).run():
-            pass
-        background.loaded = kept_steps.compiled() == compiled  # what it did, whatever was expected
-        kept_steps.prune()
-        compile_cache.record(None if background.loaded else time.monotonic() - began)  # all a default Run reaches
-        return executor
+    def __init__(self) -> None:
+        self.builds: dict[str, tuple[tuple, Background]] = {}
 
-    background = Background(kind.compiles, build, kept=loading,
-                            say=lambda words: print(words[0].upper() + words[1:], flush=True))
-    _BACKGROUND[kind.name] = (setup_key(setup), background.start())
-    return background
+    def compile_in_background(self, kind: ExecutorKind, setup: RunSetup) -> Background:
+        """`kind` built, compiled and run once through a default comparison round (untimed: every
+        step a default Run reaches compiles now, not in a Run) on a thread of its own; the terminal
+        hears how far it is every 10 s. Runs meanwhile go on the kind that needs no compile."""
+        loading = compile_cache.kept() and kept_steps.kept()  # this code's steps are kept: a load, not a compile
+        last = compile_cache.last_seconds()
+        said = (f"loading the kept compiled steps ({compile_cache.folder()})" if loading else
+                "a one-time compile" + (f" (it took {last:.0f} s last time)" if last else
+                                        " (a minute or more on a small CPU)"))
+        print(f"Compiling {kind.compiles} in the background, {said}; Runs use the kind that needs no compile "
+              "meanwhile", flush=True)
 
+        def build():
+            began, compiled = time.monotonic(), kept_steps.compiled()
+            executor = kind.ready(setup, warm_up=warm_up)
+            for _ in Comparison(setup, ("ar", "ppsd"), kind=kind, rounds=1, plain=True,
+                                source=ExecutorSource(executor), throttle=float("inf")).run():
+                pass
+            background.loaded = kept_steps.compiled() == compiled  # what it did, whatever was expected
+            kept_steps.prune()
+            compile_cache.record(None if background.loaded else time.monotonic() - began)  # all a default Run reaches
+            return executor
 
-def compiling_in_background() -> bool:
-    """Whether a background compile is still running (its thread inside torch)."""
-    return any(background.state == "compiling" for _, background in _BACKGROUND.values())
+        background = Background(kind.compiles, build, kept=loading,
+                                say=lambda words: print(words[0].upper() + words[1:], flush=True))
+        self.builds[kind.name] = (setup_key(setup), background.start())
+        return background
 
+    def compiling(self) -> bool:
+        """Whether a background compile is still running (its thread inside torch)."""
+        return any(background.state == "compiling" for _, background in self.builds.values())
 
-def background_words() -> str:
-    """What compiles in the background, in words, for the page ("" when nothing does or did)."""
-    return "; ".join(background.words() for _, background in _BACKGROUND.values())
+    def words(self) -> str:
+        """What compiles in the background, in words, for the page ("" when nothing does or did)."""
+        return "; ".join(background.words() for _, background in self.builds.values())
+
+    def kept(self, kind: ExecutorKind, setup: RunSetup) -> Executor | None:
+        """The background-built executor of `kind` when it is ready and fits `setup`, else None."""
+        background = self._ready_for(setup).get(kind.name)
+        return background.executor if background is not None else None
+
+    def auto(self, setup: RunSetup) -> Choice:
+        """"auto" here: the fastest PPSD measured on this machine among what is ready for `setup`, a
+        stale speed measured again (at the load now: `load`)."""
+        return choose_measured(setup.config.num_stages, setup.model.info.device, tuple(self._ready_for(setup)),
+                               compile_cache.speeds(setup.model.info.name), load=load())
+
+    def _ready_for(self, setup: RunSetup) -> dict[str, Background]:
+        """The background builds that are ready and were built for `setup`'s weights, head and stages."""
+        key = setup_key(setup)
+        return {name: b for name, (built_for, b) in self.builds.items() if b.state == "ready" and built_for == key}
+
+    def measuring(self) -> bool:
+        """Does a Run's PPSD speed count for "auto"? On a server that compiles a kind in the
+        background (tests never write the user's cache), once nothing compiles: a Run beside a
+        compile ran at a fraction of its speed (3.9 tokens/s against 8.0 after it, at load 8-9 on 2
+        cores, measured here)."""
+        return bool(self.builds) and not self.compiling()
 
 
 def setup_key(setup: RunSetup) -> tuple:
@@ -76,35 +101,9 @@ def setup_key(setup: RunSetup) -> tuple:
     return id(setup.model.hf_model), id(setup.model.exit_head), setup.partition
 
 
-def kept(kind: ExecutorKind, setup: RunSetup) -> Executor | None:
-    """The background-built executor of `kind` when it is ready and fits `setup`, else None."""
-    background = _ready_for(setup).get(kind.name)
-    return background.executor if background is not None else None
-
-
-def auto(setup: RunSetup) -> Choice:
-    """"auto" here: the fastest PPSD measured on this machine among what is ready for `setup`, a
-    stale speed measured again (at the load now: `load`)."""
-    return choose_measured(setup.config.num_stages, setup.model.info.device, tuple(_ready_for(setup)),
-                           compile_cache.speeds(setup.model.info.name), load=load())
-
-
 def load() -> float:
     """The machine's 1-minute load average now: what a speed is measured at, and compared with."""
     return os.getloadavg()[0]
-
-
-def _ready_for(setup: RunSetup) -> dict[str, Background]:
-    """The background builds that are ready and were built for `setup`'s weights, head and stages."""
-    key = setup_key(setup)
-    return {name: b for name, (built_for, b) in _BACKGROUND.items() if b.state == "ready" and built_for == key}
-
-
-def measuring() -> bool:
-    """Does a Run's PPSD speed count for "auto"? On a server that compiles a kind in the background
-    (tests never write the user's cache), once nothing compiles: a Run beside a compile ran at a
-    fraction of its speed (3.9 tokens/s against 8.0 after it, at load 8-9 on 2 cores, measured here)."""
-    return bool(_BACKGROUND) and all(b.state != "compiling" for _, b in _BACKGROUND.values())
 
 
 def note_speed(kind: ExecutorKind, setup: RunSetup, state: State, load: float) -> bool:

@@ -150,22 +150,24 @@ def test_the_page_runs_auto_on_the_kept_executor_only_for_the_setup_it_was_built
                                                      info=SimpleNamespace(device="cpu", name="m")),
                                partition=partition, config=SimpleNamespace(num_stages=2))
 
+    here = ready_here.ReadyKinds()  # what the front end owns: the library keeps none
+    assert not here.measuring()  # nothing compiles in the background (tests never write the user's cache)
     compiling = Background("the captured steps", lambda: threading.Event().wait(5), clock=Clock())
-    monkeypatch.setattr(ready_here, "_BACKGROUND", {"graphed": (ready_here.setup_key(setup()), compiling.start())})
-    assert ready_here.auto(setup()).kind is KINDS["processes"]  # a Run never waits for the compile
-    assert ready_here.background_words() == "compiling the captured steps: 0 s so far"
-    assert not ready_here.measuring()  # a Run beside the compile is slowed by it: its speed is not kept
+    here.builds["graphed"] = (ready_here.setup_key(setup()), compiling.start())
+    assert here.auto(setup()).kind is KINDS["processes"]  # a Run never waits for the compile
+    assert here.words() == "compiling the captured steps: 0 s so far" and here.compiling()
+    assert not here.measuring()  # a Run beside the compile is slowed by it: its speed is not kept
     built = object()
     ready = Background("the captured steps", lambda: built, clock=Clock()).start()
     ready.wait(5)
-    monkeypatch.setattr(ready_here, "_BACKGROUND", {"graphed": (ready_here.setup_key(setup()), ready)})
-    choice = ready_here.auto(setup())
-    assert choice.kind is KINDS["graphed"] and ready_here.kept(choice.kind, setup()) is built
-    assert ready_here.measuring()
+    here.builds["graphed"] = (ready_here.setup_key(setup()), ready)
+    choice = here.auto(setup())
+    assert choice.kind is KINDS["graphed"] and here.kept(choice.kind, setup()) is built
+    assert here.measuring() and not here.compiling()
     assert runner._chosen(choice) == ("The stages ran on the captured steps, chosen by auto: the fastest PPSD "
                                       "measured on this machine (19.9 tokens/s at load 0.2, against 15.4 at load 0.2 on the worker processes).")
     other = setup(hf_model=object())  # another model: the kept steps do not fit it
-    assert ready_here.auto(other).kind is KINDS["processes"] and ready_here.kept(KINDS["graphed"], other) is None
+    assert here.auto(other).kind is KINDS["processes"] and here.kept(KINDS["graphed"], other) is None
 
 
 def test_the_cold_start_says_each_step_as_it_begins_and_again_while_it_lasts(capsys):
@@ -188,12 +190,11 @@ def test_the_cold_start_says_each_step_as_it_begins_and_again_while_it_lasts(cap
 @needs_compiler
 def test_prestart_serves_on_the_kind_needing_no_compile_and_compiles_the_others_in_the_background(monkeypatch):
     from app import runner
-    from ppsd import ready_here
 
     monkeypatch.setattr(host, "usable_cores", lambda: 2)
     started, compiling, told = [], [], []
     monkeypatch.setattr(runner, "ready", lambda kind, setup, progress: started.append(kind))
-    monkeypatch.setattr(ready_here, "compile_in_background", lambda kind, setup: compiling.append((kind, setup)))
+    monkeypatch.setattr(runner.READY, "compile_in_background", lambda kind, setup: compiling.append((kind, setup)))
     loaded = SimpleNamespace(model=SimpleNamespace(info=SimpleNamespace(device="cpu")), chat=True)
     made = SimpleNamespace()
     cache = SimpleNamespace(get=lambda name, progress=None, warm=None: loaded,

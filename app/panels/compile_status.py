@@ -11,8 +11,7 @@ from typing import Callable
 
 import gradio as gr
 
-from ppsd.ready_here import background_words
-
+from ..runner import READY
 from . import Page, Single
 
 NAME = "compile_status"  # not a run output: its timer alone refreshes it
@@ -21,7 +20,7 @@ REFRESH_SECONDS = 5.0
 
 def create() -> Single:
     """The line as it stands now (a compile may have started before the page was built)."""
-    return Single(NAME, gr.HTML(render(background_words()), elem_id="compile-status"))
+    return Single(NAME, gr.HTML(render(READY.words()), elem_id="compile-status"))
 
 
 def render(words: str) -> str:
@@ -32,8 +31,8 @@ def render(words: str) -> str:
 
 
 def wire(made: Single, page: Page) -> None:
-    """Refreshed from what compiles in the background (`ppsd.ready_here.background_words`)."""
-    refresh(made, background_words)
+    """Refreshed from what compiles in the background (`app.runner.READY`)."""
+    refresh(made, READY.words)
 
 
 def refresh(panel: Single, words: Callable[[], str]) -> gr.Timer:

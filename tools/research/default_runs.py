@@ -31,8 +31,8 @@ def main() -> int:
     from app.panels import headline
     from app.request import RunRequest
     from app.run_view import RunView
-    from app.runner import prestart, run_comparison
-    from ppsd import DEFAULT_MODEL, ready_here
+    from app.runner import READY, prestart, run_comparison
+    from ppsd import DEFAULT_MODEL
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=10)
@@ -42,9 +42,9 @@ def main() -> int:
     cache = ModelCache(device="cpu")
     began = time.monotonic()
     print(prestart(cache, DEFAULT_MODEL, progress=print), flush=True)
-    while ready_here.compiling_in_background():
+    while READY.compiling():
         time.sleep(2)
-    print(f"background: {ready_here.background_words()} ({time.monotonic() - began:.0f} s after start)", flush=True)
+    print(f"background: {READY.words()} ({time.monotonic() - began:.0f} s after start)", flush=True)
     rows = []
     forced = [float(a) for a in args.forced.split(",") if a]
     for n, a in enumerate([None] * args.runs + forced):
