@@ -256,7 +256,8 @@ KINDS: dict[str, ExecutorKind] = {kind.name: kind for kind in (
                      "weights and a static KV cache; AR ran on the same steps",
                  stages="the {k}-stage pipeline ({where})", compiles="the captured steps",
                  gpu_token_seconds=CAPTURED_GPU_TOKEN_SECONDS, gpu_captures=True),
-    ExecutorKind("stacked", "K stages stacked in one chain", "stacked stages, one chain a slot",
+    ExecutorKind("stacked", "K stages stacked in one chain",
+                 "stacked stages, one chain a slot (experimental: slower on every CPU measured, not yet run on a GPU)",
                  "every stage at once in one chain of stacked layers (a CUDA graph a slot, or eager on a CPU)",
                  "{k} stacked stages", concurrent=True, unavailable=_stacked_unavailable, build=_stacked,
                  ran="the K={k} stages ran as one stacked chain in this one process ({where}): each slot runs layer "
