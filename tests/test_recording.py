@@ -21,7 +21,7 @@ import ppsd
 from app import replay, view
 from app.handlers import ordered
 from app.models import ModelCache
-from app.panels import race, recording as panel
+from app.panels import race, recording as panel, timeline
 from app.request import RunRequest
 from app.run_view import RunView
 from app.runner import run_comparison
@@ -99,7 +99,7 @@ def test_every_panel_of_a_replay_says_where_and_when_it_was_recorded(live, saved
     values = view.snapshot(replayed)
     for name in ("headline", "stats_ppsd", "stats_ar", "metrics", "message"):
         assert html.escape(label) in values[name], name
-    assert label in values["timeline"].layout.title.text
+    assert label in timeline.unwrapped(values["timeline"].layout.title.text)
     assert values["race"]["shown"].startswith(label)  # the race's note and the step-through read it
     assert label in values["summary"]["note"]
     assert values["recording"] is None  # a replay is not offered for saving again

@@ -77,7 +77,8 @@ def idle() -> dict[str, Any]:
     values: dict[str, Any] = {}
     for method in METHODS:
         values[f"stats_{method}"] = render_stats("", None, None, live="not enabled" if method == "eesd" else "waiting")
-        values[f"stream_{method}"] = render_tokens((), str, placeholder="The output appears here.")
+        values[f"stream_{method}"] = render_tokens((), str, placeholder="The output appears here.",
+                                                   label=_answer_label(method))
     return values
 
 
@@ -96,7 +97,8 @@ def _column(view: RunView, method: str) -> tuple[str, str]:
     if run is None:
         waiting = "not enabled" if method == "eesd" and not snap.request.eesd else (
             "not run: stopped" if snap.stopped else "waiting for its turn")
-        return render_stats(method, None, None, live=waiting), render_tokens((), piece, prompt=prompt)
+        return render_stats(method, None, None, live=waiting), render_tokens((), piece, prompt=prompt,
+                                                                             label=_answer_label(method))
     trace = run.trace()
     deciders = deciding_events(trace.events, trace.num_stages)
     if run.done:
@@ -115,12 +117,17 @@ def _column(view: RunView, method: str) -> tuple[str, str]:
     limit = run.config.max_new_tokens
     cut = limit if run.done and len(tokens) >= limit and tokens[-1].id not in snap.loaded.model.info.eos_token_ids \
         else None
-    stream = render_tokens(tokens, piece, prompt=prompt, pending=pending, deciders=deciders, cut=cut)
+    stream = render_tokens(tokens, piece, prompt=prompt, pending=pending, deciders=deciders, cut=cut,
+                           label=_answer_label(method))
     forced = snap.request.forced
     if forced is not None:  # the what-if: every card's numbers and PPSD's tokens are not the model's
         note = f'<div class="forced-note">{html.escape(forced_words(forced))}</div>'
         stats, stream = note + stats, (note + stream if method == "ppsd" else stream)
     return stats, stream
+
+
+def _answer_label(method: str) -> str:
+    return f"{TITLES[method][0]}'s answer"
 
 
 def _ratio_line(method: str, view: RunView) -> str:

@@ -37,4 +37,7 @@ def idle() -> dict[str, Any]:
 
 def show(view: RunView) -> dict[str, Any]:
     snap = view.snap
-    return {"message": render(snap.note, "notice") if view.ended else render(view.status, "status")}
+    if not view.ended:
+        return {"message": render(view.status, "status")}
+    # A recording's note ("Recorded on …; not run now") is the headline's last line too: Present keeps that one.
+    return {"message": render(snap.note, "recorded" if view.recorded else "notice")}
