@@ -54,10 +54,11 @@ def create() -> ColumnsPanel:
             with gr.Column(min_width=260, visible=method != "eesd", elem_id=f"col-{method}") as box:
                 gr.HTML(f'<div class="col-title">{name} <span>{sub}</span></div>')
                 columns[method] = Column(box, gr.HTML(elem_id=f"stats-{method}"), gr.HTML(elem_id=f"stream-{method}"))
-    drafts = gr.Checkbox(value=False, label="Show the drafts inline (rejected ones struck through, in-flight ones "
-                                            "dashed)", elem_id="drafts",
-                         info="Off: each stream (and each lane of the race) shows only its committed text, so "
-                              "AR's and PPSD's can be compared word for word. Hover a token for its draft either way.")
+    # A short label: in Present it stands on one line above the timeline, its info folded away.
+    drafts = gr.Checkbox(value=False, label="Show the drafts", elem_id="drafts",
+                         info="Rejected drafts struck through, in-flight ones dashed. Off: each stream (and each "
+                              "lane of the race) shows only its committed text, so AR's and PPSD's can be compared "
+                              "word for word. Hover a token for its draft either way.")
     gr.HTML(render_legend(), elem_id="stream-legend")
     return ColumnsPanel(columns, drafts)
 

@@ -24,7 +24,7 @@ def render(text: str = "", kind: str = "error") -> str:
     """Empty, or one error (or notice, status, warning) in words."""
     if not text:
         return '<div class="run-message run-message-empty"></div>'
-    return f'<div class="run-message run-message-{kind}" role="status">{html.escape(text)}</div>'
+    return f'<div class="run-message run-message-{kind}" role="status" title="{html.escape(text)}">{html.escape(text)}</div>'
 
 
 def wire(made: Single, page: Page) -> None:
