@@ -32,7 +32,8 @@ CONCURRENT_NOTE = "measured: {where}, all stamping one clock"  # {where}: the ki
 
 
 def create() -> Single:
-    plot = Plot(label="Pipeline timeline", elem_id="timeline", show_label=False)
+    # Drawn from the start: Gradio's empty box has an aria-label with no role (axe: serious).
+    plot = Plot(empty_figure(EMPTY), label="Pipeline timeline", elem_id="timeline", show_label=False)
     gr.Markdown(TIMELINE_CAPTION, elem_classes=["caption"], elem_id="timeline-caption")
     return Single(OUTPUTS[0], plot)
 
@@ -120,11 +121,12 @@ def render_timeline(
         fig.update_yaxes(categoryorder="array", categoryarray=list(reversed(labels)), row=row, col=1)
     fig.update_xaxes(title_text="time (ms)", row=len(panels), col=1)
     title, top = wrapped_title(title or timeline_title(panels[0][1], panels[0][1].num_stages))
-    height = 110 + top + sum(60 + 34 * t.num_stages for _, t in panels)
+    height = 120 + top + sum(60 + 34 * t.num_stages for _, t in panels)
     style(fig, title, height=height)
-    # Legend below the time axis: about 55 px under the plot area, inside a 100 px bottom margin.
-    fig.update_layout(barmode="overlay", bargap=0.25, margin_b=100, margin_t=top,
-                      legend=dict(y=-55 / (height - top - 100)))
+    # Legend below the time axis' title: 66 px under the plot area (55 let it overlap that title by
+    # 4 px, issue 58), inside a 110 px bottom margin.
+    fig.update_layout(barmode="overlay", bargap=0.25, margin_b=110, margin_t=top,
+                      legend=dict(y=-66 / (height - top - 110)))
     return describe(fig, timeline_alt(panels))
 
 
