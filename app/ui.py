@@ -106,7 +106,8 @@ def create_settings(made: Made, run_seconds: float) -> dict[str, Any]:
     c["repeats"] = Slider(1, MAX_REPEATS, value=DEFAULT_REPEATS, step=1, elem_id="repeats",
                           label="Timed runs of each method",
                           info="The first is shown live; the rest run back to back, AR and PPSD "
-                               "interleaved, and the headline gives the median speedup and its range. "
+                               "interleaved, and the headline gives the median speedup; its fold lists every "
+                               "round's wall. "
                                f"A run may hold the device {run_seconds:g} s; past that it ends with "
                                "what it has.")
     place(made, rounds, DEFAULT_REPEATS)  # what the extra rounds cost, said before Run

@@ -171,6 +171,10 @@ def test_after_a_run_axe_finds_nothing_serious_and_present_fits_1366x768(room):
         with quiet():
             tiny_run(page)
         assert_no_serious(page, "after a Run")
+        # the exit head's note is true of this model: no "rarely accepted" beside a high measured acceptance
+        note = page.locator("#exit-head-note").inner_text()
+        acceptance = float(page.locator("#stats-ppsd .stat", has_text="acceptance").locator(".stat-value").inner_text())
+        assert "shared head" in note and not ("rarely accepted" in note and acceptance >= 0.5), (note, acceptance)
         present(page)
         assert_no_serious(page, "in Present, after a Run")
         fits_a_room(page, "a tiny Run")
@@ -283,5 +287,65 @@ def test_a_phone_reads_the_timeline_and_the_answers_and_nothing_scrolls_sideways
         assert got["legendTop"] >= got["axisBottom"], got  # the legend under the axis, not over it
         assert got["midWord"] == [], got
         assert all(end <= 1 for end in got["ends"]), got  # each answer's end in view, no box scrolled to its top
+    finally:
+        page.close()
+
+
+# --------------------------------------------------------------------------- the words
+
+
+def test_the_words_a_student_meets_are_defined_and_say_what_is_shown(room):
+    from app.analysis import BUSY_SHARE
+
+    page = page_at(room, 1920, 1080)
+    try:
+        page.locator("#glossary summary").click()
+        glossary = page.locator("#glossary").inner_text()
+        for term in ("round", "median", "stall", "slot", "bubble"):
+            assert f"\n{term}\n" in f"\n{glossary}\n", (term, glossary)
+        # plain AR as the captured-steps headline has it: one process, the stages in turn there
+        assert "captured steps, which then run the stages in turn" in glossary
+        assert f"{BUSY_SHARE:.0%} of its time" in glossary
+        assert "its range" not in page.locator("#repeats").inner_text()  # no range is shown
+        assert page.locator(".model-status").first.inner_text().startswith("SmolLM2-135M-Instruct")  # by name
+        open_shipped(page, next(iter(replay.shipped())))
+        clock = page.locator(".headline-clock").first.inner_text()
+        assert "against the fastest AR this run measured: plain AR" in clock, clock  # why this baseline
+        page.locator(".headline-more summary").click()
+        ideal = page.locator(".headline-ideal-line").inner_text()
+        assert ")slowest" not in ideal and "; slowest stage" in ideal, ideal
+        card = page.locator("#stats-ppsd").inner_text()
+        assert "wall, this round (projected)" in card and "\nwall (projected)" not in card, card
+    finally:
+        page.close()
+
+
+THEORY_JS = """() => {
+    const points = [], labels = [];
+    document.querySelectorAll('#theory .scatterlayer .trace').forEach((trace, i) => {
+        const dots = [...trace.querySelectorAll('.points path')].map((e) => e.getBoundingClientRect());
+        const texts = [...trace.querySelectorAll('.textpoint text')].map((e) => e.getBoundingClientRect());
+        if (dots.length === 1 && texts.length === 1) {
+            points.push({i, x: dots[0].x + dots[0].width / 2, y: dots[0].y + dots[0].height / 2});
+            labels.push({i, x: texts[0].x + texts[0].width / 2, y: texts[0].y + texts[0].height / 2});
+        }
+    });
+    return labels.map((l) => {
+        const d = points.map((p) => [p.i, Math.hypot(p.x - l.x, p.y - l.y)]).sort((a, b) => a[1] - b[1]);
+        return [l.i, d[0][0]];
+    });
+}"""
+
+
+def test_each_theory_label_sits_nearest_its_own_point(room):
+    page = page_at(room, 1920, 1080)
+    try:
+        for name in replay.shipped():
+            open_shipped(page, name)
+            page.locator("#theory").scroll_into_view_if_needed()
+            page.wait_for_timeout(500)
+            nearest = page.evaluate(THEORY_JS)
+            assert len(nearest) >= 2, (name, nearest)  # the measured point and the projected one
+            assert all(own == near for own, near in nearest), (name, nearest)
     finally:
         page.close()

@@ -170,7 +170,8 @@ def render_stats(method: str, projected: Metrics | None, measured: Metrics | Non
              (f"wall, this round ({lead_name})" if median is not None else f"wall ({lead_name})",
               duration_text(lead.wall_seconds)),
              (f"tok/s, this round ({lead_name})", f"{lead.tokens_per_second:.1f}"),
-             (f"wall ({other_name})", duration_text(other.wall_seconds)),
+             (f"wall, this round ({other_name})" if median is not None else f"wall ({other_name})",
+              duration_text(other.wall_seconds)),
              ("acceptance", rate)]
     if method == "ar":
         cells[-1] = ("acceptance (no drafts)", "—")
