@@ -4,6 +4,7 @@ line in the log and words to the caller, not Gradio's traceback. Used by the lay
 
 from __future__ import annotations
 
+import json
 import sys
 from typing import Any
 
@@ -35,3 +36,26 @@ def refusing_quietly(component: Any) -> Any:
 
     component.preprocess = preprocess
     return component
+
+
+# Plotly's mode bar: 8 buttons a plot, each a Tab stop before the results' text (issue 58), and no
+# use to a room; hover still shows every bar's detail.
+PLOT_CONFIG = {"displayModeBar": False}
+
+
+def Plot(*args: Any, **kwargs: Any) -> gr.Plot:  # noqa: N802 - stands where gr.Plot would
+    """A gr.Plot whose Plotly figures are drawn with `PLOT_CONFIG` (Gradio sends a figure's data and
+    layout, and Plotly reads its config beside them). Patched on the instance, as `refusing_quietly`."""
+    plot = gr.Plot(*args, **kwargs)
+    drawn = plot.postprocess
+
+    def postprocess(value: Any) -> Any:
+        data = drawn(value)
+        if data is not None and data.type == "plotly":
+            figure = json.loads(data.plot)
+            figure["config"] = {**figure.get("config", {}), **PLOT_CONFIG}
+            data = type(data)(type=data.type, plot=json.dumps(figure))
+        return data
+
+    plot.postprocess = postprocess
+    return plot

@@ -314,7 +314,8 @@ def on_page_load(state: AppState, name: str) -> tuple:
     e_update, k_update = stage_updates(layers, 2, model=name or ppsd.DEFAULT_MODEL)
     loaded = (name or "").strip() in state.cache
     note = "loaded" if loaded else "loads on the first Run (or press Load)"
-    return e_update, k_update, layers, model_status(f"{layers} layers · {note}", "ok" if loaded else "idle")
+    said = f"{(name or '').strip() or ppsd.DEFAULT_MODEL}: {layers} layers · {note}"  # which model, by name
+    return e_update, k_update, layers, model_status(said, "ok" if loaded else "idle")
 
 
 def after_run(state: AppState, name: str, exit_layer: float, num_stages: float, exit_head: str = "") -> tuple:

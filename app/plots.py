@@ -17,6 +17,13 @@ GRID = "rgba(128,128,128,0.25)"
 FONT = "#8a8f98"  # mid grey: readable on the light and the dark theme alike
 
 
+def describe(fig: go.Figure, text: str) -> go.Figure:
+    """`fig` with its text alternative, `text`: what it shows, in words, for a reader who cannot
+    see it (the page names the drawn plot by it, `app.ui.PLOT_ALT_JS`)."""
+    fig.update_layout(meta={"alt": text})
+    return fig
+
+
 def empty_figure(message: str) -> go.Figure:
     fig = go.Figure()
     fig.add_annotation(text=message, showarrow=False, x=0.5, y=0.5, xref="paper", yref="paper",
@@ -24,13 +31,14 @@ def empty_figure(message: str) -> go.Figure:
     fig.update_xaxes(visible=False)
     fig.update_yaxes(visible=False)
     style(fig, None, height=220)
-    return fig
+    return describe(fig, message)
 
 
 def style(fig: go.Figure, title: str | None, *, height: int) -> None:
     # The legend sits under the plot: above it, it collides with the title and subplot titles.
     fig.update_layout(
-        title=dict(text=title, font=dict(size=20), x=0.01, xanchor="left") if title else None, height=height,
+        title=dict(text=title, font=dict(size=20), x=0.01, xanchor="left", yref="container", y=1,
+                                    yanchor="top", pad=dict(t=26)) if title else None, height=height,
         margin=dict(l=10, r=10, t=60 if title else 20, b=20),
         paper_bgcolor="rgba(0,0,0,0)", plot_bgcolor="rgba(0,0,0,0)", font=dict(color=FONT, size=14),
         legend=dict(orientation="h", yanchor="top", y=-0.18, x=0, bgcolor="rgba(0,0,0,0)"),

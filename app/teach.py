@@ -129,7 +129,7 @@ def render_slot(slot_list: Sequence[Slot], index: int, tokens: Sequence[Token], 
         rows.append(f'<tr class="teach-row teach-{state}"><th scope="row">stage {k}</th><td>{text}</td></tr>')
     done = max((p for s in slot_list[: index + 1] for p in s.committed), default=-1)
     text = render_tokens([t for t in tokens if t.position <= done], piece,
-                         placeholder="nothing committed yet")
+                         placeholder="nothing committed yet", label="the text committed by this slot")
     return (f'<div class="teach-slot"><div class="teach-caption step-caption">{html.escape(step_caption(slot_list, index))}'
             f'</div><table class="teach-table"><tbody>{"".join(rows)}</tbody></table>'
             f'<div class="teach-committed-label">committed so far</div>{text}</div>')

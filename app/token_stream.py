@@ -40,10 +40,13 @@ def render_tokens(
     deciders: Mapping[int, Event] | None = None,
     placeholder: str = "",
     cut: int | None = None,
+    label: str = "the answer",
 ) -> str:
-    """Committed tokens as coloured spans (accepted / corrected with its struck-through draft /
-    plain), then in-flight drafts as dashed spans, then, for an answer the max-tokens limit
-    ended (`cut`, that limit), a note saying so. All text is escaped; CSS keeps whitespace."""
+    """Committed tokens as marked spans (accepted: underlined / corrected: boxed, after its
+    struck-through draft / plain), then in-flight drafts as dashed spans, then, for an answer the
+    max-tokens limit ended (`cut`, that limit), a note saying so. All text is escaped; CSS keeps
+    whitespace. The box is a named region in the Tab order (`label`): it may scroll, and a keyboard
+    must reach what it hides."""
     deciders = deciders or {}
     parts = [f'<span class="tok-prompt" title="prompt">{_text(prompt)}</span>'] if prompt else []
     for token in tokens:
@@ -58,7 +61,8 @@ def render_tokens(
     if cut is not None:
         parts.append(f'<span class="tok-cut">✂ cut at {cut} tokens (Max new tokens): the model had not ended its '
                      'answer</span>')
-    return f'<div class="ppsd-stream">{"".join(parts)}</div>'
+    return (f'<div class="ppsd-stream" role="region" tabindex="0" aria-label="{_attr(label)}">'
+            f'{"".join(parts)}</div>')
 
 
 def _token_span(token: Token, piece: Piece, decider: Event | None) -> str:
@@ -94,11 +98,14 @@ def _attr(text: str) -> str:
 
 def render_legend() -> str:
     """The key of the token stream, shown above it at all times."""
-    items = [("tok-accepted", "accepted", "the exit head's draft, confirmed by the full model"),
-             ("tok-corrected", "corrected", "the full model replaced the draft"),
-             ("tok-rejected", "rejected draft", "struck through, with “Show the drafts”"),
-             ("tok-verified", "no draft", "AR, or the first token after the prompt"),
-             ("tok-pending", "pending", "drafted, still in the pipeline (live only)")]
+    # Each mark named by its shape as well as its colour: a student who cannot tell green from
+    # orange reads "underlined" and "boxed" (assets/styles/app.css draws them).
+    items = [("tok-accepted", "accepted", "underlined: the exit head's draft, confirmed by the full model"),
+             ("tok-corrected", "corrected", "dark box: the full model replaced the draft"),
+             ("tok-rejected", "rejected draft", "struck through: its work was flushed (shown with “Show the "
+                                                "drafts”, and in Present)"),
+             ("tok-verified", "no draft", "plain: AR, or the first token after the prompt"),
+             ("tok-pending", "pending", "dashed box: drafted, still in the pipeline (live only)")]
     spans = "".join(f'<span class="legend-item" title="{_attr(tip)}"><span class="tok {cls}">{label}</span>'
                     f'<span class="legend-tip">{html.escape(tip)}</span></span>' for cls, label, tip in items)
     marks = [(_token_text(""), "the model's end token: its answer is complete"),

@@ -107,7 +107,8 @@ def create_settings(made: Made, run_seconds: float) -> dict[str, Any]:
     c["repeats"] = Slider(1, MAX_REPEATS, value=DEFAULT_REPEATS, step=1, elem_id="repeats",
                           label="Timed runs of each method",
                           info="The first is shown live; the rest run back to back, AR and PPSD "
-                               "interleaved, and the headline gives the median speedup and its range. "
+                               "interleaved, and the headline gives the median speedup; its fold lists every "
+                               "round's wall. "
                                f"A run may hold the device {run_seconds:g} s; past that it ends with "
                                "what it has.")
     place(made, rounds, DEFAULT_REPEATS)  # what the extra rounds cost, said before Run
@@ -168,14 +169,19 @@ def _sampling_controls() -> dict[str, Any]:
 # for their new size on a window resize.
 PRESENT_JS = ("(on) => { document.body.classList.toggle('present', on); "
               "setTimeout(() => window.dispatchEvent(new Event('resize')), 100); }")
-# P, outside a text box, clicks the Present box: one key in, the same key out. In Present the
-# answers are kept scrolled to their last line (issue 48: both visible to the end at 1366x768).
+# P, outside a text box, clicks the Present box: one key in, the same key out. (Present's answers
+# are whole, no inner scroll: assets/styles/app.css.)
 PRESENT_KEY_JS = ("() => { document.addEventListener('keydown', (e) => { if ((e.key === 'p' || e.key === 'P') "
                   "&& !e.ctrlKey && !e.metaKey && !e.altKey && !e.target.closest('textarea, input:not([type=checkbox]), "
-                  "[contenteditable]')) document.querySelector('#present input').click(); }); "
-                  "setInterval(() => { if (document.body.classList.contains('present')) "
-                  "document.querySelectorAll('#results .ppsd-stream').forEach((s) => { s.scrollTop = s.scrollHeight; }); "
-                  "}, 250); }")
+                  "[contenteditable]')) document.querySelector('#present input').click(); }); }")
+# Each plot's text alternative is its figure's `layout.meta.alt` (written with the figure, `app.plots.describe`),
+# set as the plot's accessible name whenever Plotly draws it.
+PLOT_ALT_JS = ("() => { const name = () => document.querySelectorAll('.js-plotly-plot').forEach((plot) => { "
+               "const alt = plot.layout && plot.layout.meta && plot.layout.meta.alt; "
+               "if (alt && plot.getAttribute('aria-label') !== alt) { plot.setAttribute('role', 'figure'); "
+               "plot.setAttribute('aria-label', alt); } }); "
+               "new MutationObserver(name).observe(document.body, {childList: true, subtree: true}); name(); }")
+SKIP_LINK = '<a class="skip-link" href="#results">Skip to the results (the settings come after them)</a>'
 
 
 def _bind(handler: Callable, state: AppState, *also: Any) -> Callable:
@@ -228,6 +234,7 @@ def create_demo(state: AppState | None = None) -> gr.Blocks:
     made: Made = {}
     # Uploads older than an hour are deleted (Gradio's own sweep of the files it stored).
     with gr.Blocks(title="PPSD: pipeline-parallel self-speculative decoding", delete_cache=DELETE_UPLOADS) as demo:
+        gr.HTML(SKIP_LINK, elem_id="skip")  # the first Tab stop: the results before some 30 settings
         with gr.Row(equal_height=False, elem_id="title-row"):
             gr.HTML(f'<h1 class="page-title">{TITLE}</h1>')
             present = gr.Checkbox(value=False, label="Present (key P)", elem_id="present", scale=0, min_width=260,
@@ -243,8 +250,9 @@ def create_demo(state: AppState | None = None) -> gr.Blocks:
                 place(made, headline)
                 headline.create_glossary()  # where a student first meets the terms
                 place(made, columns)
+                # Beside the controls, right under the answers (issue 58): in Present it stands beside them.
+                place(made, timeline)
                 place(made, race)
-        place(made, timeline)
         with gr.Row(equal_height=False, elem_id="analysis-row"):
             with gr.Column(scale=2, min_width=320):
                 place(made, theory)
@@ -263,6 +271,7 @@ def create_demo(state: AppState | None = None) -> gr.Blocks:
         _wire_settings(state, c)
         present.change(None, present, None, js=PRESENT_JS)
         demo.load(None, None, None, js=PRESENT_KEY_JS)
+        demo.load(None, None, None, js=PLOT_ALT_JS)
         present.change(lambda on: 1 if on else DEFAULT_REPEATS, present, c["repeats"], **QUIET)
         demo.load(idle_outputs, None, outputs, **QUIET)
         demo.load(_bind(on_page_load, state), c["model"], [c["exit_layer"], c["num_stages"], c["layers"],
@@ -332,9 +341,9 @@ def launch_kwargs() -> dict[str, Any]:
 def theme() -> gr.themes.Base:
     """Soft in emerald, sized and coloured for a room: text from 14 px (its "lg" sizes), and AA
     contrast where Soft has none (emerald-500 labels, white on emerald-500 buttons and grey-400
-    hints read 2.2-2.5:1 on white)."""
+    hints read 2.2-2.5:1 on white; the pointer left on Run after a click, emerald-600, 3.8:1)."""
     return gr.themes.Soft(primary_hue="emerald", secondary_hue="blue", text_size="lg").set(
         block_label_text_color="*primary_800", block_title_text_color="*primary_800",
-        button_primary_background_fill="*primary_700", button_primary_background_fill_hover="*primary_600",
+        button_primary_background_fill="*primary_700", button_primary_background_fill_hover="*primary_800",
         checkbox_label_background_fill_selected="*primary_700",
         body_text_color_subdued="*neutral_600", block_info_text_color="*neutral_600")

@@ -25,8 +25,9 @@ GLOSSARY = (
            "through every layer."),
     ("AR on the same pipeline", "AR run on the same K stages as PPSD, so only one stage works at a time: the "
                                 "baseline that shows what PPSD's drafting itself gains."),
-    ("plain AR", "AR with no pipeline at all, the whole model in one process: the fastest ordinary way to "
-                 "decode here, the sceptic's baseline."),
+    ("plain AR", "AR with no pipeline: the whole model in this one process, its layers one after another "
+                 "(eager, or on the captured steps, which then run the stages in turn), no token passed between "
+                 "workers; the fastest ordinary way to decode here, the sceptic's baseline."),
     ("measured clock", "Times read off a stopwatch while the K stages really ran at the same time on this "
                        "machine."),
     ("projected clock", "This run's measured stage costs replayed as if each stage had its own device, with "
@@ -35,6 +36,16 @@ GLOSSARY = (
                    "can gain."),
     ("flush", "When a draft is rejected, the work already started on the tokens behind it is thrown away and "
               "redone."),
+    ("round", "One timed run of each method, AR and PPSD back to back; the page times several and shows one."),
+    ("median", "The middle of the rounds' times, half of them faster and half slower, so one slow round does not "
+               "move it; the headline's ratios are ratios of medians."),
+    ("stall", "A piece of work that took far longer than the same stage's usual one, the machine's doing (another "
+              "program, the memory bus) and not PPSD's; a round whose stalls add up to 5% of its time is not "
+              "headlined."),
+    ("slot", "One beat of the pipeline: in it each stage works on one piece (a token's pass through its layers), "
+             "all at once; the step-through moves slot by slot."),
+    ("bubble", "A slot in which a stage has nothing to do, waiting for the token before it or after a flush: the "
+               "gaps between the timeline's bars."),
 )
 
 

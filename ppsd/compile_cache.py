@@ -136,15 +136,28 @@ def last_seconds() -> float | None:
     return float(seconds) if isinstance(seconds, (int, float)) else None
 
 
-def record(seconds: float | None = None) -> None:
+def last_load_seconds() -> float | None:
+    """How long the last load of the kept compiled steps took here (a restart's), in seconds
+    (None: none recorded): what the page says a restart will take, not a guess (issue 58)."""
+    data = _read(_in_use or folder()) or {}
+    seconds = data.get("load_seconds")
+    return float(seconds) if isinstance(seconds, (int, float)) else None
+
+
+def record(seconds: float | None = None, *, load_seconds: float | None = None) -> None:
     """After a finished compile: the folder's record, with every file's size and sha256, and how
     long it took (`seconds`; None keeps the recorded one: a later compile of more steps records
-    its files again)."""
+    its files again); after a load of the kept steps, how long that took (`load_seconds`, None
+    keeps the recorded one)."""
     with _lock:
         place = _in_use or folder()
+        before = _read(place) or {}
         if seconds is None:
-            seconds = (_read(place) or {}).get("compile_seconds")
+            seconds = before.get("compile_seconds")
+        if load_seconds is None:
+            load_seconds = before.get("load_seconds")
         data = {"torch": torch.__version__, "cpu": cpu_identity(), "compile_seconds": seconds,
+                "load_seconds": load_seconds,
                 "recorded": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "written_by": "ppsd.compile_cache",
                 "files": {f"{kept}/{name}": sums for kept in (_INDUCTOR, STEPS)
                           for name, sums in checksums(place / kept).items() if not _transient(name)}}

@@ -24,7 +24,7 @@ from .executors.kinds import AUTO, ExecutorKind, concurrent_kinds
 from .generate import warm_up
 from .setup import RunSetup
 
-__all__ = ["ReadyKinds", "kind_here", "load", "note_speed", "setup_key"]
+__all__ = ["ReadyKinds", "kind_here", "load", "note_speed", "setup_key", "took_here"]
 
 
 class ReadyKinds:
@@ -41,10 +41,8 @@ class ReadyKinds:
         step a default Run reaches compiles now, not in a Run) on a thread of its own; the terminal
         hears how far it is every 10 s. Runs meanwhile go on the kind that needs no compile."""
         loading = compile_cache.kept() and kept_steps.kept()  # this code's steps are kept: a load, not a compile
-        last = compile_cache.last_seconds()
-        said = (f"loading the kept compiled steps ({compile_cache.folder()})" if loading else
-                "a one-time compile" + (f" (it took {last:.0f} s last time)" if last else
-                                        " (a minute or more on a small CPU)"))
+        said = (f"loading the kept compiled steps ({compile_cache.folder()}){took_here(loading)}" if loading else
+                f"a one-time compile{took_here(loading)}")
         print(f"Compiling {kind.compiles} in the background, {said}; Runs use the kind that needs no compile "
               "meanwhile", flush=True)
 
@@ -56,7 +54,8 @@ class ReadyKinds:
                 pass
             background.loaded = kept_steps.compiled() == compiled  # what it did, whatever was expected
             kept_steps.prune()
-            compile_cache.record(None if background.loaded else time.monotonic() - began)  # all a default Run reaches
+            took = time.monotonic() - began  # all a default Run reaches
+            compile_cache.record(None if background.loaded else took, load_seconds=took if background.loaded else None)
             return executor
 
         background = Background(kind.compiles, build, kept=loading,
@@ -94,6 +93,13 @@ class ReadyKinds:
         compile ran at a fraction of its speed (3.9 tokens/s against 8.0 after it, at load 8-9 on 2
         cores, measured here)."""
         return bool(self.builds) and not self.compiling()
+
+
+def took_here(loading: bool) -> str:
+    """What this machine measured the last time it loaded (`loading`) or compiled the steps, in
+    words: a fixed guess ("a minute or more") was off by ten times under load (issue 58)."""
+    last = compile_cache.last_load_seconds() if loading else compile_cache.last_seconds()
+    return f" (it took {last:.0f} s here last time)" if last else " (not yet timed on this machine)"
 
 
 def setup_key(setup: RunSetup) -> tuple:

@@ -115,3 +115,17 @@ def test_speeds_kept_by_an_earlier_version_read_with_no_load(cache):
     (compile_cache.folder()).mkdir(parents=True, exist_ok=True)
     (compile_cache.folder() / compile_cache.SPEEDS).write_text(json.dumps({"m": {"processes": 15.4, "x": "fast"}}))
     assert compile_cache.speeds("m") == {"processes": compile_cache.Speed(15.4)}  # no load: stale for auto
+
+
+def test_the_compile_and_the_restart_are_announced_with_what_this_machine_measured_last(cache):
+    """Issue 58: "a minute or more" took 751 s under load, and a restart's "about 18 s" 44 s: the
+    announcement says what this machine measured, or that it has not timed one yet."""
+    from ppsd.ready_here import took_here
+
+    compile_cache.use()
+    assert took_here(False) == took_here(True) == " (not yet timed on this machine)"
+    compile_cache.record(751.4)
+    assert took_here(False) == " (it took 751 s here last time)"
+    assert took_here(True) == " (not yet timed on this machine)"
+    compile_cache.record(None, load_seconds=44.2)  # a restart: the compile's time kept beside the load's
+    assert took_here(True) == " (it took 44 s here last time)" and compile_cache.last_seconds() == pytest.approx(751.4)

@@ -98,9 +98,11 @@ def test_committed_text_grows_to_the_decoded_tokens(ppsd_run):
     result, trace, slots, piece = ppsd_run
     k = trace.num_stages
     assert "nothing committed yet" in teach.render_slot(slots, k - 2, result.tokens, piece)
-    assert token_stream.render_tokens(result.tokens[:1], piece) in teach.render_slot(slots, k - 1, result.tokens, piece)
+    label = "the text committed by this slot"
+    assert (token_stream.render_tokens(result.tokens[:1], piece, label=label)
+            in teach.render_slot(slots, k - 1, result.tokens, piece))
     last = teach.render_slot(slots, len(slots) - 1, result.tokens, piece)
-    assert token_stream.render_tokens(result.tokens, piece) in last
+    assert token_stream.render_tokens(result.tokens, piece, label=label) in last
 
 
 def test_rows_say_in_plain_words_what_each_stage_does(ppsd_run):

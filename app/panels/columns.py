@@ -54,10 +54,11 @@ def create() -> ColumnsPanel:
             with gr.Column(min_width=260, visible=method != "eesd", elem_id=f"col-{method}") as box:
                 gr.HTML(f'<div class="col-title">{name} <span>{sub}</span></div>')
                 columns[method] = Column(box, gr.HTML(elem_id=f"stats-{method}"), gr.HTML(elem_id=f"stream-{method}"))
-    drafts = gr.Checkbox(value=False, label="Show the drafts inline (rejected ones struck through, in-flight ones "
-                                            "dashed)", elem_id="drafts",
-                         info="Off: each stream (and each lane of the race) shows only its committed text, so "
-                              "AR's and PPSD's can be compared word for word. Hover a token for its draft either way.")
+    # A short label: in Present it stands on one line above the timeline, its info folded away.
+    drafts = gr.Checkbox(value=False, label="Show the drafts", elem_id="drafts",
+                         info="Rejected drafts struck through, in-flight ones dashed. Off: each stream (and each "
+                              "lane of the race) shows only its committed text, so AR's and PPSD's can be compared "
+                              "word for word. Hover a token for its draft either way.")
     gr.HTML(render_legend(), elem_id="stream-legend")
     return ColumnsPanel(columns, drafts)
 
@@ -77,7 +78,8 @@ def idle() -> dict[str, Any]:
     values: dict[str, Any] = {}
     for method in METHODS:
         values[f"stats_{method}"] = render_stats("", None, None, live="not enabled" if method == "eesd" else "waiting")
-        values[f"stream_{method}"] = render_tokens((), str, placeholder="The output appears here.")
+        values[f"stream_{method}"] = render_tokens((), str, placeholder="The output appears here.",
+                                                   label=_answer_label(method))
     return values
 
 
@@ -96,7 +98,8 @@ def _column(view: RunView, method: str) -> tuple[str, str]:
     if run is None:
         waiting = "not enabled" if method == "eesd" and not snap.request.eesd else (
             "not run: stopped" if snap.stopped else "waiting for its turn")
-        return render_stats(method, None, None, live=waiting), render_tokens((), piece, prompt=prompt)
+        return render_stats(method, None, None, live=waiting), render_tokens((), piece, prompt=prompt,
+                                                                             label=_answer_label(method))
     trace = run.trace()
     deciders = deciding_events(trace.events, trace.num_stages)
     if run.done:
@@ -115,12 +118,17 @@ def _column(view: RunView, method: str) -> tuple[str, str]:
     limit = run.config.max_new_tokens
     cut = limit if run.done and len(tokens) >= limit and tokens[-1].id not in snap.loaded.model.info.eos_token_ids \
         else None
-    stream = render_tokens(tokens, piece, prompt=prompt, pending=pending, deciders=deciders, cut=cut)
+    stream = render_tokens(tokens, piece, prompt=prompt, pending=pending, deciders=deciders, cut=cut,
+                           label=_answer_label(method))
     forced = snap.request.forced
     if forced is not None:  # the what-if: every card's numbers and PPSD's tokens are not the model's
         note = f'<div class="forced-note">{html.escape(forced_words(forced))}</div>'
         stats, stream = note + stats, (note + stream if method == "ppsd" else stream)
     return stats, stream
+
+
+def _answer_label(method: str) -> str:
+    return f"{TITLES[method][0]}'s answer"
 
 
 def _ratio_line(method: str, view: RunView) -> str:
@@ -162,7 +170,8 @@ def render_stats(method: str, projected: Metrics | None, measured: Metrics | Non
              (f"wall, this round ({lead_name})" if median is not None else f"wall ({lead_name})",
               duration_text(lead.wall_seconds)),
              (f"tok/s, this round ({lead_name})", f"{lead.tokens_per_second:.1f}"),
-             (f"wall ({other_name})", duration_text(other.wall_seconds)),
+             (f"wall, this round ({other_name})" if median is not None else f"wall ({other_name})",
+              duration_text(other.wall_seconds)),
              ("acceptance", rate)]
     if method == "ar":
         cells[-1] = ("acceptance (no drafts)", "—")

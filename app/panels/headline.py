@@ -162,7 +162,9 @@ def speedup_headline(c: Reading) -> str:
     with one sentence on why they differ. Ratios of medians, in `ratio_text`'s words."""
     base, detail = _fastest_name(c)
     timed = rounds_text(c.rounds) if c.final else f"{c.rounds} of {c.rounds_asked} rounds timed so far"
-    clock = "; ".join(filter(None, (detail, f"{c.ppsd.clock} clock, {timed}, {c.device}")))
+    # The baseline is whichever AR was fastest in this run, so it changes between runs: said each time (issue 58).
+    clock = "; ".join(filter(None, (f"against the fastest AR this run measured: {base}", detail,
+                                    f"{c.ppsd.clock} clock, {timed}, {c.device}")))
     tag = rounds_tag(c)
     tag = f'<span class="headline-rounds">{html.escape(tag)}</span>' if tag else ""
     forced = (f'<div class="headline-forced">{html.escape(forced_words(c.forced))}</div>'
@@ -204,7 +206,7 @@ def ideal_line(c: Reading) -> str:
         ideal = (f"ideal S<sub>PPSD</sub>({forced}a={rate:.2f}, K={c.num_stages}) = {ratio_text(c.ideal)}"
                  f"{layers}")
     slowest = ("" if stages is None or not stages.utilization else
-               f'<span class="headline-slowest">slowest stage: stage {stages.busiest} '
+               f'; <span class="headline-slowest">slowest stage: stage {stages.busiest} '
                f"(util {max(stages.utilization):.0%} on the timeline, {c.ppsd.clock} clock)</span>")
     flag = above_ideal(c)
     flag = f'<span class="headline-flag">{html.escape(flag)}</span>' if flag else ""

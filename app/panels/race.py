@@ -184,7 +184,8 @@ def render_race(lanes: Sequence[Lane], piece: Piece, *, at: float, clock: str, s
         done = sum(t <= at for t in lane.times)
         finished = at >= lane.total
         earlier = max(0, done - DRAWN_TOKENS)
-        committed = render_tokens(lane.tokens[earlier:done], piece)
+        committed = render_tokens(lane.tokens[earlier:done], piece,
+                                  label=f"{METHOD_NAMES.get(lane.method, lane.method)}: its answer so far in the race")
         if earlier:
             committed = f'<div class="race-earlier">… {earlier} earlier tokens not drawn</div>{committed}'
         clock_text = f"{duration_text(min(at, lane.total))}" + (" ✓ finished" if finished else "")

@@ -26,6 +26,7 @@ import gradio as gr
 from ppsd.recording import MAX_BYTES, BadRecording, dumps
 
 from .. import replay
+from ..request import FORM
 from ..words import OPEN_RECORDED
 from ..run_view import RunView
 from . import QUIET, Page, Shows
@@ -86,7 +87,8 @@ def show(view: RunView) -> dict[str, Any]:
 def wire(made: RecordingPanel, page: Page) -> None:
     """Open (the list, an upload) fills every run output and this panel's message, then the race
     replays and the step-through spans the run; Save appears once a live run is done."""
-    shown = [*page.outputs, made.said]
+    # The form too: after Open, Run runs the prompt and the settings the page shows (issue 58).
+    shown = [*page.outputs, made.said, *(page.controls[name] for name in FORM)]
     race_panel: race.RacePanel = page.made["race"]
     steps_panel: steps.StepsPanel = page.made["steps"]
     for event in (made.shipped.input(lambda name: on_shipped(name, page.shows), made.shipped, shown,
@@ -129,12 +131,29 @@ def _opened(read: Callable[[], bytes], shows: Shows) -> tuple:
     note = (f'<div class="recording-said recording-ok">{html.escape(snap.recorded)}. Opened in {took:.1f} s; '
             f"the host's load average then {' / '.join(f'{x:.1f}' for x in snap.load_average)} (1/5/15 min). The "
             "race replays its streams at their recorded pace.</div>")
-    return values + (note,)
+    return values + (note,) + form_values(snap)
+
+
+def form_values(snap: replay.Replayed) -> tuple:
+    """The form set to the recording's own settings, in `FORM`'s order; E as its runs had it
+    (a recording that left E to the model's default names the layer that default was).
+    Opening a recording used to leave the prompt and the settings as they were, so the next Run
+    ran another prompt than the one on screen (issue 58)."""
+    settings = {name: getattr(snap.request, name) for name in FORM}
+    if settings["exit_layer"] is None:
+        settings["exit_layer"] = snap.state.rounds[0]["ppsd"].config.exit_layer
+    if settings["forced_acceptance"] is None:
+        settings["forced_acceptance"] = "off"  # the list's own "off" choice
+    layers = snap.loaded.model.info.num_layers  # the sliders' ranges as for the recorded model, as Load sets them
+    ranges = {"exit_layer": {"maximum": layers - 1}, "num_stages": {"maximum": layers}}
+    return tuple(gr.skip() if value is None else gr.update(value=value, **ranges.get(name, {}))
+                 for name, value in settings.items())
 
 
 def _refused(reason: str, shows: Shows) -> tuple:
     text = f"This recording cannot be opened: {reason}."
-    return shows.idle() + (f'<div class="recording-said recording-bad">{html.escape(text)}</div>',)
+    return shows.idle() + (f'<div class="recording-said recording-bad">{html.escape(text)}</div>',) + \
+        (gr.skip(),) * len(FORM)
 
 
 def on_recorded(saved: tuple[str, bytes] | None) -> tuple:

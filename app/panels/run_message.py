@@ -24,7 +24,7 @@ def render(text: str = "", kind: str = "error") -> str:
     """Empty, or one error (or notice, status, warning) in words."""
     if not text:
         return '<div class="run-message run-message-empty"></div>'
-    return f'<div class="run-message run-message-{kind}" role="status">{html.escape(text)}</div>'
+    return f'<div class="run-message run-message-{kind}" role="status" title="{html.escape(text)}">{html.escape(text)}</div>'
 
 
 def wire(made: Single, page: Page) -> None:
@@ -37,4 +37,7 @@ def idle() -> dict[str, Any]:
 
 def show(view: RunView) -> dict[str, Any]:
     snap = view.snap
-    return {"message": render(snap.note, "notice") if view.ended else render(view.status, "status")}
+    if not view.ended:
+        return {"message": render(view.status, "status")}
+    # A recording's note ("Recorded on …; not run now") is the headline's last line too: Present keeps that one.
+    return {"message": render(snap.note, "recorded" if view.recorded else "notice")}

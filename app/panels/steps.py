@@ -42,7 +42,7 @@ def create() -> StepsPanel:
             next_ = gr.Button("Next ▶", size="sm", scale=1, elem_id="step-next")
         with gr.Row():
             play = gr.Button("▶ Play", size="sm", scale=1, elem_id="step-play")
-            pause = gr.Button("⏸ Pause", size="sm", scale=1, elem_id="step-pause")
+            pause = gr.Button("❚❚ Pause", size="sm", scale=1, elem_id="step-pause")
             pace = Slider(0.3, 5.0, value=PACE_SECONDS, step=0.1, label="Pace: seconds per slot", scale=6,
                           elem_id="step-pace")
         view = gr.HTML(step(None, 0), elem_id="step-view")

@@ -16,7 +16,8 @@ import ppsd
 from ppsd.config import fit_stages
 from ppsd.metrics import exit_fraction, ideal_eesd_speedup, ideal_ppsd_speedup_slowest_stage, slot_fraction
 
-from ..plots import CORRECTION_COLOR, FONT, KIND_COLORS, style
+from ..components import Plot
+from ..plots import CORRECTION_COLOR, FONT, KIND_COLORS, describe, style
 from ..run_view import RunView
 from ..words import ratio_text
 from . import QUIET, Page, Single
@@ -25,7 +26,8 @@ OUTPUTS = ("theory",)
 
 
 def create() -> Single:
-    return Single(OUTPUTS[0], gr.Plot(label="Theory", elem_id="theory", show_label=False))
+    # Drawn from the start: Gradio's empty box has an aria-label with no role (axe: serious).
+    return Single(OUTPUTS[0], Plot(idle()["theory"], label="Theory", elem_id="theory", show_label=False))
 
 
 def wire(made: Single, page: Page) -> None:
@@ -124,17 +126,30 @@ def render_theory(
                                  line=dict(color=KIND_COLORS["draft"], width=3, dash="dash")))
     fig.add_hline(y=1.0, line=dict(color=FONT, width=1, dash="dot"), annotation_text="1× (AR)",
                   annotation_position="bottom left")
-    symbols = {"PPSD": "star", "EESD": "diamond"}
-    for point in points:
-        fig.add_trace(go.Scatter(
-            x=[point.acceptance], y=[point.speedup], mode="markers+text", name=point.label,
-            text=[ratio_text(point.speedup)], textposition="bottom center" if point.hollow else "top center",
-            marker=dict(size=14, symbol=symbols.get(point.label.split()[0], "circle") + ("-open" if point.hollow else ""),
-                        color=KIND_COLORS["verify"] if point.label.startswith("PPSD") else KIND_COLORS["draft"],
-                        line=dict(width=1.5, color="#111827")),
-            hovertemplate=f"{html.escape(point.label.replace('<br>', ' '))}<br>a=%{{x:.2f}}, {ratio_text(point.speedup)}<extra></extra>"))
+    _add_points(fig, points)
     fig.update_xaxes(title_text="acceptance rate a", range=[-0.02, 1.06])
     fig.update_yaxes(title_text="speedup over AR", rangemode="tozero")
     style(fig, "Theory: ideal speedup vs acceptance rate", height=420)
     fig.update_layout(margin_b=100, legend=dict(y=-55 / (420 - 160)))
-    return fig
+    ideal = lambda a: ratio_text(ideal_ppsd_speedup_slowest_stage(a, slot_fraction))  # noqa: E731
+    placed = "".join(f"; {p.label.replace('<br>', ' ')} at a = {p.acceptance:.2f}: {ratio_text(p.speedup)}"
+                     for p in points)
+    return describe(fig, f"Theory: the ideal PPSD speedup over AR against the acceptance rate a, {name}: "
+                         f"{ideal(0.0)} at a = 0, {ideal(0.5)} at a = 0.5, {ideal(1.0)} at a = 1{placed}.")
+
+
+def _add_points(fig: go.Figure, points: Sequence[TheoryPoint]) -> None:
+    """Each measured point, its ratio written on the side away from any point near it: above the
+    higher of two at about the same acceptance, below the lower (issue 58: a fixed side put the
+    measured "1.25×" on the projected star above it)."""
+    symbols = {"PPSD": "star", "EESD": "diamond"}
+    for point in points:
+        near = [p.speedup for p in points if p is not point and abs(p.acceptance - point.acceptance) < 0.1]
+        below = any(speedup > point.speedup for speedup in near)
+        fig.add_trace(go.Scatter(
+            x=[point.acceptance], y=[point.speedup], mode="markers+text", name=point.label,
+            text=[ratio_text(point.speedup)], textposition="bottom center" if below else "top center",
+            marker=dict(size=14, symbol=symbols.get(point.label.split()[0], "circle") + ("-open" if point.hollow else ""),
+                        color=KIND_COLORS["verify"] if point.label.startswith("PPSD") else KIND_COLORS["draft"],
+                        line=dict(width=1.5, color="#111827")),
+            hovertemplate=f"{html.escape(point.label.replace('<br>', ' '))}<br>a=%{{x:.2f}}, {ratio_text(point.speedup)}<extra></extra>"))

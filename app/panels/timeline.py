@@ -6,6 +6,7 @@ caption; live while a run decodes (redrawn at most once a second, `app.handlers`
 from __future__ import annotations
 
 import html
+import re
 from typing import Any, Sequence
 
 import gradio as gr
@@ -15,8 +16,9 @@ from plotly.subplots import make_subplots
 from ppsd import Event, Trace
 from ppsd.executors.kinds import KINDS, ExecutorKind
 
+from ..components import Plot
 from ..page_text import TIMELINE_CAPTION
-from ..plots import CORRECTION_COLOR, KIND_COLORS, KIND_LABELS, empty_figure, style
+from ..plots import CORRECTION_COLOR, KIND_COLORS, KIND_LABELS, describe, empty_figure, style
 from ..run_view import RunView
 from ..token_stream import Piece
 from ..words import forced_words
@@ -30,8 +32,9 @@ CONCURRENT_NOTE = "measured: {where}, all stamping one clock"  # {where}: the ki
 
 
 def create() -> Single:
-    plot = gr.Plot(label="Pipeline timeline", elem_id="timeline", show_label=False)
-    gr.Markdown(TIMELINE_CAPTION, elem_classes=["caption"])
+    # Drawn from the start: Gradio's empty box has an aria-label with no role (axe: serious).
+    plot = Plot(empty_figure(EMPTY), label="Pipeline timeline", elem_id="timeline", show_label=False)
+    gr.Markdown(TIMELINE_CAPTION, elem_classes=["caption"], elem_id="timeline-caption")
     return Single(OUTPUTS[0], plot)
 
 
@@ -56,8 +59,6 @@ def show(view: RunView) -> dict[str, Any]:
     sub = " · ".join(filter(None, (view.shown, None if forced is None else forced_words(forced))))
     title = timeline_title(top, snap.num_stages, KINDS.get(snap.pipeline)) + live + (f"<br><sub>{html.escape(sub, quote=False)}</sub>" if sub else "")
     figure = render_timeline(panels, snap.loaded.piece, title=title)
-    if sub:  # the round's (or the what-if's) line under the title: room for it above the first subplot's title
-        figure.update_layout(margin_t=95)
     return {"timeline": figure}
 
 
@@ -119,11 +120,58 @@ def render_timeline(
             shown.add("correction")
         fig.update_yaxes(categoryorder="array", categoryarray=list(reversed(labels)), row=row, col=1)
     fig.update_xaxes(title_text="time (ms)", row=len(panels), col=1)
-    height = 170 + sum(60 + 34 * t.num_stages for _, t in panels)
-    style(fig, title or timeline_title(panels[0][1], panels[0][1].num_stages), height=height)
-    # Legend below the time axis: about 55 px under the plot area, inside a 100 px bottom margin.
-    fig.update_layout(barmode="overlay", bargap=0.25, margin_b=100, legend=dict(y=-55 / (height - 160)))
-    return fig
+    title, top = wrapped_title(title or timeline_title(panels[0][1], panels[0][1].num_stages))
+    height = 120 + top + sum(60 + 34 * t.num_stages for _, t in panels)
+    style(fig, title, height=height)
+    # Legend below the time axis' title: 66 px under the plot area (55 let it overlap that title by
+    # 4 px, issue 58), inside a 110 px bottom margin.
+    fig.update_layout(barmode="overlay", bargap=0.25, margin_b=110, margin_t=top,
+                      legend=dict(y=-66 / (height - top - 110)))
+    return describe(fig, timeline_alt(panels))
+
+
+TITLE_CHARS, SUB_CHARS = 38, 52  # a line of the title at 20 px, of its smaller line, in a 380 px box
+
+
+def wrapped_title(title: str) -> tuple[str, int]:
+    """`title` in lines of at most `TITLE_CHARS` (its `<sub>` lines `SUB_CHARS`), broken at spaces:
+    Plotly never wraps a title, and one line was clipped at 1366 px and on a phone (issue 58); and
+    the top margin that holds them above the first subplot's name."""
+    main, *subs = title.split("<br>")
+    lines = _wrap(main, TITLE_CHARS)
+    sub_lines = [line for sub in subs for line in _wrap(sub.removeprefix("<sub>").removesuffix("</sub>"), SUB_CHARS)]
+    text = "<br>".join(lines + [f"<sub>{line}</sub>" for line in sub_lines])
+    return text, 44 + 26 * len(lines) + 20 * len(sub_lines) + (15 if sub_lines else 0)
+
+
+def unwrapped(title: str) -> str:
+    """A title as it was before `wrapped_title` broke it into lines."""
+    return re.sub(r"<br>(?!<sub>)", " ", title.replace("</sub><br><sub>", " "))
+
+
+def _wrap(text: str, width: int) -> list[str]:
+    lines: list[str] = []
+    for word in text.split(" "):
+        if lines and len(lines[-1]) + 1 + len(word) <= width:
+            lines[-1] += " " + word
+        else:
+            lines.append(word)
+    return lines
+
+
+def timeline_alt(panels: Sequence[tuple[str, Trace]]) -> str:
+    """The timeline in words: per method, how busy each stage was, the corrections and when the
+    work ended (its text alternative)."""
+    said = []
+    for name, trace in panels:
+        busy = ", ".join(f"stage {k} {u:.0%}" for k, u in enumerate(trace.utilization(), start=1))
+        flushed = sum(e.kind == "flushed" for e in trace.events)
+        corrections = sum(e.decision == "corrected" and e.stage == trace.num_stages for e in trace.events)
+        end = max((e.end for e in trace.events), default=0.0)
+        said.append(f"{name}: stages busy {busy}; {corrections} corrections, {flushed} pieces of work flushed; "
+                    f"the work ends at {end * 1e3:.0f} ms")
+    return ("Pipeline timeline: one row per stage, one bar per piece of work along time (ms). "
+            + ". ".join(said) + ".")
 
 
 def _hover(e: Event, piece: Piece | None) -> str:
