@@ -26,6 +26,7 @@ import gradio as gr
 from ppsd.recording import MAX_BYTES, BadRecording, dumps
 
 from .. import replay
+from ..components import UploadButton
 from ..words import OPEN_RECORDED
 from ..run_view import RunView
 from . import QUIET, Page, Shows
@@ -59,7 +60,7 @@ def create() -> RecordingPanel:
         with gr.Row(equal_height=True):
             shipped = gr.Dropdown([CHOOSE, *replay.shipped()], value=CHOOSE, label=OPEN_RECORDED,
                                   elem_id="shipped-runs", scale=3)
-            upload = gr.UploadButton("Open a file…", file_types=[".json"], file_count="single", type="filepath",
+            upload = UploadButton("Open a file…", file_types=[".json"], file_count="single", type="filepath",
                                      elem_id="open-recording", size="sm", scale=1)
             save = gr.DownloadButton("Save this run", visible=False, elem_id="save-recording", size="sm", scale=1)
         said = gr.HTML("", elem_id="recording-said")
