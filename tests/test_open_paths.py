@@ -6,6 +6,8 @@ file of Gradio's behind. On a real launched server over the raw API, as any scri
 from __future__ import annotations
 
 import json
+import os
+import time
 import uuid
 from pathlib import Path
 
@@ -74,3 +76,24 @@ def test_an_open_leaves_no_file_behind():
             assert done.get("success"), done
             left = _files(root) - before
             assert not left, f"the open left {sorted(left)}"
+
+
+def test_saved_runs_are_pruned_on_a_timer_with_no_later_save(monkeypatch, tmp_path):
+    """A saved run's file stayed until someone saved again, however long that took."""
+    from app import create_demo
+    from app.panels import recording
+
+    monkeypatch.setattr(recording, "SAVES", tmp_path)
+    monkeypatch.setattr(recording, "SAVE_SECONDS", 30.0)
+    monkeypatch.setattr(recording, "PRUNE_SECONDS", 0.2, raising=False)
+    old, fresh = tmp_path / "old", tmp_path / "fresh"
+    for folder in (old, fresh):
+        folder.mkdir()
+        (folder / "ppsd-cpu-run.json").write_text("{}")
+    os.utime(old, (time.time() - 60, time.time() - 60))
+    create_demo(AppState())  # the page: nobody saves
+    deadline = time.monotonic() + 10.0
+    while old.exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not old.exists(), "a saved run past its time was left"
+    assert fresh.exists()
