@@ -1,5 +1,6 @@
 """Gradio components as the page makes them: a refusal of a bad value sent through the API is one
-line in the log and words to the caller, not Gradio's traceback. Used by the layout and the panels.
+line in the log and words to the caller, not Gradio's traceback; an upload button leaves no stray
+file. Used by the layout and the panels.
 """
 
 from __future__ import annotations
@@ -59,3 +60,25 @@ def Plot(*args: Any, **kwargs: Any) -> gr.Plot:  # noqa: N802 - stands where gr.
 
     plot.postprocess = postprocess
     return plot
+
+
+def UploadButton(*args: Any, **kwargs: Any) -> gr.UploadButton:  # noqa: N802 - stands where gr.UploadButton would
+    """A gr.UploadButton (type "filepath") that leaves no empty file behind: Gradio's makes a
+    temporary file in its cache for every file it hands over, then renames the object, so the
+    file is never deleted (one 0-byte file an open, for ever). Its own check of the file's type
+    is kept. (Patched on the instance, as `refusing_quietly`.)"""
+    from gradio.data_classes import FileData
+    from gradio_client import utils as client_utils
+    from gradio.utils import NamedString
+
+    button = gr.UploadButton(*args, **kwargs)
+    if button.type != "filepath":
+        return button
+
+    def handed_over(f: FileData) -> NamedString:
+        if button.file_types and not client_utils.is_valid_file(f.path, button.file_types):
+            raise gr.Error(f"Invalid file type. Please upload a file that is one of these formats: {button.file_types}")
+        return NamedString(f.path)
+
+    button._process_single_file = handed_over
+    return button

@@ -17,7 +17,7 @@ from pathlib import Path
 from ppsd.cli import Parser, guarded
 from ppsd.cli.values import check_output_file, thread_count, whole, write_result
 from ppsd.config import DEFAULTS, MAX_NEW_TOKENS_CAP
-from ppsd.executors.kinds import AUTO, IN_TURN, concurrent_kinds
+from ppsd.executors.kinds import AUTO, IN_TURN, concurrent_kinds, kind_named
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -41,6 +41,7 @@ def run(args: argparse.Namespace) -> int:
 
     os.environ[DEVICE_VARIABLE] = args.device  # what the page's model cache loads on
     check_output_file(args.out, "--out")
+    check_pipeline(args.pipeline, args.stages, args.device)
     import torch
 
     # torch and the page's modules after the device is set: the model cache reads it as it loads
@@ -85,6 +86,23 @@ def run(args: argparse.Namespace) -> int:
           f"AR {stats.median('ar'):.3f} s, PPSD {stats.median('ppsd'):.3f} s median "
           f"({ratio:.2f}x AR/PPSD on the {last.state.clock} clock)")
     return 0
+
+
+def check_pipeline(name: str, stages: int, device: str) -> None:
+    """ValueError, before any weights load, when `name` is no kind, or cannot run K = `stages`
+    stages on `device` here (K worker processes on fewer cores): found after the load, it cost a
+    refusal most of a minute."""
+    if name in (AUTO, IN_TURN.name):
+        return
+    from ppsd.model import resolve_device
+
+    kind = kind_named(name)
+    if not kind.concurrent:
+        raise ValueError(f"--pipeline {name!r} runs the stages in turn: give {IN_TURN.name}, or one of "
+                         f"{', '.join(k.name for k in concurrent_kinds())}")
+    reason = kind.unavailable(resolve_device(device), stages)
+    if reason is not None:
+        raise ValueError(f"--pipeline {name} cannot run here: {reason}")
 
 
 def main(argv: list[str] | None = None) -> int:

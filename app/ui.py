@@ -225,6 +225,28 @@ def refusing_short_calls(demo: gr.Blocks) -> gr.Blocks:
     return demo
 
 
+def refusing_foreign_paths(demo: gr.Blocks) -> gr.Blocks:
+    """`demo`, whose refusal of a file path that is no upload of its own (a script's call naming
+    a file elsewhere on the server) is one line in the log and words to the caller, which name
+    no path: Gradio's own is a 24-line traceback a script can repeat at will. (Patched on the
+    instance, as `refusing_short_calls`.)"""
+    from gradio.exceptions import InvalidPathError
+
+    preprocess = demo.preprocess_data
+
+    async def preprocess_data(block_fn: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return await preprocess(block_fn, *args, **kwargs)
+        except InvalidPathError:
+            message = "that file is not an upload of this page: open a file through the page's button"
+            print(f"refused a file for {block_fn.api_name or block_fn.name}: not an upload", file=sys.stderr,
+                  flush=True)
+            raise gr.Error(message, print_exception=False) from None
+
+    demo.preprocess_data = preprocess_data
+    return demo
+
+
 def create_demo(state: AppState | None = None) -> gr.Blocks:
     """The whole page, its handlers sharing `state` (None: `AppState.from_environment()`, built
     now). Builds components and wires events; loads no model."""
@@ -280,7 +302,7 @@ def create_demo(state: AppState | None = None) -> gr.Blocks:
     demo.queue(max_size=4 * run_handlers)
     sweep_sessions(demo, state.session_seconds)  # an API script's sessions are never closed: forget idle ones
     Guard(state.proxy_hops, state.listeners).attach(demo)  # what `RequestLimits` holds each request to
-    return refusing_short_calls(demo)
+    return refusing_foreign_paths(refusing_short_calls(demo))
 
 
 def run_outputs(made: Made) -> list:

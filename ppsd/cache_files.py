@@ -1,5 +1,6 @@
 """The converted-model cache's files, on disk: a checksum of every file written at conversion and
-checked before use, a folder swapped in whole, and the one message of a full disk.
+checked before use, the record of those checksums sealed by a checksum of its own, a folder
+swapped in whole, and the one message of a full disk.
 
 Boundary: files and folders only; which model goes where, and when to convert, is
 `ppsd.model_source`'s.
@@ -17,6 +18,19 @@ import tempfile
 from pathlib import Path
 
 COMPLETE_MARKER = "ppsd_source.json"  # written last, with the checksums: a folder without it is an interrupted conversion
+SEAL = "record_sha256"  # the record's own checksum: of every other key, as canonical JSON
+
+
+def sealed(record: dict) -> str:
+    """`record` as the text of a record file, with its own checksum (`SEAL`): a record edited by
+    hand (a checksum changed to fit overwritten weights) no longer matches it. It detects an edit,
+    not a forger: whoever can write the cache can also recompute the seal."""
+    body = {key: value for key, value in record.items() if key != SEAL}
+    return json.dumps({**body, SEAL: _digest(body)}, indent=2) + "\n"
+
+
+def _digest(body: dict) -> str:
+    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode("utf-8")).hexdigest()
 
 
 def sha256_of(path: Path) -> str:
@@ -38,7 +52,8 @@ def _sha256(path: str, size: int, mtime_ns: int) -> str:
 def damage(directory: Path, *, weights: bool = True) -> str | None:
     """What is wrong with the converted model in `directory`, or None when it is whole: every
     file its record lists is a regular file of the recorded size and sha256 (hashed once per
-    version of a file in a process, `sha256_of`). No record at all is an unfinished conversion.
+    version of a file in a process, `sha256_of`), and the record matches its own checksum
+    (`sealed`). No record at all is an unfinished conversion.
     With `weights` False the weight files (*.safetensors, 540 MB for the default model) are
     checked for their size alone: enough to read the config and tokenizer beside them."""
     try:
@@ -69,6 +84,16 @@ def damage(directory: Path, *, weights: bool = True) -> str | None:
             return f"{name} cannot be read ({(error.strerror or 'an error of the file system').lower()})"
         except ValueError:  # a name with a NUL byte
             return f"its {COMPLETE_MARKER} names a file that cannot exist"
+    return _unsealed(record)
+
+
+def _unsealed(record: dict) -> str | None:
+    """Why `record` is not as it was written (`sealed`), or None."""
+    if SEAL not in record:
+        return f"its {COMPLETE_MARKER} has no checksum of its own (written by an earlier version)"
+    body = {key: value for key, value in record.items() if key != SEAL}
+    if record[SEAL] != _digest(body):
+        return f"its {COMPLETE_MARKER} was changed after it was written (its own checksum does not match)"
     return None
 
 

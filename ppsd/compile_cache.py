@@ -39,7 +39,7 @@ from typing import Callable
 
 import torch
 
-from .cache_files import COMPLETE_MARKER, checksums, damage
+from .cache_files import COMPLETE_MARKER, checksums, damage, sealed
 
 __all__ = ["RECORD", "SPEEDS", "STEPS", "Speed", "cpu_identity", "folder", "kept", "last_seconds", "note_speed", "record", "speeds", "use"]
 
@@ -163,7 +163,7 @@ def record(seconds: float | None = None, *, load_seconds: float | None = None) -
                           for name, sums in checksums(place / kept).items() if not _transient(name)}}
         place.mkdir(parents=True, exist_ok=True)
         staging = place / f".{RECORD}.part"
-        staging.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+        staging.write_text(sealed(data), encoding="utf-8")
         staging.replace(place / RECORD)
 
 

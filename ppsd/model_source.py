@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from .cache_files import (COMPLETE_MARKER, NO_SPACE, checksums, damage, no_space, replace_folder, sha256_of,
+from .cache_files import (COMPLETE_MARKER, NO_SPACE, checksums, damage, no_space, replace_folder, sealed, sha256_of,
                           space_needed)
 
 Progress = Callable[[str], None]
@@ -335,7 +335,7 @@ def converted(gguf: Path | Callable[[], Path], *, sha256: str | None = None,
             _convert(gguf, staging, progress)
             record = {"gguf": gguf.name, "sha256": actual, "converted_by": "ppsd.model_source",
                       "files": checksums(staging)}
-            (staging / COMPLETE_MARKER).write_text(json.dumps(record, indent=2) + "\n")
+            (staging / COMPLETE_MARKER).write_text(sealed(record))
             replace_folder(staging, target)
         finally:
             shutil.rmtree(staging, ignore_errors=True)

@@ -293,3 +293,53 @@ def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
     return mask
+
+
+def test_a_result_written_through_a_link_replaces_the_file_it_points_to_and_keeps_its_mode(tmp_path):
+    """Issue 57: the write put a new 0644 file in the link's place (the link gone, the file it
+    pointed to stale), and a 0600 file came out 0644."""
+    from ppsd.cli.values import check_output_file, write_result
+
+    real = tmp_path / "kept" / "run.json"
+    real.parent.mkdir()
+    real.write_text("old")
+    real.chmod(0o600)
+    link = tmp_path / "run.json"
+    link.symlink_to(real)
+    check_output_file(str(link), "--record")
+    write_result(str(link), '{"run": 1}', "--record")
+    assert link.is_symlink() and real.read_text() == '{"run": 1}'
+    assert oct(real.stat().st_mode & 0o777) == oct(0o600)
+    assert sorted(p.name for p in real.parent.iterdir()) == ["run.json"]  # no partial left beside it
+
+
+def test_a_dangling_link_is_refused_in_one_sentence_and_nothing_is_made(tmp_path):
+    """Checking a link to nowhere used to create an empty file where it pointed (and remove the link)."""
+    from ppsd.cli.values import check_output_file
+
+    link = tmp_path / "run.json"
+    link.symlink_to(tmp_path / "nowhere.json")
+    with pytest.raises(ValueError, match=r"^--record '.*run.json' is a link to '.*nowhere.json', which does not "
+                                         r"exist: give the file itself, or make the file it points to first$"):
+        check_output_file(str(link), "--record")
+    assert link.is_symlink() and not (tmp_path / "nowhere.json").exists()
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--pipeline", "evil"], "executor 'evil' is unknown; choose one of: auto, in-process, processes"),
+    (["--pipeline", "processes", "--stages", "3"],
+     "--pipeline processes cannot run here: K = 3 worker processes need 3 CPU cores, one each; this machine gives 2"),
+], ids=["unknown", "K-over-cores"])
+def test_app_record_checks_its_values_before_any_weights_load(capsys, monkeypatch, two_cores, tmp_path, args,
+                                                             message):
+    """Issue 57: `python -m app.record` loaded the weights first, then refused (47-55 s)."""
+    from app import record
+    from app.models import ModelCache
+
+    def loaded(*args, **kwargs):
+        raise AssertionError("the model was loaded before the values were checked")
+
+    monkeypatch.setattr(ModelCache, "get", loaded)
+    code = record.main([*args, "--out", str(tmp_path / "run.json")])
+    one_line(code, capsys.readouterr().err, message)
+    assert not (tmp_path / "run.json").exists()

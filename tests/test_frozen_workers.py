@@ -158,3 +158,150 @@ def test_a_worker_silent_for_a_second_is_found_by_its_ping_and_killed(model, con
     assert reason == "a pipeline worker did not answer a ping within 1 s"
     assert took < 3.0, f"the ping took {took:.1f} s"
     assert not pool.alive and _gone(pid)
+
+
+def _within(seconds: float, work):
+    """`work()` on a thread, given `seconds`: (its result, how long it took), or the test fails
+    saying it hung (the `frozen` fixture then kills what it hung on, which ends the thread)."""
+    outcome: dict = {}
+
+    def run() -> None:
+        started = time.monotonic()
+        try:
+            outcome["value"] = work()
+        except Exception as error:  # noqa: BLE001 - handed to the test below
+            outcome["error"] = error
+        outcome["took"] = time.monotonic() - started
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    assert not thread.is_alive(), f"it hung: no answer after {seconds:g} s"
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"], outcome["took"]
+
+
+def _fork_server() -> int | None:
+    from multiprocessing import forkserver
+
+    return forkserver._forkserver._forkserver_pid
+
+
+def _helpers() -> list[int]:
+    """The fork server's and the resource tracker's pids, as multiprocessing records them."""
+    from multiprocessing import resource_tracker
+
+    return [pid for pid in (_fork_server(), resource_tracker._resource_tracker._pid) if pid is not None]
+
+
+def _spawner():
+    """The module that watches the helpers; None where there is none (before issue 57: the
+    tests below then show the hang)."""
+    try:
+        from ppsd.executors.distributed import spawner
+    except ImportError:
+        return None
+    return spawner
+
+
+def test_a_frozen_fork_server_tracker_and_worker_hang_neither_the_next_run_nor_the_one_behind(model, config,
+                                                                                               frozen):
+    """Issue 57: with the fork server, the resource tracker and a worker stopped, the next
+    8-token run used to wait for ever in the fork server's answer, holding the start lock, so a
+    visitor behind it whose run needs no worker process waited too. Now the run gets its result
+    on fresh helpers and workers within 30 s, and the one behind it ends soon after."""
+    close_all()
+    setup = set_up(model, config, prompt_ids=PROMPT)
+    list(Comparison(setup, ("ppsd",), kind=KINDS["processes"], rounds=1).run())
+    helpers, workers = _helpers(), current_pool().pids
+    assert len(helpers) == 2, helpers
+    for pid in helpers + workers:
+        _freeze(pid, frozen)
+    behind: dict = {}
+
+    def next_run():
+        def visitor_behind():  # a run on the stages in turn: it needs only the start lock
+            states = list(Comparison(setup, ("ar",), kind=KINDS["in-process"], rounds=1).run())
+            behind["done"], behind["at"] = states[-1].done, time.monotonic()
+
+        waiting = threading.Thread(target=visitor_behind, daemon=True)
+        threading.Timer(0.3, waiting.start).start()
+        states = list(Comparison(setup, ("ar", "ppsd"), kind=KINDS["processes"], rounds=1).run())
+        waiting.join(30.0)
+        return states[-1]
+
+    started = time.monotonic()
+    state, took = _within(60.0, next_run)
+    assert state.done, state
+    assert took < 30.0, f"the next run took {took:.1f} s"
+    assert behind.get("done") and behind["at"] - started < 30.0, behind
+    assert not set(_helpers()) & set(helpers), "the frozen helpers were not replaced"
+    assert all(_gone(pid) for pid in helpers + workers), "a frozen process was left running"
+
+
+def test_a_fork_server_that_freezes_as_a_worker_starts_is_replaced_and_the_start_tried_again(model, config, frozen,
+                                                                                             monkeypatch):
+    """The fork server stops after the start has looked at it: the start's deadline watch finds
+    it, kills it, and the start is tried again on a fresh one."""
+    close_all()
+    ready_pipeline(model, config, warm_up=warm_up, timeout=TIMEOUT)
+    close_all()
+    server = _fork_server()
+    _freeze(server, frozen)
+    spawner = _spawner()
+    if spawner is not None:  # the start's first look finds nothing: the fork server stops just after
+        real, calls = spawner.replace_frozen, []
+        monkeypatch.setattr(spawner, "replace_frozen", lambda: real() if calls or calls.append(1) else None)
+    told: list[str] = []
+    pipeline, took = _within(60.0, lambda: ready_pipeline(model, config, warm_up=warm_up, timeout=TIMEOUT,
+                                                            progress=told.append))
+    assert took < 30.0, f"the start took {took:.1f} s"
+    assert any("is frozen (stopped), so it was shut down: starting the worker processes again" in line
+               for line in told), told
+    assert _gone(server) and _fork_server() not in (None, server)
+    expected = ppsd.generate(model, PROMPT, DecodeConfig(method="ar", max_new_tokens=8)).token_ids
+    assert ppsd.generate(model, PROMPT, config, executor=pipeline).token_ids == expected
+
+
+def test_a_fork_server_that_hangs_without_stopping_meets_the_start_deadline(model, config, frozen, monkeypatch):
+    """A fork server that does not answer but is not seen stopped (hung) is known by the start's
+    deadline alone."""
+    from ppsd.executors.distributed import processes
+
+    close_all()
+    ready_pipeline(model, config, warm_up=warm_up, timeout=TIMEOUT)
+    close_all()
+    server = _fork_server()
+    if _spawner() is not None:
+        monkeypatch.setattr(_spawner(), "frozen", lambda: None)  # its process state is not looked at
+    monkeypatch.setattr(processes, "FORK_SECONDS", 2.0, raising=False)
+    _freeze(server, frozen)
+    told: list[str] = []
+    pipeline, took = _within(60.0, lambda: ready_pipeline(model, config, warm_up=warm_up, timeout=TIMEOUT,
+                                                            progress=told.append))
+    assert took < 30.0, f"the start took {took:.1f} s"
+    assert any("did not start a worker process within 2 s, so it was shut down" in line for line in told), told
+    assert pipeline.alive and _gone(server)
+
+
+def test_a_worker_frozen_while_it_loads_ends_the_start_in_one_sentence(model, config, frozen, monkeypatch):
+    """A worker stopped before it has loaded its stage used to hold the start for the whole
+    start-up timeout (300 s)."""
+    import multiprocessing.context
+
+    close_all()
+    started = multiprocessing.context.ForkServerProcess.start
+
+    def start_and_freeze(self):
+        started(self)
+        _freeze(self.pid, frozen)
+
+    monkeypatch.setattr(multiprocessing.context.ForkServerProcess, "start", start_and_freeze)
+    with pytest.raises(ValueError) as refused:
+        _within(60.0, lambda: ready_pipeline(model, config, warm_up=warm_up, timeout=TIMEOUT))
+    assert "is frozen (stopped) while the workers load" in str(refused.value)
+    assert str(refused.value).count(". ") == 0, refused.value
+    monkeypatch.undo()
+    close_all()
+    assert all(_gone(pid) for pid in frozen)

@@ -203,6 +203,26 @@ def test_a_garbled_cache_record_is_said_in_words_not_python_errors(tmp_path, cac
     assert any(problem in h for h in heard), heard
 
 
+def test_an_edited_record_that_hides_overwritten_files_is_found_and_converted_again(tmp_path, cache, conversions):
+    """Issue 57: a converted file overwritten, and its size and sha256 in the record edited to
+    fit, passed every check: the record itself was not covered by any checksum."""
+    import json
+
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"weights")
+    target = converted(gguf)
+    (target / "config.json").write_text('{"x": 1}')
+    record = _record(target)
+    record["files"]["config.json"] = {"size": 8, "sha256": hashlib.sha256(b'{"x": 1}').hexdigest()}
+    (target / COMPLETE_MARKER).write_text(json.dumps(record, indent=2) + "\n")
+    said = "its ppsd_source.json was changed after it was written (its own checksum does not match)"
+    assert model_source.damage(target) == said
+    heard: list[str] = []
+    assert converted(gguf, progress=heard.append) == target and len(conversions) == 2
+    assert any(said in h and "Converting it again" in h for h in heard), heard
+    assert (target / "config.json").read_text() == "{}" and model_source.damage(target) is None
+
+
 def test_converting_is_said_only_once_it_starts_and_with_an_honest_time(tmp_path, cache, conversions, monkeypatch):
     gguf = tmp_path / "m.gguf"
     gguf.write_bytes(b"weights")

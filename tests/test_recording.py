@@ -111,6 +111,35 @@ def test_every_panel_of_a_replay_says_where_and_when_it_was_recorded(live, saved
     assert RunView.of(live).recorded == "" and label not in view.snapshot(live)["headline"]
 
 
+LINK = '<a href="https://example.invalid/">x</a>'  # a recorded device string that is markup
+
+
+def _every(raw, key: str, value) -> None:
+    """Set `key` to `value` wherever it is in the JSON `raw`."""
+    if isinstance(raw, dict):
+        for name in raw:
+            if name == key:
+                raw[name] = value
+            else:
+                _every(raw[name], key, value)
+    elif isinstance(raw, list):
+        for item in raw:
+            _every(item, key, value)
+
+
+def test_a_recorded_device_that_is_markup_is_drawn_as_text_in_every_panel_and_plot(saved):
+    """Issue 57: the timeline's title (Plotly draws a subset of HTML: links, styles) put a
+    recording's device string in raw, so a file could show a live link there."""
+    replayed = replay.open_bytes(tampered(saved, lambda raw: _every(raw, "device", LINK)))
+    values = view.snapshot(replayed)
+    title = values["timeline"].layout.title.text
+    assert html.escape(LINK, quote=False) in title or html.escape(LINK) in title, title
+    for name, value in values.items():  # HTML and plots (a dict is a JSON view or a script's data: text)
+        drawn = json.dumps(value.to_plotly_json(), default=str) if hasattr(value, "to_plotly_json") else value
+        if isinstance(drawn, str):
+            assert "<a href" not in drawn, name
+
+
 def test_opening_a_recording_loads_no_model(saved, monkeypatch, tmp_path):
     def no_model(*args, **kwargs):
         raise AssertionError("a replay loaded a model")

@@ -15,6 +15,7 @@ import html
 import shutil
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from dataclasses import dataclass
@@ -26,6 +27,7 @@ import gradio as gr
 from ppsd.recording import MAX_BYTES, BadRecording, dumps
 
 from .. import replay
+from ..components import UploadButton
 from ..request import FORM
 from ..words import OPEN_RECORDED
 from ..run_view import RunView
@@ -34,7 +36,8 @@ from . import race, steps
 
 OUTPUTS = ("recording",)
 SAVES = Path(tempfile.gettempdir()) / "ppsd-saved-runs"  # a saved run's file, until Gradio has copied it
-SAVE_SECONDS = 3600.0  # a saved file older than this is removed when the next is written
+SAVE_SECONDS = 3600.0  # a saved file older than this is removed (by the next Save, and by `keep_pruned`)
+PRUNE_SECONDS = 900.0  # how often the server removes saved files past SAVE_SECONDS, Saves or not
 CHOOSE = "Choose a recorded run…"
 # Opens at once, of uploads and of shipped recordings each (Gradio's default is one an event, so
 # one slow file held every other visitor's open). A hostile file costs at most about 0.5 s and
@@ -60,7 +63,7 @@ def create() -> RecordingPanel:
         with gr.Row(equal_height=True):
             shipped = gr.Dropdown([CHOOSE, *replay.shipped()], value=CHOOSE, label=OPEN_RECORDED,
                                   elem_id="shipped-runs", scale=3)
-            upload = gr.UploadButton("Open a file…", file_types=[".json"], file_count="single", type="filepath",
+            upload = UploadButton("Open a file…", file_types=[".json"], file_count="single", type="filepath",
                                      elem_id="open-recording", size="sm", scale=1)
             save = gr.DownloadButton("Save this run", visible=False, elem_id="save-recording", size="sm", scale=1)
         said = gr.HTML("", elem_id="recording-said")
@@ -99,6 +102,28 @@ def wire(made: RecordingPanel, page: Page) -> None:
         event.success(steps.on_steps_ready, race_panel.state, [steps_panel.slot, steps_panel.view, steps_panel.timer],
                       **QUIET)  # as after a Run: a play of the last run stops
     made.state.change(on_recorded, made.state, [made.save, made.said], **QUIET)
+    keep_pruned()
+
+
+_tick = threading.Event()  # wakes the pruner early: a new PRUNE_SECONDS is read at once
+_pruner: list[threading.Thread] = []  # the one pruning thread of this process, once started
+
+
+def keep_pruned() -> None:
+    """Remove saved files past SAVE_SECONDS every PRUNE_SECONDS, on a daemon thread of this
+    process (started once): a file used to stay until someone saved again, however long."""
+    if _pruner and _pruner[0].is_alive():
+        _tick.set()
+        return
+
+    def prune() -> None:
+        while True:
+            _tick.wait(PRUNE_SECONDS)
+            _tick.clear()
+            _prune()
+
+    _pruner[:] = [threading.Thread(target=prune, name="saved-runs-pruner", daemon=True)]
+    _pruner[0].start()
 
 
 def on_shipped(name: str | None, shows: Shows) -> tuple:

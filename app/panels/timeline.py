@@ -68,13 +68,16 @@ def stage_label(k: int, layers: range, utilization: float) -> str:
 
 
 def timeline_title(trace: Trace, num_stages: int, on: ExecutorKind | None = None) -> str:
-    """The timeline's title: which clock, and for a measured concurrent run where it ran (`on`)."""
+    """The timeline's title: which clock, and for a measured concurrent run where it ran (`on`).
+    Plotly draws a subset of HTML in a title (links, styles), so the device, a recording's own
+    string in a replay, is escaped (an entity is drawn as its character)."""
+    device = html.escape(trace.device)
     if trace.clock == "projected":
-        return f"Pipeline timeline · {PROJECTED_NOTE} (K={num_stages}, {trace.device})"
+        return f"Pipeline timeline · {PROJECTED_NOTE} (K={num_stages}, {device})"
     if trace.concurrent:
         where = on.where if on is not None else "the K stages at once"
-        return f"Pipeline timeline · {CONCURRENT_NOTE.format(where=where)} (K={num_stages}, {trace.device})"
-    return f"Pipeline timeline · measured clock ({trace.device})"
+        return f"Pipeline timeline · {CONCURRENT_NOTE.format(where=where)} (K={num_stages}, {device})"
+    return f"Pipeline timeline · measured clock ({device})"
 
 
 def render_timeline(

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import stat
 from pathlib import Path
 from typing import Callable
 
@@ -75,12 +76,17 @@ def check_output_file(path: str | None, what: str) -> None:
     """ValueError unless `path` can be written as a file: checked before a long run, whose
     result would otherwise be lost at the end. The file is opened for appending (and removed
     again when it was not there), so whatever the file system refuses (a name too long, a
-    read-only folder) is found now; a device (/dev/full) is refused as no regular file."""
+    read-only folder) is found now; a device (/dev/full) is refused as no regular file. A link is
+    written through (`write_result`); one that leads nowhere is refused: checking it would make
+    an empty file where it points."""
     if path is None:
         return
     target = Path(path)
     folder = target.parent if str(target.parent) else Path(".")
     try:
+        if target.is_symlink() and not target.exists():
+            raise ValueError(f"{what} {shown(path)} is a link to {shown(os.readlink(target))}, which does not "
+                             "exist: give the file itself, or make the file it points to first")
         if target.is_dir():
             raise ValueError(f"{what} {shown(path)} is a directory: give a file name")
         if not folder.is_dir():
@@ -109,12 +115,17 @@ def check_input_file(path: str | None, what: str) -> None:
 def write_result(path: str, text: str, what: str) -> None:
     """Write `text` to `path` whole or not at all: into a new file beside it, renamed over it
     once complete, so a full disk leaves neither an empty nor a cut file (and an older result
-    stands). ValueError, one line, when it cannot be written."""
-    target = Path(path)
+    stands). A link is written through (the file it points to is replaced, the link stays), and
+    a file that was there keeps its mode (a 0600 file stays 0600; a new one gets the umask's).
+    ValueError, one line, when it cannot be written."""
+    target = Path(os.path.realpath(path)) if Path(path).is_symlink() else Path(path)
     partial = target.with_name(f".{target.name}.{os.getpid()}.part")
     try:
-        descriptor = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # the umask applies
+        mode = stat.S_IMODE(target.stat().st_mode) if target.is_file() else None
+        descriptor = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666 if mode is None else 0o600)
         with open(descriptor, "w", encoding="utf-8") as f:
+            if mode is not None:
+                os.fchmod(f.fileno(), mode)
             f.write(text)
         os.replace(partial, target)
     except OSError as error:

@@ -17,6 +17,7 @@ from ...config import DecodeConfig
 from ...model import StagedModel
 from .. import host
 from .pipeline import DistributedExecutor
+from .spawner import SpawnFailed
 from .wire import PING_SECONDS, PipelineBusy, PipelineError, PipelineSpec
 
 __all__ = ["DistributedExecutor", "PipelineBusy", "PipelineError", "current_pool", "ready_pipeline", "shared_pipeline",
@@ -51,8 +52,18 @@ def shared_pipeline(model: StagedModel, config: DecodeConfig, *, threads_per_wor
                                              "(frozen or hung): starting fresh ones")
     if _current is not None:
         _current.close()  # other settings, or a worker died while idle: its group goes too
-    _current = DistributedExecutor(spec, model).start()
+    _current = _started(spec, model, progress or (lambda message: None))
     return _current
+
+
+def _started(spec: PipelineSpec, model: StagedModel, tell: Callable[[str], None]) -> DistributedExecutor:
+    """A new pool, started; tried once more when the fork server froze or hung as it forked
+    (it was replaced). A second failure is the caller's `PipelineError`."""
+    try:
+        return DistributedExecutor(spec, model).start()
+    except SpawnFailed as error:
+        tell(f"{str(error)[:1].upper()}{str(error)[1:]}: starting the worker processes again")
+        return DistributedExecutor(spec, model).start()
 
 
 def workers_unavailable(num_stages: int, device: str) -> str | None:

@@ -1,9 +1,11 @@
-"""The lives of a pipeline's worker processes: started from a fork server, awaited until each
-has loaded its stage, stopped (politely first, then by force), named when one dies; and the
-process-wide register of open pipelines, closed at exit.
+"""The lives of a pipeline's worker processes: started from a fork server (each start with a
+deadline), awaited until each has loaded its stage, stopped (politely first, then by force),
+named when one dies or freezes (or the fork server or resource tracker they come through does);
+and the process-wide register of open pipelines, closed at exit.
 
-Boundary: processes only; what they say to each other is `wire`, what they do is `worker`.
-torch.distributed has one default group per process, hence the register.
+Boundary: processes only; what they say to each other is `wire`, what they do is `worker`, the
+helper processes they are started through `spawner`. torch.distributed has one default group
+per process, hence the register.
 """
 
 from __future__ import annotations
@@ -16,10 +18,16 @@ import time
 
 import torch
 
+from . import spawner
 from .wire import PipelineError, PipelineSpec
 from .worker import spawned_worker
 
 OPEN: set = set()  # the pipelines started in this process and not yet closed (each has .close())
+# How long one worker's start may wait for the fork server to fork it. A running server forks a
+# preloaded worker in milliseconds; a fresh one first imports torch and transformers (8.5 s cold
+# on an idle 2-core machine, several times that under load).
+FORK_SECONDS = 10.0
+FIRST_FORK_SECONDS = 60.0
 
 
 class WorkerProcesses:
@@ -38,26 +46,39 @@ class WorkerProcesses:
     def start(self, spec: PipelineSpec, port: int) -> None:
         """Start a worker per stage 2..K that meets rank 0 at `port`; return once each has loaded."""
         context = _process_context()
+        spawner.replace_frozen()  # a stopped fork server would never answer: a fresh one will
         pipes = []
         for k in range(1, len(spec.partition)):
             receiver, sender = context.Pipe(duplex=False)
             process = context.Process(target=spawned_worker, name=f"ppsd-stage-{k + 1}", daemon=True,
                                       args=(k, spec, port, sender))
-            process.start()
-            sender.close()
+            running = spawner.FORK_SERVER in spawner.pids()
+            try:
+                spawner.start_within(process, FORK_SECONDS if running else FIRST_FORK_SECONDS)
+            except PipelineError:
+                receiver.close()
+                raise
+            finally:
+                sender.close()
             self.processes.append(process)
             pipes.append(receiver)
         self._await_loaded(pipes, spec.startup_timeout)
 
     def stop(self, *, grace: float) -> None:
-        """Give the workers `grace` seconds to exit (after their SHUTDOWN), then kill the rest."""
+        """Give the workers `grace` seconds to exit (after their SHUTDOWN), then kill the rest.
+        A worker's end is heard through the fork server: with it frozen, each wait would take
+        its whole timeout, so then the workers are killed and the helpers replaced first."""
+        if spawner.frozen() is not None:
+            self.kill()
+            spawner.replace_frozen()
         deadline = time.monotonic() + grace
         for process in self.processes:
             process.join(timeout=max(0.0, deadline - time.monotonic()))
-        for process in self.processes:
-            if process.is_alive():
-                process.kill()
-                process.join(timeout=5.0)
+        # `_exists` too: one forked from a fork server killed since reads as dead, but runs on
+        rest = [process for process in self.processes if process.is_alive() or _exists(process.pid)]
+        self.kill()
+        for process in rest:
+            process.join(timeout=5.0)
 
     def kill(self) -> None:
         """SIGKILL every worker now, from any thread, without waiting: a frozen one (SIGSTOP) ends
@@ -72,11 +93,12 @@ class WorkerProcesses:
     def frozen(self) -> str | None:
         """Which worker is stopped (SIGSTOP, a debugger), if one is: it answers nothing until it
         is continued, however long a call waits, and it cannot be seen by waiting alone, since a
-        busy worker is silent too. Read from /proc (Linux); elsewhere None."""
+        busy worker is silent too; else which helper it came through is (`spawner.frozen`): the
+        pool is then replaced with them. Read from /proc (Linux); elsewhere None."""
         for k, process in enumerate(self.processes, start=2):
-            if _state(process.pid) in ("T", "t"):
+            if spawner.state(process.pid) in ("T", "t"):
                 return f"pipeline worker for stage {k} (pid {process.pid}) is frozen (stopped)"
-        return None
+        return spawner.frozen()
 
     def culprit(self) -> str | None:
         """Which worker died, and how, if one did."""
@@ -89,7 +111,8 @@ class WorkerProcesses:
         return f"pipeline worker for stage {k} (pid {process.pid}) died ({exit_text(process.exitcode)})"
 
     def _await_loaded(self, pipes: list, timeout: float) -> None:
-        """Wait for every worker's 'loaded' (or its load error), watching that it stays alive."""
+        """Wait for every worker's 'loaded' (or its load error), watching that it stays alive and
+        does not freeze (a frozen one would hold the start for the whole `timeout`)."""
         deadline = time.monotonic() + timeout
         waiting = dict(enumerate(pipes, start=1))  # rank -> pipe
         while waiting:
@@ -99,6 +122,9 @@ class WorkerProcesses:
                     del waiting[k]
             if time.monotonic() > deadline:
                 raise PipelineError(f"pipeline workers did not load within {timeout:g} s")
+            frozen = self.frozen()
+            if frozen is not None:
+                raise PipelineError(f"{frozen} while the workers load")
             multiprocessing.connection.wait(list(waiting.values()), timeout=0.2)
 
     def _loaded(self, k: int, pipe) -> None:
@@ -135,11 +161,7 @@ def _shutdown() -> None:
     Left alone it exits only once it notices this process is gone, and is re-parented to PID 1
     meanwhile; so a command returns only after every process it started has exited."""
     close_all()
-    from multiprocessing import forkserver
-
-    server = forkserver._forkserver
-    if getattr(server, "_forkserver_pid", None) is not None:
-        server._stop()  # private, but the one way to wait for it (Python's own test suite uses it)
+    spawner.stop_fork_server()
 
 
 def _process_context():
@@ -150,16 +172,6 @@ def _process_context():
     context.set_forkserver_preload(["ppsd.executors.distributed.worker", "torch.distributed",
                                     "transformers.models.llama.modeling_llama", "transformers.models.auto.modeling_auto"])
     return context
-
-
-def _state(pid: int | None) -> str | None:
-    """The process's state letter from /proc/PID/stat (R, S, T for stopped, Z, ...); None when
-    it cannot be read (gone, or no /proc)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return None
 
 
 def _exists(pid: int) -> bool:
