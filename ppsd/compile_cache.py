@@ -19,7 +19,7 @@ The same folder keeps PPSD's tokens/s as this machine last measured them, by mod
 kind (`speeds`, `note_speed`): what "auto" on a CPU compares (`ppsd.executors.kinds.choose_measured`).
 
 Boundary: the folder, its record and its check; what is compiled, and when, is
-`ppsd.executors.graphed`'s and the front ends'.
+`ppsd.executors.runtime`'s and the front ends'.
 """
 
 from __future__ import annotations

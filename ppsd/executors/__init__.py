@@ -16,6 +16,6 @@ torch.distributed).
 """
 
 from .base import Executor, Feed, Output, PipelineError
-from .local import InProcessExecutor
+from .runtime import InProcessExecutor
 
 __all__ = ["Executor", "Feed", "InProcessExecutor", "Output", "PipelineError"]
