@@ -85,3 +85,30 @@ def test_each_executor_builds_the_backend_its_options_ask_for(model, monkeypatch
     assert built(ThreadedExecutor) == (Clocked, StageThreads, EagerStep, True)
     with StackedExecutor(model, partition) as stacked:
         assert type(stacked.backend) is EagerSlots
+
+
+def test_no_executor_uses_another_kv_cache_than_the_static_one():
+    """Issue 59: one KV cache class on every executor's hot path (the K-process workers' too)."""
+    users = {str(p.relative_to(EXECUTORS)) for p in EXECUTORS.rglob("*.py") if "KVCache()" in p.read_text()
+             or "run_layers(" in p.read_text()}
+    assert not users
+
+
+@pytest.mark.parametrize("kind", ["in-process", "threads", "graphed"])
+def test_every_in_process_kind_decodes_on_the_static_cache_alone(model, kind, monkeypatch):
+    from ppsd import DecodeConfig
+    from ppsd.model import KVCache
+    from ppsd.static_cache import StaticKVCache
+
+    def refused(*args, **kwargs):
+        raise AssertionError("the dynamic KVCache was written on an executor's hot path")
+
+    monkeypatch.setattr(KVCache, "update", refused)
+    partition = stage_layers(model.num_layers, 4, 2)
+    build = {"in-process": lambda: InProcessExecutor(model, partition, Stopwatch()),
+             "threads": lambda: ThreadedExecutor(model, partition), "graphed": lambda: GraphedExecutor(model, partition)}
+    with build[kind]() as executor:
+        assert type(executor.cache) is StaticKVCache
+        result = ppsd.generate(model, [3, 1, 4, 1, 5], DecodeConfig(method="ppsd", exit_layer=4, max_new_tokens=6),
+                               executor=executor)
+    assert len(result.token_ids) == 6
