@@ -57,7 +57,8 @@ class Poisoned(Checked):
         cache = self.candidate.cache
         for layer, buffers in enumerate(zip(cache.keys, cache.values)):
             for buffer in buffers:
-                buffer[:, :, cache.length(layer):] = 1e4
+                if buffer is not None:  # None: no buffers yet (a cache of some layers: never)
+                    buffer[:, :, cache.length(layer):] = 1e4
 
     def slot(self, feed, *, slot):
         self._poison()
