@@ -20,7 +20,7 @@ kind, each with the load it was measured at and when (`Speed`, `speeds`, `note_s
 "auto" on a CPU compares, and measures again when stale (`ppsd.executors.choice.choose_measured`).
 
 Boundary: the folder, its record and its check; what is compiled, and when, is
-`ppsd.executors.graphed`'s and the front ends'.
+`ppsd.executors.runtime`'s and the front ends'.
 """
 
 from __future__ import annotations

@@ -2,9 +2,10 @@
 
 It embeds tokens, runs any contiguous range of decoder layers on one or a few tokens against a
 KV cache, and applies an exit head at layer E or the final head. It knows nothing of drafts,
-stages or speculation: decoders decide which layers run when. Rollback lives in the caches:
-`KVCache.truncate` here, `StaticKVCache.truncate` (`ppsd.static_cache`) for captured steps, which
-`run_static` runs against.
+stages or speculation: decoders decide which layers run when. Every executor runs it through
+`run_static` on a `ppsd.static_cache.StaticKVCache`, whose `truncate` is the one rollback;
+`KVCache` and `run_layers` are a plain growing-cache reference that the heads' tests and the
+research tools read layers through.
 """
 
 from __future__ import annotations
@@ -33,8 +34,8 @@ class KVCache:
     """Keys and values of any set of decoder layers, each layer with its own length.
 
     Implements the one method Hugging Face attention modules call (`update`), so layers can be run
-    one by one. Every stage of a pipeline writes its own layers here; `truncate` is its one
-    rollback operation (the static cache's twin moves host lengths only).
+    one by one: a reference for tests and tools, on no executor's path (those run on
+    `StaticKVCache`).
     """
 
     def __init__(self) -> None:

@@ -42,22 +42,24 @@ class StaticKVCache:
     only by `reserve`, which is why a captured step must be captured again after it grows."""
 
     def __init__(self, num_layers: int, kv_heads: int, head_dim: int, *, dtype: torch.dtype,
-                 device: torch.device | str) -> None:
+                 device: torch.device | str, layers: range | None = None) -> None:
         self.num_layers, self.kv_heads, self.head_dim = num_layers, kv_heads, head_dim
         self.dtype, self.device = dtype, torch.device(device)
+        self.layers = range(num_layers) if layers is None else layers  # those with buffers (a worker's own)
         self.capacity = 0
-        self.keys: list[torch.Tensor] = []
-        self.values: list[torch.Tensor] = []
+        self.keys: list[torch.Tensor | None] = [None] * num_layers
+        self.values: list[torch.Tensor | None] = [None] * num_layers
         self.key_index = torch.empty(0, dtype=torch.long, device=self.device)  # arange(capacity)
         self._lengths = [0] * num_layers
 
     @classmethod
-    def for_model(cls, hf_model) -> "StaticKVCache":
+    def for_model(cls, hf_model, layers: range | None = None) -> "StaticKVCache":
+        """The cache of `hf_model`'s decoder layers (only `layers`' buffers, when given)."""
         config = hf_model.config
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         weight = next(hf_model.parameters())
         return cls(config.num_hidden_layers, config.num_key_value_heads, head_dim, dtype=weight.dtype,
-                   device=weight.device)
+                   device=weight.device, layers=layers)
 
     def reserve(self, length: int) -> bool:
         """Room for positions [0, length), in whole buckets. True when the buffers were reallocated
@@ -65,16 +67,28 @@ class StaticKVCache:
         if length <= self.capacity:
             return False
         capacity = bucket_for(length)
-        shape = (1, self.kv_heads, capacity, self.head_dim)
         with torch.inference_mode(False):  # plain tensors: runs update them in and out of inference mode
-            # Zeros, not garbage: a masked score multiplies its value by 0, and 0 x NaN is NaN.
-            grown = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(2 * self.num_layers)]
-            for old, new in zip(self.keys + self.values, grown):
-                new[:, :, :self.capacity] = old
+            self.keys = [self._grown(old, i, capacity) for i, old in enumerate(self.keys)]
+            self.values = [self._grown(old, i, capacity) for i, old in enumerate(self.values)]
             self.key_index = torch.arange(capacity, device=self.device)
-        self.keys, self.values = grown[:self.num_layers], grown[self.num_layers:]
         self.capacity = capacity
         return True
+
+    def _grown(self, old: torch.Tensor | None, index: int, capacity: int) -> torch.Tensor | None:
+        if index not in self.layers:
+            return None
+        # Zeros, not garbage: a masked score multiplies its value by 0, and 0 x NaN is NaN.
+        new = torch.zeros((1, self.kv_heads, capacity, self.head_dim), dtype=self.dtype, device=self.device)
+        if old is not None:
+            new[:, :, :self.capacity] = old
+        return new
+
+    def at(self, layers: range, position: int, width: int) -> "CacheView":
+        """The view of a piece run eagerly (the K-process pipeline's stages): room made, `layers`'
+        host lengths advanced (checked), writes at [position, position + width)."""
+        self.reserve(position + width)
+        self.advance(layers, position, width)
+        return self.view(self.key_index[position:position + width], bucket_for(position + width))
 
     def view(self, write: torch.Tensor, bucket: int) -> "CacheView":
         """What one step's layers see: writes at device positions `write` (T,), reads `bucket` keys."""

@@ -1,8 +1,9 @@
-"""The executors' shape where devices differ: the graphed and stacked executors choose one step
-backend when built (`ppsd.executors.backends`), so no other function of theirs, their steps' or
-their backends' branches on the device, the compiler or the stage threads; every executor in this
-process takes a stage's input off its queue in one place (`ppsd.executors.waiting`); each builds
-the backend its device and options ask for."""
+"""The executors' shape where devices differ: each kind of the one runtime, and the stacked
+executor, choose their backends when built (`ppsd.executors.backends`: where the stages run and
+how a step runs), so no other function of theirs, their steps' or their backends' branches on the
+device, the compiler or the stage threads; every executor in this process takes a stage's input
+off its queue in one place (`ppsd.executors.waiting`); each kind builds the pair its device and
+options ask for."""
 
 from __future__ import annotations
 
@@ -13,14 +14,17 @@ import pytest
 
 import ppsd
 from ppsd.config import stage_layers
-from ppsd.executors.backends.cpu import CompiledStages, CompiledStageThreads, EagerSlots, EagerStages
-from ppsd.executors.graphed import GraphedExecutor
+from ppsd.executors.backends.cpu import Clocked, CompiledStep, EagerSlots, EagerStep
+from ppsd.executors.backends.stage_threads import Here, StageThreads
+from ppsd.executors.runtime import GraphedExecutor, InProcessExecutor, ThreadedExecutor
 from ppsd.executors.stacked import StackedExecutor
+
+from ppsd.trace import Stopwatch
 
 from conftest import tiny_llama
 
 EXECUTORS = Path(__file__).resolve().parent.parent / "ppsd" / "executors"
-CHOSEN_ONCE = [EXECUTORS / name for name in ("graphed.py", "graphed_steps.py", "stacked.py", "stacked_step.py")] + \
+CHOSEN_ONCE = [EXECUTORS / name for name in ("runtime.py", "stage_steps.py", "stacked.py", "stacked_step.py")] + \
     sorted((EXECUTORS / "backends").glob("*.py"))
 CHOICES = {"cuda", "compiled", "threads", "stage_threads"}
 BUILDERS = {"__init__", "_backend"}  # where the choice is made, once
@@ -69,12 +73,42 @@ def test_each_executor_builds_the_backend_its_options_ask_for(model, monkeypatch
     partition = stage_layers(model.num_layers, 4, 2)
     monkeypatch.setattr("ppsd.executors.backends.cpu._configure_compiler", lambda: None)  # nothing compiles here
 
-    def built(**options):
-        with GraphedExecutor(model, partition, **options) as executor:
-            return type(executor.backend), executor.concurrent
+    def built(kind=GraphedExecutor, *args, **options):
+        with kind(model, partition, *args, **options) as executor:
+            where = executor.where
+            return type(where), type(where.pool), type(executor.how), executor.concurrent
 
-    assert built() == (EagerStages, False)
-    assert built(compiled=True) == (CompiledStageThreads, True)
-    assert built(compiled=True, stage_threads=False) == (CompiledStages, False)
+    assert built() == (Clocked, Here, EagerStep, False)
+    assert built(compiled=True) == (Clocked, StageThreads, CompiledStep, True)
+    assert built(compiled=True, stage_threads=False) == (Clocked, Here, CompiledStep, False)
+    assert built(InProcessExecutor, Stopwatch()) == (Clocked, Here, EagerStep, False)
+    assert built(ThreadedExecutor) == (Clocked, StageThreads, EagerStep, True)
     with StackedExecutor(model, partition) as stacked:
         assert type(stacked.backend) is EagerSlots
+
+
+def test_no_executor_uses_another_kv_cache_than_the_static_one():
+    """Issue 59: one KV cache class on every executor's hot path (the K-process workers' too)."""
+    users = {str(p.relative_to(EXECUTORS)) for p in EXECUTORS.rglob("*.py") if "KVCache()" in p.read_text()
+             or "run_layers(" in p.read_text()}
+    assert not users
+
+
+@pytest.mark.parametrize("kind", ["in-process", "threads", "graphed"])
+def test_every_in_process_kind_decodes_on_the_static_cache_alone(model, kind, monkeypatch):
+    from ppsd import DecodeConfig
+    from ppsd.model import KVCache
+    from ppsd.static_cache import StaticKVCache
+
+    def refused(*args, **kwargs):
+        raise AssertionError("the dynamic KVCache was written on an executor's hot path")
+
+    monkeypatch.setattr(KVCache, "update", refused)
+    partition = stage_layers(model.num_layers, 4, 2)
+    build = {"in-process": lambda: InProcessExecutor(model, partition, Stopwatch()),
+             "threads": lambda: ThreadedExecutor(model, partition), "graphed": lambda: GraphedExecutor(model, partition)}
+    with build[kind]() as executor:
+        assert type(executor.cache) is StaticKVCache
+        result = ppsd.generate(model, [3, 1, 4, 1, 5], DecodeConfig(method="ppsd", exit_layer=4, max_new_tokens=6),
+                               executor=executor)
+    assert len(result.token_ids) == 6

@@ -13,10 +13,10 @@ import ppsd
 from ppsd import DecodeConfig
 from ppsd.config import stage_layers
 from ppsd.executors import InProcessExecutor
-from ppsd.executors.graphed import GraphedExecutor
+from ppsd.executors.runtime import GraphedExecutor
 from ppsd.executors.kinds import KINDS
 from ppsd.executors.stacked import StackedExecutor
-from ppsd.executors.threads import ThreadedExecutor
+from ppsd.executors.runtime import ThreadedExecutor
 from ppsd.trace import Stopwatch
 
 from conftest import tiny_llama

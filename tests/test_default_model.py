@@ -94,7 +94,7 @@ def test_ppsd_on_two_worker_processes_commits_hf_generate_tokens(default):
 
 
 def test_ppsd_on_two_stage_threads_in_one_process_commits_hf_generate_tokens(default):
-    from ppsd.executors.threads import ThreadedExecutor
+    from ppsd.executors.runtime import ThreadedExecutor
 
     model, tokenizer, exit_layer, choice = default
     ids = encode_prompt(tokenizer, QUESTIONS[1], chat=True)

@@ -17,7 +17,7 @@ import ppsd
 from ppsd import DecodeConfig
 from ppsd.config import stage_layers
 from ppsd.executors import InProcessExecutor
-from ppsd.executors.graphed import GraphedExecutor
+from ppsd.executors.runtime import GraphedExecutor
 from ppsd.heads import build_head
 from ppsd.trace import Stopwatch
 
@@ -57,7 +57,8 @@ class Poisoned(Checked):
         cache = self.candidate.cache
         for layer, buffers in enumerate(zip(cache.keys, cache.values)):
             for buffer in buffers:
-                buffer[:, :, cache.length(layer):] = 1e4
+                if buffer is not None:  # None: no buffers yet (a cache of some layers: never)
+                    buffer[:, :, cache.length(layer):] = 1e4
 
     def slot(self, feed, *, slot):
         self._poison()
@@ -220,10 +221,10 @@ def test_on_cuda_a_prepared_run_captures_nothing_inside_it(cuda_model):
     setup = set_up(cuda_model, config, prompt_ids=prompt)
     with GraphedExecutor(setup.model, setup.partition) as graphed:
         graphed.prepare(reach(setup))
-        captured = dict(graphed.backend.graphs)
+        captured = dict(graphed.how.graphs)
         assert {bucket for _, bucket, _ in captured} == {64, 128}
         ppsd.generate(setup.model, prompt, config, executor=graphed)
-        assert graphed.backend.graphs == captured
+        assert graphed.how.graphs == captured
 
 
 def test_in_bf16_ar_eesd_and_ppsd_are_token_identical_on_the_graphed_steps():
@@ -260,7 +261,7 @@ def test_on_cuda_every_replayed_call_returns_what_the_in_process_executor_return
     with GraphedExecutor(model, partition) as graphed:
         twin = Checked(InProcessExecutor(model, partition, Stopwatch(torch.cuda.synchronize)), graphed)
         result = ppsd.generate(model, PROMPTS["long"], config, executor=twin)
-        assert graphed.backend.graphs  # replayed, not eager
+        assert graphed.how.graphs  # replayed, not eager
     assert twin.calls > NEW_TOKENS and result.trace.concurrent
 
 
@@ -282,7 +283,7 @@ def check_replays_equal_hugging_face(model, make) -> None:
         for method in ("ar", "eesd", "ppsd"):
             config = DecodeConfig(method=method, exit_layer=4, max_new_tokens=NEW_TOKENS)
             assert ppsd.generate(model, prompt, config, executor=executor).token_ids == hf, method
-        assert {key[1] for key in executor.backend.graphs} == {64, 128}
+        assert {key[1] for key in executor.how.graphs} == {64, 128}
         drawn = ppsd.generate(model, PROMPTS["short"], sampled, executor=executor).token_ids
     assert drawn == ppsd.generate(model, PROMPTS["short"], sampled).token_ids
 
@@ -314,7 +315,7 @@ def test_compiled_steps_on_stage_threads_return_what_the_in_process_executor_ret
             config = DecodeConfig(method=method, exit_layer=4, max_new_tokens=NEW_TOKENS)
             twin = Checked(InProcessExecutor(layer_model, partition, Stopwatch()), graphed)
             result = ppsd.generate(layer_model, PROMPTS["long"], config, executor=twin)
-        assert graphed.backend.compiled_keys >= {(0, 64, True), (0, 64, False), (1, 64, False)}
+        assert graphed.how.compiled_keys >= {(0, 64, True), (0, 64, False), (1, 64, False)}
     assert result.trace.concurrent and twin.calls > NEW_TOKENS
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # the thread count the steps were compiled for above: no new compile

@@ -14,7 +14,7 @@ import ppsd
 from ppsd import DecodeConfig
 from ppsd.config import stage_layers
 from ppsd.executors import InProcessExecutor
-from ppsd.executors.threads import ThreadedExecutor
+from ppsd.executors.runtime import ThreadedExecutor
 from ppsd.trace import Stopwatch
 
 from conftest import requires_cuda, tiny_llama
@@ -67,7 +67,7 @@ def test_on_cuda_every_call_on_streams_returns_what_the_in_process_executor_retu
     partition = stage_layers(cuda_model.num_layers, exit_layer, num_stages)
     config = DecodeConfig(method=method, exit_layer=exit_layer, num_stages=num_stages, max_new_tokens=NEW_TOKENS)
     with ThreadedExecutor(cuda_model, partition) as threads:
-        assert threads._streams is not None and len(threads._streams) == num_stages  # a stream per stage
+        assert len(threads.where.streams) == num_stages  # a stream per stage
         twin = Twin(InProcessExecutor(cuda_model, partition, Stopwatch(torch.cuda.synchronize)), threads)
         result = ppsd.generate(cuda_model, PROMPTS["long"], config, executor=twin)
     assert twin.calls > NEW_TOKENS and result.trace.concurrent

@@ -2,8 +2,9 @@
 protocol the decoders drive, the error a failed pipeline raises (`PipelineError`), and the
 compute at the pipeline's two ends.
 
-Boundary: no schedule (that is `schedule`) and no processes; both executors, and the worker
-holding the final stage, compute stage 1 and the final logits with these functions.
+Boundary: no schedule (that is `schedule`) and no processes; the K-process pipeline's coordinator
+and its workers compute their stages and the final logits with these functions, on the same
+static KV cache and forward path (`StagedModel.run_static`) as the runtime's steps.
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ from typing import Protocol
 
 import torch
 
-from ..model import KVCache, StagedModel
+from ..model import StagedModel
+from ..static_cache import StaticKVCache
 from ..steps import Event, Kind
 from ..trace import Stopwatch
 
@@ -91,14 +93,24 @@ def final_position(item) -> int:
     return item.position + item.width - logit_width(item.kind, item.width)
 
 
-def first_stage(model: StagedModel, layers: range, feed: Feed, cache: KVCache) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Stage 1 on `feed`: embeddings and `layers`, then (for a draft) the exit head.
-    Returns (hidden (1, T, hidden), exit logits (V,) or None)."""
+def first_stage(model: StagedModel, layers: range, feed: Feed,
+                cache: StaticKVCache) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Stage 1 on `feed`, eagerly, on the static cache: embeddings and `layers`, then (for a draft)
+    the exit head. Returns (hidden (1, T, hidden), exit logits (V,) or None)."""
     hidden = model.embed(list(feed.tokens))
-    hidden = model.run_layers(hidden, layers, position=feed.position, cache=cache)
+    view = cache.at(layers, feed.position, len(feed.tokens))
+    hidden = model.run_static(hidden, layers, positions=view.write, cache=view)
     if feed.kind != "draft":
         return hidden, None
-    return hidden, model.exit_logits(hidden, position=feed.position, cache=cache)
+    return hidden, model.exit_logits(hidden, position=view.write, cache=view)
+
+
+def stage_layers_at(model: StagedModel, layers: range, hidden: torch.Tensor, position: int,
+                    cache: StaticKVCache) -> torch.Tensor:
+    """`layers` over `hidden` (1, T, hidden) at positions [position, position + T), eagerly, on the
+    static cache: a K-process worker's stage."""
+    view = cache.at(layers, position, hidden.shape[1])
+    return model.run_static(hidden, layers, positions=view.write, cache=view)
 
 
 def final_logits(model: StagedModel, hidden: torch.Tensor, kind: Kind) -> torch.Tensor:

@@ -183,14 +183,14 @@ def _warmed(setup: Setup, executor: Executor, warm_up: WarmUp) -> Executor:
 
 
 def _threads(setup: Setup, warm_up: WarmUp, tell: Progress, options: WorkerOptions) -> Executor:
-    from .threads import ThreadedExecutor
+    from .runtime import ThreadedExecutor
 
     tell(f"Starting {setup.config.num_stages} stage threads in this process and warming them up")
     return _warmed(setup, ThreadedExecutor(setup.model, setup.partition), warm_up)
 
 
 def _graphed(setup: Setup, warm_up: WarmUp, tell: Progress, options: WorkerOptions) -> Executor:
-    from .graphed import GraphedExecutor
+    from .runtime import GraphedExecutor
 
     cuda = setup.model.info.device.startswith("cuda")
     tell("Capturing each stage's step as a CUDA graph, at every length the run reaches" if cuda else

@@ -32,7 +32,7 @@ from ppsd import DecodeConfig, StagedModel, generate  # noqa: E402
 from ppsd.bench.run import fixed_length  # noqa: E402
 from ppsd.config import stage_layers  # noqa: E402
 from ppsd.executors import InProcessExecutor  # noqa: E402
-from ppsd.executors.graphed import GraphedExecutor  # noqa: E402
+from ppsd.executors.runtime import GraphedExecutor  # noqa: E402
 from ppsd.heads import build_head  # noqa: E402
 from ppsd.setup import set_up  # noqa: E402
 from ppsd.static_cache import bucket_for  # noqa: E402
@@ -278,7 +278,7 @@ def _stage_alone_ms(executor: GraphedExecutor, device: str, bucket: int) -> dict
         return {}
     out = {}
     for k in range(len(executor.partition)):
-        graph = executor.backend.graphs.get((k, bucket, k == 0))
+        graph = executor.how.graphs.get((k, bucket, k == 0))
         if graph is None:
             continue
         times = []

@@ -34,7 +34,7 @@ from ppsd.bench.forced import FORCED_NOTE, ForcedAcceptance  # noqa: E402
 from ppsd.bench.run import fixed_length  # noqa: E402
 from ppsd.config import stage_layers  # noqa: E402
 from ppsd.executors import InProcessExecutor  # noqa: E402
-from ppsd.executors.graphed import GraphedExecutor  # noqa: E402
+from ppsd.executors.runtime import GraphedExecutor  # noqa: E402
 from ppsd.executors.stacked import StackedExecutor  # noqa: E402
 from ppsd.trace import Stopwatch  # noqa: E402
 

@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from ppsd import StagedModel  # noqa: E402
 from ppsd.config import stage_layers  # noqa: E402
-from ppsd.executors.graphed import GraphedExecutor  # noqa: E402
+from ppsd.executors.runtime import GraphedExecutor  # noqa: E402
 from ppsd.executors.stacked import StackedExecutor  # noqa: E402
 
 VIEWS = {"view", "slice", "select", "unsqueeze", "t", "transpose", "expand", "permute", "_unsafe_view", "detach",

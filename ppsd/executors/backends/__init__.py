@@ -1,43 +1,69 @@
-"""Step backends: how the graphed and stacked executors launch their steps, one backend per
-executor, chosen at construction from the device, so no executor method asks which device it is on.
+"""Step backends: where the runtime's stages run and how a stage's step runs, each a small object
+chosen when an executor is built, so no runtime method asks which device it is on.
 
-Boundary: launching, timing and reading back what `ppsd.executors.graphed_steps.StageSteps` and
-`ppsd.executors.stacked_step.SlotStep` compute; the schedule, the queues and the `Output`s stay
-the executors'. `cpu` runs the steps eagerly on the run's clock or (graphed, `compiled`) compiled
-by Inductor, in turn or with stages 2..K on threads of their own; `cuda` captures them as CUDA
-graphs and times them with CUDA events (it runs only on a GPU: `tools/device_check.sh`).
+Boundary: launching, timing and reading back what `ppsd.executors.steps.StageSteps` and
+`ppsd.executors.stacked_step.SlotStep` compute; the schedule, the queues, the host lengths and
+the `Output`s stay the runtime's (`ppsd.executors.runtime`).
+
+- Where (`Where`): `Clocked` (`cpu`) times each stage on the run's clock, its stages in turn
+  (`HERE`) or a slot's on a thread each (`StageThreads`, `stage_threads`); `Streams` (`cuda`) gives
+  each stage a CUDA stream, timed by CUDA events, launched from here or from stage threads.
+- How (`How`): `EagerStep` runs the pure step as it is, `CompiledStep` compiles it with Inductor
+  (`cpu`), `CudaGraphStep` captures it once as a CUDA graph and replays it (`cuda`: it runs only
+  on a GPU, `tools/device_check.sh`).
+- The stacked executor's slots: `EagerSlots` (`cpu`) or `CudaGraphSlots` (`cuda`).
 """
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Callable, NamedTuple, Protocol
 
 import torch
 
 from ...trace import Stopwatch
 from .. import schedule
-from ..base import Feed
-from ..graphed_steps import Done, Launch
 from ..stacked_step import SlotOutput, Span
+from ..stage_steps import Done, StepResult
 
 
-class StageBackend(Protocol):
-    """How a graphed executor's stage steps run: `EagerStages`, `CompiledStages`,
-    `CompiledStageThreads` or `CudaGraphStages`."""
+class Job(NamedTuple):
+    """One stage's work, ready to start: stage index `k`, its hidden input (None for stage 1, whose
+    token is in the static inputs) and `compute`, which runs its step."""
+
+    k: int
+    hidden: torch.Tensor | None
+    compute: Callable[[], StepResult]
+
+
+Ran = tuple[StepResult, object, object]  # a step's results and its start and end (floats, or CUDA events)
+
+
+class Where(Protocol):
+    """Where a runtime's stages run, and how their time and their ids are read."""
 
     concurrent: bool  # do a slot's stages run at the same time?
 
     def begin(self, stopwatch: Stopwatch) -> None: ...  # a run starts on this clock
     def end(self) -> None: ...
     def close(self) -> None: ...
-    def grown(self) -> None: ...  # the cache was reallocated: drop what was made against it
-    def prepare(self, length: int) -> None: ...  # ready for a run writing positions [0, length)
-    def ready(self, actions: tuple[schedule.Action, ...]) -> list: ...  # a handle each, before the inputs are set
-    def launch(self, work: Launch, feed: Feed | None) -> Done: ...
-    def at_once(self, work: list[Launch], feed: Feed | None) -> list[Done]: ...  # a slot's, all ready
+    def launch(self, job: Job) -> Ran: ...  # now, from this thread
+    def at_once(self, jobs: list[Job], anywhere: bool) -> list[Ran]: ...  # a slot's; off this thread if `anywhere`
     def join(self, done: list[Done]) -> None: ...  # their outputs readable on the caller's side
     def read(self, bests: list[torch.Tensor]) -> list[int]: ...  # the call's one host read
     def times(self, done: Done) -> tuple[float, float]: ...  # on the run's clock
+
+
+class How(Protocol):
+    """How a stage's one-token step runs (a wider piece always runs the step eagerly)."""
+
+    reuses_outputs: bool  # a one-token step's outputs are buffers its next run overwrites
+
+    def close(self) -> None: ...
+    def grown(self) -> None: ...  # the cache was reallocated: drop what was made against it
+    def prepare(self, length: int) -> None: ...  # ready for a run writing positions [0, length)
+    def ready(self, actions: tuple[schedule.Action, ...]) -> None: ...  # before the inputs are set
+    def one_token(self, k: int, bucket: int, draft: bool) -> StepResult: ...
+    def anywhere(self, actions: tuple[schedule.Action, ...]) -> bool: ...  # may they run off the caller's thread?
 
 
 class SlotBackend(Protocol):

@@ -1,13 +1,15 @@
-"""The CPU backends: steps run eagerly, timed on the run's clock, or (graphed) compiled.
+"""The CPU backends: stages timed on the run's clock, in turn or on stage threads; steps eager or
+compiled.
 
 Boundary: how a step runs on a CPU and how its ids are read; what a step computes is
 `StageSteps`'s and `SlotStep`'s.
 
-- `EagerStages` runs the graphed executor's steps in turn (the tests' fast path: PPSD's overlap
-  is then projected, as in process).
-- `CompiledStages` compiles each one-token step with Inductor's C++ wrapper and runs them in turn;
-  `CompiledStageThreads` runs a slot's stages 2..K on threads of their own (the C++ call releases
-  the GIL, so the stages overlap).
+- `Clocked` (where) times each stage on the run's clock, in a pool: `HERE` (in turn, the
+  in-process kind) or `StageThreads` (a slot's stages 2..K on threads of their own, the threads
+  kind, and the compiled steps whose C++ call releases the GIL so the stages really overlap). It
+  is also the in-process kind's where on a GPU, timed by a clock that synchronises.
+- `EagerStep` (how) runs the pure step as it is; `CompiledStep` compiles each one-token step with
+  Inductor's C++ wrapper (on the caller's thread: compiling is not thread-safe).
 - `EagerSlots` runs the stacked executor's slots (not faster on a CPU: it is bandwidth-bound, and
   stacking adds no bandwidth).
 
@@ -23,50 +25,40 @@ from ...kept_steps import KeptSteps
 from ...static_cache import bucket_for
 from ...trace import Stopwatch
 from .. import schedule
-from ..base import Feed
-from ..graphed_steps import Done, Launch, StageSteps, StepResult
 from ..stacked_step import SlotOutput, SlotStep, Span
-from ..threads import StageThreads
+from ..stage_steps import Done, StageSteps, StepResult
+from . import Job, Ran
+from .stage_threads import HERE, Here, StageThreads
 
 
-class EagerStages:
-    """The graphed executor's steps run now, in turn, on the caller's thread."""
+class Clocked:
+    """Each stage timed on the run's clock where it ran: in `pool`'s order on the caller's thread
+    (`HERE`), or a slot's stages 2..K on stage threads (`StageThreads`)."""
 
-    concurrent = False
-
-    def __init__(self, steps: StageSteps, clock: Stopwatch) -> None:
-        self.steps, self.clock = steps, clock
+    def __init__(self, clock: Stopwatch, pool: Here | StageThreads = HERE) -> None:
+        self.clock, self.pool = clock, pool
+        self.concurrent = pool.concurrent
 
     def begin(self, stopwatch: Stopwatch) -> None:
         self.clock = stopwatch
+        self.pool.begin()
 
     def end(self) -> None:
-        pass
+        self.pool.end()
 
     def close(self) -> None:
-        pass
+        self.pool.close()
 
-    def grown(self) -> None:
-        pass  # nothing was made against the old buffers
-
-    def prepare(self, length: int) -> None:
-        pass  # nothing to capture; compiled steps compile on first use (minutes each): only what runs
-
-    def ready(self, actions: tuple[schedule.Action, ...]) -> list[None]:
-        return [None] * len(actions)
-
-    def launch(self, work: Launch, feed: Feed | None) -> Done:
-        """`work`'s step, done when this returns, timed on the run's clock."""
+    def launch(self, job: Job) -> Ran:
         start = self.clock.now()
-        out = self.steps.run_now(work.action, work.hidden, feed, self.one_token)
-        return Done(work.action, *out, start, self.clock.now())
+        out = job.compute()
+        return out, start, self.clock.now()
 
-    def one_token(self, k: int, bucket: int, draft: bool) -> StepResult:
-        return self.steps.static_step(k, bucket, draft)
-
-    def at_once(self, work: list[Launch], feed: Feed | None) -> list[Done]:
-        """A slot's actions, in turn, here."""
-        return [self.launch(w, feed) for w in work]
+    def at_once(self, jobs: list[Job], anywhere: bool) -> list[Ran]:
+        """A slot's jobs: on the stage threads when `anywhere`, else in turn here."""
+        pool = self.pool if anywhere else HERE
+        running = [pool.submit(job.k, self.launch, job) for job in jobs]
+        return [r.result() for r in running]
 
     def join(self, done: list[Done]) -> None:
         pass  # a CPU step is done when it returns
@@ -78,57 +70,54 @@ class EagerStages:
         return done.start, done.end
 
 
-class CompiledStages(EagerStages):
-    """The one-token steps compiled by Inductor with its C++ wrapper (each then runs as one C++
-    call, without the GIL), in turn on the caller's thread with its torch threads (AR alone: one
-    stage at a time, every core on it)."""
+class EagerStep:
+    """The pure step as it is: each op dispatched from Python (the tests' fast path)."""
 
-    def __init__(self, steps: StageSteps, clock: Stopwatch) -> None:
-        super().__init__(steps, clock)
+    reuses_outputs = False
+
+    def __init__(self, steps: StageSteps) -> None:
+        self.steps = steps
+
+    def close(self) -> None:
+        pass
+
+    def grown(self) -> None:
+        pass  # nothing was made against the old buffers
+
+    def prepare(self, length: int) -> None:
+        pass  # nothing to capture; compiled steps compile on first use (minutes each): only what runs
+
+    def ready(self, actions: tuple[schedule.Action, ...]) -> None:
+        pass
+
+    def one_token(self, k: int, bucket: int, draft: bool) -> StepResult:
+        return self.steps.static_step(k, bucket, draft)
+
+    def anywhere(self, actions: tuple[schedule.Action, ...]) -> bool:
+        return True
+
+
+class CompiledStep(EagerStep):
+    """The one-token steps compiled by Inductor with its C++ wrapper (each then runs as one C++
+    call, without the GIL)."""
+
+    def __init__(self, steps: StageSteps) -> None:
+        super().__init__(steps)
         self.compiled_keys: set[tuple[int, int, bool]] = set()
         _configure_compiler()
 
     def one_token(self, k: int, bucket: int, draft: bool) -> StepResult:
-        """Compiled on first use of each (stage, bucket, drafting), on the caller's thread
-        (compiling is not thread-safe), which takes up to a minute or two each on a small CPU
-        with a cold compiler cache, and kept whole: a new process loads it (`ppsd.kept_steps`)."""
+        """Compiled on first use of each (stage, bucket, drafting), which takes up to a minute or two
+        each on a small CPU with a cold compiler cache, and kept whole: a new process loads it
+        (`ppsd.kept_steps`)."""
         out = _COMPILED_STEP(self.steps, k, bucket, draft, shape_key=self.steps.shape_key())
         self.compiled_keys.add((k, bucket, draft))
         return out
 
-    def compiled_already(self, action: schedule.Action) -> bool:
-        return action.item.width > 1 or (action.index, bucket_for(action.item.position + 1),
-                                          action.kind == "draft") in self.compiled_keys
-
-
-class CompiledStageThreads(CompiledStages):
-    """The compiled steps with a slot's stages 2..K on threads of their own (`StageThreads`), at
-    once with stage 1 on the caller's."""
-
-    concurrent = True
-
-    def __init__(self, steps: StageSteps, clock: Stopwatch, threads: StageThreads) -> None:
-        super().__init__(steps, clock)
-        self.threads = threads
-
-    def begin(self, stopwatch: Stopwatch) -> None:
-        self.threads.begin()
-        super().begin(stopwatch)
-
-    def end(self) -> None:
-        self.threads.end()
-
-    def close(self) -> None:
-        self.threads.close()
-
-    def at_once(self, work: list[Launch], feed: Feed | None) -> list[Done]:
-        """On the stage threads once every step is compiled; a step compiled now compiles here."""
-        if not all(self.compiled_already(w.action) for w in work):
-            return super().at_once(work, feed)
-        running = {i: self.threads.submit(w.action.index, self.launch, w, feed)
-                   for i, w in enumerate(work) if w.action.index > 0}
-        here = {i: self.launch(w, feed) for i, w in enumerate(work) if i not in running}
-        return [here[i] if i in here else running[i].result() for i in range(len(work))]
+    def anywhere(self, actions: tuple[schedule.Action, ...]) -> bool:
+        """Only once every step is compiled: a step compiled now compiles on the caller's thread."""
+        return all(a.item.width > 1 or (a.index, bucket_for(a.item.position + 1), a.kind == "draft")
+                   in self.compiled_keys for a in actions)
 
 
 def _configure_compiler() -> None:

@@ -1,14 +1,18 @@
-"""The CUDA backends: one-token steps and stacked slots captured once as CUDA graphs and replayed,
-timed by CUDA events placed on the run's clock by one stamp per run.
+"""The CUDA backends: a stream per stage, timed by CUDA events placed on the run's clock by one
+stamp per run; one-token steps and stacked slots captured once as CUDA graphs and replayed.
 
-Boundary: capture, replay, streams, events and the pinned copy out; what a step computes is
+Boundary: streams, events, capture, replay and the pinned copy out; what a step computes is
 `StageSteps`'s and `SlotStep`'s. They run only on a GPU (`tools/device_check.sh` runs their tests).
 
-`CudaGraphStages` (graphed): a one-token step is captured once per (stage, bucket, drafting), each
-stage in a memory pool of its own (their graphs replay at once), and a slot replays its stages on
-one stream per stage from this one thread. A call makes one pinned non-blocking copy in (the token
-and the positions), one copy out (the argmax ids) and one host wait. Pieces wider than one token
-(the prefill, EESD's verification) run the same step eagerly, on the stage's stream.
+`Streams` (where): a slot's stages each launched on a stream of their own, from this thread (the
+captured steps) or from stage threads (the threads kind); the caller's stream waits for them only
+once all are launched (joining each as it was launched serialised them). A call makes one pinned
+non-blocking copy in (the token and the positions, `StageSteps.set_inputs`), one copy out (the
+argmax ids) and one host wait.
+
+`CudaGraphStep` (how): a one-token step captured once per (stage, bucket, drafting), each stage in
+a memory pool of its own, so different stages' graphs can replay at once. Pieces wider than one
+token (the prefill, EESD's verification) run the same step eagerly.
 
 `CudaGraphSlots` (stacked): a slot is a CUDA graph per (parity, bucket, live rows, drafting), all
 in one memory pool (its graphs replay one after another on one stream, never at once); its ids
@@ -22,9 +26,10 @@ import torch
 from ...static_cache import bucket_for, buckets_to
 from ...trace import Stopwatch
 from .. import schedule
-from ..base import Feed
-from ..graphed_steps import Done, Launch, StageSteps
 from ..stacked_step import SlotOutput, SlotStep, Span
+from ..stage_steps import Done, StageSteps, StepResult
+from . import Job, Ran
+from .stage_threads import HERE, Here, StageThreads
 
 
 class _RunClock:
@@ -44,17 +49,14 @@ class _RunClock:
         return self._origin_at + self._origin.elapsed_time(event) / 1e3
 
 
-class CudaGraphStages:
-    """The graphed executor's one-token steps as CUDA graphs, a stream and a memory pool per stage."""
+class Streams:
+    """Each of `num_stages` stages on a CUDA stream of its own, launched from `pool`'s threads."""
 
     concurrent = True
 
-    def __init__(self, steps: StageSteps) -> None:
-        num_stages = len(steps.partition)
-        self.steps, self.device = steps, steps.device
-        self.graphs: dict[tuple[int, int, bool], tuple[torch.cuda.CUDAGraph, tuple]] = {}
-        self._streams = [torch.cuda.Stream(self.device) for _ in range(num_stages)]
-        self._pools = [torch.cuda.graph_pool_handle() for _ in range(num_stages)]
+    def __init__(self, device: str, num_stages: int, pool: Here | StageThreads = HERE) -> None:
+        self.pool = pool
+        self.streams = [torch.cuda.Stream(device) for _ in range(num_stages)]
         self._marks = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
                        for _ in range(num_stages)]
         self._clock = _RunClock()
@@ -63,69 +65,38 @@ class CudaGraphStages:
 
     def begin(self, stopwatch: Stopwatch) -> None:
         self._clock.begin(stopwatch)
+        self.pool.begin()
 
     def end(self) -> None:
-        pass
+        self.pool.end()
 
     def close(self) -> None:
-        self.graphs.clear()
+        self.pool.close()
 
-    def grown(self) -> None:
-        self.graphs.clear()  # captured against the old buffers
-
-    def prepare(self, length: int) -> None:
-        """Every stage's one-token step captured at every bucket a run writing [0, length) reads,
-        drafting or not: no capture then lands in a timed run."""
-        for bucket in buckets_to(length):
-            for k in range(len(self.steps.partition)):
-                for draft in (True, False):
-                    if (k, bucket, draft) not in self.graphs:
-                        self.graphs[(k, bucket, draft)] = self._capture(k, bucket, draft)
-
-    def ready(self, actions: tuple[schedule.Action, ...]) -> list:
-        """Each one-token action's graph (captured on first use), host lengths advanced; None for
-        a wider piece (run eagerly at launch)."""
-        return [self._graph(a) if a.item.width == 1 else None for a in actions]
-
-    def _graph(self, action: schedule.Action):
-        k, item = action.index, action.item
-        self.steps.cache.advance(self.steps.partition[k], item.position, item.width)
-        key = (k, bucket_for(item.position + 1), action.kind == "draft")
-        if key not in self.graphs:
-            self.graphs[key] = self._capture(*key)
-        return self.graphs[key]
-
-    def launch(self, work: Launch, feed: Feed | None) -> Done:
-        """`work`'s graph replayed on its stage's stream, or its step run eagerly there; done once
-        `join` has joined the stream."""
-        action, hidden, graph = work
-        k = action.index
-        begun, ended = self._marks[k]
-        stream = self._streams[k]
-        if graph is not None and hidden is not None:
-            self.steps.set_stage_input(k, hidden)
+    def launch(self, job: Job) -> Ran:
+        """`job` on its stage's stream, after what the caller's stream has queued; done once `join`
+        has joined the stream."""
+        stream, (begun, ended) = self.streams[job.k], self._marks[job.k]
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
+            if job.hidden is not None:
+                job.hidden.record_stream(stream)  # made on another stream
             begun.record(stream)
-            if graph is not None:
-                graph[0].replay()
-                out = graph[1]
-            else:
-                if hidden is not None:
-                    hidden.record_stream(stream)  # made on another stream
-                out = self.steps.run_now(action, hidden, feed, self.steps.static_step)
+            out = job.compute()
             ended.record(stream)
-        return Done(action, *out, begun, ended, replayed=graph is not None)
+        return out, begun, ended
 
-    def at_once(self, work: list[Launch], feed: Feed | None) -> list[Done]:
-        """A slot's actions: the launches return at once, each stage on its stream."""
-        return [self.launch(w, feed) for w in work]
+    def at_once(self, jobs: list[Job], anywhere: bool) -> list[Ran]:
+        """A slot's jobs: the launches return at once, each stage on its stream."""
+        pool = self.pool if anywhere else HERE
+        running = [pool.submit(job.k, self.launch, job) for job in jobs]
+        return [r.result() for r in running]
 
     def join(self, done: list[Done]) -> None:
         """This thread's stream waits for the stages' streams, where their outputs are read next."""
         caller = torch.cuda.current_stream()
         for d in done:
-            caller.wait_stream(self._streams[d.action.index])
+            caller.wait_stream(self.streams[d.action.index])
             if not d.replayed:
                 for t in (d.hidden, d.logits, d.best):
                     if t is not None:
@@ -145,13 +116,58 @@ class CudaGraphStages:
     def times(self, done: Done) -> tuple[float, float]:
         return self._clock.at(done.start), self._clock.at(done.end)
 
+
+class CudaGraphStep:
+    """The one-token steps as CUDA graphs, captured on first use, a memory pool per stage."""
+
+    reuses_outputs = True
+
+    def __init__(self, steps: StageSteps) -> None:
+        num_stages = len(steps.partition)
+        self.steps, self.device = steps, steps.device
+        self.graphs: dict[tuple[int, int, bool], tuple[torch.cuda.CUDAGraph, StepResult]] = {}
+        self._pools = [torch.cuda.graph_pool_handle() for _ in range(num_stages)]
+        self._capturing = torch.cuda.Stream(self.device)
+
+    def close(self) -> None:
+        self.graphs.clear()
+
+    def grown(self) -> None:
+        self.graphs.clear()  # captured against the old buffers
+
+    def prepare(self, length: int) -> None:
+        """Every stage's one-token step captured at every bucket a run writing [0, length) reads,
+        drafting or not: no capture then lands in a timed run."""
+        for bucket in buckets_to(length):
+            for k in range(len(self.steps.partition)):
+                for draft in (True, False):
+                    self._graph(k, bucket, draft)
+
+    def ready(self, actions: tuple[schedule.Action, ...]) -> None:
+        """Each one-token action's graph captured (before the inputs are set: a capture writes them)."""
+        for a in actions:
+            if a.item.width == 1:
+                self._graph(a.index, bucket_for(a.item.position + 1), a.kind == "draft")
+
+    def one_token(self, k: int, bucket: int, draft: bool) -> StepResult:
+        graph, outputs = self.graphs[(k, bucket, draft)]
+        graph.replay()
+        return outputs
+
+    def anywhere(self, actions: tuple[schedule.Action, ...]) -> bool:
+        return True  # a replay captures nothing
+
+    def _graph(self, k: int, bucket: int, draft: bool) -> None:
+        if (k, bucket, draft) not in self.graphs:
+            self.graphs[(k, bucket, draft)] = self._capture(k, bucket, draft)
+
     def _capture(self, k: int, bucket: int, draft: bool):
         """Stage k's one-token step at `bucket`, captured in the stage's own memory pool."""
         torch.cuda.synchronize(self.device)
         # Warm-up runs write their keys at the bucket's last position: at or past stage k's
         # length, so stale (masked, and overwritten before any query reads it).
         self.steps.set_stale_position(k, bucket)
-        stream = self._streams[k]
+        stream = self._capturing
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
             for _ in range(2):  # lazy initialisation (cuBLAS handles, workspaces) outside the capture

@@ -13,7 +13,7 @@ their messages `wire`, their cores and weights `placement`, the worker's side `w
   processes compute, a trained exit head needs no shipping, and under torchrun the world is just
   the K stages.
 - Worker k (rank k, stage k+1) loads the weights from the same path and dtype, keeps only its
-  layers (plus the final norm and LM head on stage K) and its own `KVCache`, and is pinned to its
+  layers (plus the final norm and LM head on stage K) and a static KV cache of its layers, and is pinned to its
   own cores (or GPU). Hidden states flow rank k -> k+1 by point-to-point send/recv; stage K's
   final logits come back to rank 0 with each worker's timestamps.
 - The coordinator keeps the schedule's queues (positions, tokens, kinds, widths: the hidden
@@ -43,7 +43,8 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from ...model import KVCache, StagedModel
+from ...model import StagedModel
+from ...static_cache import StaticKVCache
 from ...trace import Stopwatch
 from .. import schedule
 from ..base import Feed, Output, final_position, first_stage, logit_width
@@ -76,7 +77,7 @@ class DistributedExecutor:
         self.spec, self.model = spec, model
         self.partition, self.device = spec.partition, spec.device
         self._run_lock = threading.Lock()  # held from `begin` to `end`: one run at a time
-        self.cache = KVCache()  # stage 1's layers and a stateful exit head's entries
+        self.cache = StaticKVCache.for_model(model.hf_model, spec.partition[0])  # stage 1's layers
         self.runs = 0  # runs begun on this pool
         self._workers = WorkerProcesses()
         self._control = Control(model.hf_model.config.hidden_size, next(model.hf_model.parameters()).dtype)

@@ -22,8 +22,8 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from ...model import KVCache
-from ..base import final_logits
+from ...static_cache import StaticKVCache
+from ..base import final_logits, stage_layers_at
 from .placement import keep_stage, load_stage_weights, place, sync_device, weights_fingerprint
 from ..schedule import ITEM_KINDS
 from .wire import (GROUPS, PING, ROLLBACK, SHUTDOWN, Control, Header, PipelineSpec, Sent, init_group,
@@ -84,7 +84,7 @@ class _Worker:
         self.weights = weights_fingerprint(model, self.layers)
         keep_stage(model, self.layers, last=self.last)
         self.model = model
-        self.cache = KVCache()
+        self.cache = StaticKVCache.for_model(model.hf_model, self.layers)  # our layers' alone
         self.queue: deque[torch.Tensor] = deque()  # (1, T, hidden) pieces, oldest first
         self.hidden_size = model.hf_model.config.hidden_size
         self.dtype = next(model.hf_model.parameters()).dtype
@@ -136,7 +136,7 @@ class _Worker:
         final logits) go to rank 0, the output to the next worker (returned: it must be waited)."""
         start = time.perf_counter()
         hidden = self._take(h.width)
-        hidden = self.model.run_layers(hidden, self.layers, position=h.position, cache=self.cache)
+        hidden = stage_layers_at(self.model, self.layers, hidden, h.position, self.cache)
         logits = final_logits(self.model, hidden, ITEM_KINDS[h.kind]) if self.last else None
         sync_device(self.device)
         end = time.perf_counter()

@@ -1,8 +1,9 @@
-"""`StageSteps`: the graphed executor's stage steps on a static KV cache and static inputs.
+"""`StageSteps`: every in-process executor's stage steps on one static KV cache and static inputs.
 
 Boundary: what a stage computes, and the buffers it computes from; no schedule, no timing, no
-host read and no choice of device. How a step is launched (replayed as a CUDA graph, compiled, or
-run eagerly) is its backend's (`ppsd.executors.backends`); which steps run is the executor's.
+host read and no choice of device. How a step is launched (run eagerly, compiled, or replayed as
+a CUDA graph) and where (in turn, on threads, on streams) is its backends'
+(`ppsd.executors.backends`); which steps run, and the host lengths, are the runtime's.
 
 A stage's step goes from its input (token ids for stage 1, hidden states after that) and its
 positions, a device tensor, to its hidden output, plus the draft logits and their argmax (stage 1
@@ -14,8 +15,6 @@ hidden input in a buffer of its own), so a graph can capture it and a compiler c
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple
-
 import torch
 
 from ..model import StagedModel
@@ -38,15 +37,6 @@ class Done:
     start: object
     end: object
     replayed: bool = False  # the tensors are its graph's outputs, overwritten by the next replay
-
-
-class Launch(NamedTuple):
-    """One action ready to start: its input (None for stage 1, whose token is in the static
-    inputs) and what its backend made ready for it (`ready`: a CUDA graph, or None)."""
-
-    action: schedule.Action
-    hidden: torch.Tensor | None
-    handle: object
 
 
 class StageSteps:
@@ -120,9 +110,8 @@ class StageSteps:
     def run_now(self, action: schedule.Action, hidden: torch.Tensor | None, feed: Feed | None,
                 one_token) -> StepResult:
         """`action`'s step run now, a one-token piece through `one_token(k, bucket, draft)` (the
-        static step, or it compiled); host lengths advance (and are checked) here."""
+        static step, compiled or replayed); the caller has advanced the host lengths."""
         k, item = action.index, action.item
-        self.cache.advance(self.partition[k], item.position, item.width)
         bucket = bucket_for(item.position + item.width)
         draft = action.kind == "draft"
         if item.width == 1:
