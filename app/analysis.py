@@ -209,7 +209,7 @@ def loss_sentence(c: Reading) -> str:
     second = _second_thread(c.plain)
     if second is not None:
         return (f"Why PPSD lost: a second thread speeds AR up here (plain AR on {_threads(c.plain.threads)} ran "
-                f"{second:.2f}× as fast as on 1), while each of the {c.num_stages} stages runs on a core of its own; "
+                f"{second:.2f} times as fast as on 1), while each of the {c.num_stages} stages runs on a core of its own; "
                 f"{lead}, so {gap}.")
     return f"Why PPSD lost: {lead}; {gap}."
 

@@ -468,7 +468,7 @@ def test_when_ppsd_loses_the_headline_box_says_why_in_one_sentence():
     two = PlainWay(2, "in this one process on 2 threads with no pipeline", trials=((1, 1.86, True), (2, 1.1, True)))
     threaded = comparison((1.30, 1.30, 1.30), plain_walls=(1.1, 1.1, 1.1), plain=two, kind=KINDS["processes"])
     why = analysis.loss_sentence(threaded)
-    assert why.startswith("Why PPSD lost: a second thread speeds AR up here (plain AR on 2 threads ran 1.69× as fast")
+    assert why.startswith("Why PPSD lost: a second thread speeds AR up here (plain AR on 2 threads ran 1.69 times as fast")
     assert "no acceptance closes that gap here" in why  # AR on the pipeline 2.0 / 1.1 = 1.82x slower > 1 / 0.6
     assert why in text(headline.speedup_headline(threaded)) and why.count(". ") == 0
     one = PlainWay(1, "in this one process on 1 thread with no pipeline", trials=((1, 1.8, True), (2, 3.0, True)))
