@@ -18,6 +18,7 @@ from .reading import Reading
 from .words import PROJECTED_AS, duration_text, ratio_text
 
 BUSY_SHARE = 0.05  # stalls adding this share of a run's wall time make the machine "busy" on the headline
+OTHERS_CORES = 0.3  # other programs using this many cores through a round make it unclean (a 2-core machine)
 
 
 def _stalled(c: Reading) -> list[tuple[str, Stalls, float]]:
@@ -81,6 +82,12 @@ def unclean_reason(c: Reading, clock: str | None = None) -> str:
         worst = max(share for _, share in busy)
         return (f"the machine was busy in round{'s' * (len(busy) > 1)} {rounds} (stalled work added up to "
                 f"{worst:.0%} of a method's time); run again when it is quiet")
+    crowded = [(i, cores) for i, cores in enumerate(c.others) if cores >= OTHERS_CORES]
+    if crowded:
+        rounds = ", ".join(str(i + 1) for i, _ in crowded)
+        worst = max(cores for _, cores in crowded)
+        return (f"other programs used {worst:.1f} of this machine's cores while round{'s' * (len(crowded) > 1)} "
+                f"{rounds} ran; run again when it is quiet")
     if c.compiled:
         rounds = ", ".join(str(i + 1) for i in c.compiled)
         return (f"something compiled in this process during round{'s' * (len(c.compiled) > 1)} {rounds}, so the "

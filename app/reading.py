@@ -96,6 +96,7 @@ class Reading:
     round_busy: tuple[float, ...] = ()  # each finished round's largest share of a method's time added by stalls
     forced: float | None = None  # the forced acceptance (`ppsd.bench.forced`) the run was timed at, if any
     compiled: tuple[int, ...] = ()  # rounds (0-based) during which something compiled in the process: not clean
+    others: tuple[float, ...] = ()  # each round's cores used by other programs meanwhile (`ppsd.quiet.others_cpu`)
 
     @property
     def speedup(self) -> float:
@@ -167,7 +168,8 @@ def reading(snap: Snapshot, runs: Mapping[str, MethodRun], finished: Mapping[str
         kind=KINDS[snap.pipeline], stalls={m: stalls(runs[m].trace()) for m in ("ar", "ppsd")}, stages=stages,
         shown=shown, rounds_asked=rounds,
         final=snap.done or snap.stopped or len(stats.runs("ppsd")) >= rounds,
-        round_busy=round_busy(snap), forced=snap.request.forced, compiled=snap.state.compiled)
+        round_busy=round_busy(snap), forced=snap.request.forced, compiled=snap.state.compiled,
+        others=snap.state.others)
 
 
 def round_busy(snap: Snapshot) -> tuple[float, ...]:

@@ -146,6 +146,7 @@ class State:
     stopped: bool = False
     aborted: bool = False  # a worker did not answer a stop within `ppsd.stop_guard.STOP_GRACE`: the executor was torn down
     compiled: tuple[int, ...] = ()  # rounds (0-based) during which something compiled in this process: not clean
+    others: tuple[float, ...] = ()  # each round's cores used by other programs meanwhile (`quiet.others_cpu`)
 
     @property
     def clock(self) -> str:
@@ -271,8 +272,9 @@ class Comparison:
             for index in range(self.num_rounds):
                 runs: dict[str, MethodRun] = {}
                 rounds.append(runs)
-                compiles = quiet.compiles()
+                compiles, others = quiet.compiles(), quiet.others_cpu()
                 finished = yield from self._round(index, executor, runs, rounds)
+                self._with(others=(*self._state.others, others()))
                 if quiet.compiles() != compiles:
                     self._with(compiled=(*self._state.compiled, index))
                 if not finished:

@@ -10,17 +10,25 @@ in `ppsd.kept_steps`) does not start while rounds are timed, and timed rounds do
 such a compile is under way (one step's compile, seconds): they wait for it first, at most
 `WAIT_FOR_COMPILE`. A compile that outlasts that wait is counted, and the counter names its round.
 
-Boundary: the gate and the counter; which rounds are timed is `ppsd.compare`'s, what compiles is
+Other programs are watched as well: `others_cpu` gives the cores that processes outside this one
+and its children used while a round ran (a browser, a build, another server). Such work slows a
+round evenly, so the stalls inside its trace need not show it (a default Run took 28.4 s against
+11-14 s for the others and still read as clean, issue 56).
+
+Boundary: the gate, the counter and the watch; which rounds are timed is `ppsd.compare`'s, what compiles is
 `ppsd.kept_steps`'.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from contextlib import contextmanager
-from typing import Iterator
+from typing import Callable, Iterator
 
-__all__ = ["compiles", "compiling", "compiling_now", "timing", "wait_for_quiet", "yielding"]
+import psutil
+
+__all__ = ["compiles", "compiling", "compiling_now", "others_cpu", "timing", "wait_for_quiet", "yielding"]
 
 WAIT_AT_MOST = 120.0  # seconds work waits for timed rounds: a stuck round never stops it for good
 WAIT_FOR_COMPILE = 60.0  # seconds timed rounds wait for a yielding compile under way (one step: 2-20 s measured)
@@ -102,3 +110,39 @@ def wait_for_quiet(timeout: float = WAIT_AT_MOST) -> bool:
         return True
     with _changed:
         return _changed.wait_for(lambda: not _timed, timeout)
+
+
+def _busy_seconds() -> float:
+    """CPU seconds the whole machine has spent busy since boot (every core; the hypervisor's steal too)."""
+    t = psutil.cpu_times()
+    return t.user + t.nice + t.system + getattr(t, "irq", 0.0) + getattr(t, "softirq", 0.0) + getattr(t, "steal", 0.0)
+
+
+def _own_seconds(me: psutil.Process) -> dict[int, float]:
+    """CPU seconds used so far by this process and each of its children (the worker processes), by
+    pid; this process's own count includes its children that ended."""
+    used = {}
+    for process in (me, *me.children(recursive=True)):
+        try:
+            times = process.cpu_times()
+        except psutil.Error:  # it ended between the listing and the reading
+            continue
+        used[process.pid] = times.user + times.system
+    mine = me.cpu_times()  # children that ended and were waited for: their time moved here
+    used[me.pid] += mine.children_user + mine.children_system
+    return used
+
+
+def others_cpu() -> Callable[[], float]:
+    """Start a watch; calling it gives the cores (CPU seconds per second of wall time) that
+    processes outside this one and its children used since: 0 on a quiet machine, 1 when another
+    program held a whole core throughout."""
+    me = psutil.Process()
+    t0, busy0, own0 = time.perf_counter(), _busy_seconds(), _own_seconds(me)
+
+    def cores() -> float:
+        wall, busy, own = time.perf_counter() - t0, _busy_seconds() - busy0, _own_seconds(me)
+        mine = sum(seconds - own0.get(pid, 0.0) for pid, seconds in own.items())
+        return max(0.0, busy - mine) / wall if wall > 0 else 0.0
+
+    return cores

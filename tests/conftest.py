@@ -149,14 +149,16 @@ def set_slider(page, elem_id: str, value: int) -> None:
 
 @contextmanager
 def quiet():
-    """The page reads every run as on a quiet machine: no stalls (`ppsd.metrics.stalls`), so a
-    test of how numbers agree is not turned into "not a clean result" by a busy test machine.
-    A page test's server runs in this process, so this reaches it too."""
-    from app import reading
+    """The page reads every run as on a quiet machine: no stalls (`ppsd.metrics.stalls`) and no
+    other program's load counted (`ppsd.quiet.others_cpu`), so a test of how numbers agree is not
+    turned into "not a clean result" by a busy test machine. A page test's server runs in this
+    process, so this reaches it too."""
+    from app import analysis, reading
     from ppsd.metrics import Stalls
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(reading, "stalls", lambda trace: Stalls(0, 0.0))
+        patch.setattr(analysis, "OTHERS_CORES", float("inf"))
         yield
 
 

@@ -4,6 +4,8 @@ use the tiny seeded Llama in process."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 import time
 from dataclasses import FrozenInstanceError
@@ -204,3 +206,32 @@ def test_timed_rounds_wait_for_a_background_compile_under_way_so_none_overlaps_t
     assert any("Waiting for a background compile" in s.status for s in states)
     assert states[-1].done and states[-1].compiled == ()  # no round overlapped the compile
     assert began_late and began_late[0] >= finished - 0.05  # the second compile waited for both rounds
+
+
+def _outsider(seconds: float) -> None:
+    """A busy loop for `seconds` in a process that is not this one's descendant (its parent exits
+    at once, so it is re-parented): another program, as a browser or a build would be."""
+    code = f"import time\nend = time.time() + {seconds}\nwhile time.time() < end: pass"
+    subprocess.run(["sh", "-c", f'{sys.executable} -c "{code}" >/dev/null 2>&1 &'], check=True)
+
+
+def test_the_watch_counts_other_programs_cores_and_not_this_process_or_its_children():
+    """Issue 56: what other programs use during a round is measured (`quiet.others_cpu`), while this
+    process's own threads and its worker processes count as the round's own work."""
+    from ppsd import quiet
+
+    watch = quiet.others_cpu()
+    _outsider(1.5)
+    time.sleep(1.5)
+    assert watch() >= 0.5  # the outsider held about one core of the 1.5 s
+    time.sleep(0.3)  # the outsider has ended
+    idle = quiet.others_cpu()
+    time.sleep(1.0)
+    around = idle()  # whatever else this machine runs now (0 when the suite runs alone)
+    watch = quiet.others_cpu()
+    child = subprocess.Popen([sys.executable, "-c", "import time\nend = time.time() + 1.0\nwhile time.time() < end: pass"])
+    end = time.perf_counter() + 1.0
+    while time.perf_counter() < end:  # this process busy too
+        pass
+    child.wait()
+    assert watch() < around + 0.3  # about 2 cores of this process's own work, not counted

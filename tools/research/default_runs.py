@@ -56,6 +56,7 @@ def main() -> int:
         stats = c.stats
         row = dict(run=n + 1, load_before=round(load, 2), seconds=round(time.monotonic() - t0, 1), kind=snap.pipeline,
                    note=snap.note, unclean=analysis.unclean_reason(c), compiled=list(snap.state.compiled),
+                   others=[round(cores, 2) for cores in snap.state.others],
                    plain_over_ar=round((stats.median("plain", clock="measured") or 0) /
                                        (stats.median("ar", clock="measured") or 1), 3),
                    against_fastest=round(stats.against_fastest() or 0, 3), fastest=c.fastest[0],
