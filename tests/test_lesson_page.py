@@ -15,6 +15,7 @@ import re
 from dataclasses import replace
 from pathlib import Path
 
+import gradio as gr
 import pytest
 
 from app import analysis, reading, view, words
@@ -184,12 +185,16 @@ def test_play_moves_the_step_through_on_and_stops_at_its_last_slot():
     steps_step = steps.step
     try:
         steps.step = lambda r, i: shown.append(i) or f"slot {i}"
-        slot, _, timer = steps.on_play(race, 3, 0.5)  # from the last: starts again at the first
-        assert slot["value"] == 1 and timer.active and timer.value == 0.5
-        slot, _, timer = steps.on_tick(race, 1)
-        assert slot["value"] == 2 and timer.active
-        slot, _, timer = steps.on_tick(race, 2)
+        slot, _, timer, playing = steps.on_play(race, 3, 0.5)  # from the last: starts again at the first
+        assert slot["value"] == 1 and timer.active and timer.value == 0.5 and playing
+        slot, _, timer = steps.on_tick(race, 1, playing)
+        assert slot["value"] == 2 and timer == gr.skip()  # a tick never turns the timer (back) on
+        slot, _, timer = steps.on_tick(race, 2, playing)
         assert slot["value"] == 3 and not timer.active
+        timer, playing = steps.on_pause()
+        assert not timer.active and playing is False
+        slot, view, timer = steps.on_tick(race, 2, playing)  # a tick queued before Pause, run after it
+        assert slot == view == gr.skip() and not timer.active
     finally:
         steps.step = steps_step
     assert shown == [0, 1, 2]

@@ -1,7 +1,7 @@
 """The method columns, under the headline: one column per method (AR, PPSD, EESD when it runs),
-each a stats card over its token stream, then the drafts toggle and the stream's key. The card
-leads with the page's clock and gives the headline's ratio (medians); the stream colours each
-token as `app.token_stream` draws it, live while the method decodes.
+each its token stream and a stats card (the page's CSS sets which stands first), then the drafts
+toggle and the stream's key. The card leads with the page's clock and gives the headline's ratio
+(medians); the stream colours each token as `app.token_stream` draws it, live while the method decodes.
 """
 
 from __future__ import annotations

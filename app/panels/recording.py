@@ -99,7 +99,7 @@ def wire(made: RecordingPanel, page: Page) -> None:
                   made.upload.upload(lambda path: on_upload(path, page.shows), made.upload, shown,
                                      concurrency_limit=OPENS_AT_ONCE, concurrency_id="open-upload", **QUIET)):
         event.success(race.on_replay, race_panel.state, race_panel.lanes, **QUIET, **race.REPLAY_EVENT)
-        event.success(steps.on_steps_ready, race_panel.state, [steps_panel.slot, steps_panel.view, steps_panel.timer],
+        event.success(steps.on_steps_ready, race_panel.state, steps_panel.ready_outputs(),
                       **QUIET)  # as after a Run: a play of the last run stops
     made.state.change(on_recorded, made.state, [made.save, made.said], **QUIET)
     keep_pruned()

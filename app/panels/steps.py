@@ -2,7 +2,8 @@
 what every stage computed, the draft accepted or corrected, the work flushed, and the text
 committed so far (`app.teach`). It reads the race's state (`app.panels.race`), set by each Run.
 Play moves it on by itself, one slot per tick of a `gr.Timer` at the pace chosen, until the last
-slot or Pause.
+slot or Pause. Pause is the word of the session's `playing` state, which every tick reads when it
+runs: a tick queued before Pause (a busy machine) moves nothing, and no tick turns the timer back on.
 """
 
 from __future__ import annotations
@@ -32,6 +33,11 @@ class StepsPanel:
     pause: gr.Button
     pace: gr.Slider  # seconds per slot while playing
     timer: gr.Timer  # ticks once per slot while playing; inactive otherwise
+    playing: gr.State  # True from Play until Pause, a Run or an Open: the ticks' authority
+
+    def ready_outputs(self) -> list:
+        """What `on_steps_ready` sets, after a Run or an Open."""
+        return [self.slot, self.view, self.timer, self.playing]
 
 
 def create() -> StepsPanel:
@@ -47,7 +53,7 @@ def create() -> StepsPanel:
                           elem_id="step-pace")
         view = gr.HTML(step(None, 0), elem_id="step-view")
         timer = gr.Timer(PACE_SECONDS, active=False)
-    return StepsPanel(previous, slot, next_, view, play, pause, pace, timer)
+    return StepsPanel(previous, slot, next_, view, play, pause, pace, timer, gr.State(False))
 
 
 def wire(made: StepsPanel, page: Page) -> None:
@@ -55,14 +61,15 @@ def wire(made: StepsPanel, page: Page) -> None:
     It reads the race's state (`app.panels.race.RacePanel`)."""
     panel, race, quiet = made, page.made["race"].state, QUIET
     shown = [panel.slot, panel.view]
-    page.run.success(on_steps_ready, race, [*shown, panel.timer], **quiet)
+    page.run.success(on_steps_ready, race, panel.ready_outputs(), **quiet)
     panel.previous.click(partial(on_step, move=-1), [race, panel.slot], shown, **quiet)
     panel.next.click(partial(on_step, move=+1), [race, panel.slot], shown, **quiet)
     panel.slot.input(on_step, [race, panel.slot], shown, **quiet)
-    panel.play.click(on_play, [race, panel.slot, panel.pace], [*shown, panel.timer], **quiet)
-    panel.pause.click(lambda: gr.Timer(active=False), None, panel.timer, **quiet)
+    panel.play.click(on_play, [race, panel.slot, panel.pace], [*shown, panel.timer, panel.playing], **quiet)
+    # Pause runs in its own group beside a slow tick, so it answers at once; the tick then obeys it.
+    panel.pause.click(on_pause, None, [panel.timer, panel.playing], concurrency_limit=None, **quiet)
     panel.pace.change(lambda pace: gr.Timer(value=float(pace)), panel.pace, panel.timer, **quiet)
-    panel.timer.tick(on_tick, [race, panel.slot], [*shown, panel.timer], **quiet)
+    panel.timer.tick(on_tick, [race, panel.slot, panel.playing], [*shown, panel.timer], **quiet)
 
 
 def step(race: dict | None, index: int) -> str:
@@ -89,7 +96,7 @@ def on_step(race: dict | None, slot: float, move: int = 0) -> tuple:
 def on_steps_ready(race: dict | None) -> tuple:
     """After a run: the slider spans its slots, and shows the first; a play of the last run stops."""
     count = len(race["steps"]) if race and race.get("steps") else 1
-    return gr.update(maximum=max(count, 2), value=1), step(race, 0), gr.Timer(active=False)
+    return gr.update(maximum=max(count, 2), value=1), step(race, 0), gr.Timer(active=False), False
 
 
 def _count(race: dict | None) -> int:
@@ -100,13 +107,22 @@ def on_play(race: dict | None, slot: float, pace: float) -> tuple:
     """Play from the slot shown (from the first when it is the last), one slot per `pace` seconds."""
     count = _count(race)
     if count < 2:
-        return gr.update(), step(race, 0), gr.Timer(active=False)
+        return gr.update(), step(race, 0), gr.Timer(active=False), False
     slot = 1 if int(slot) >= count else max(1, int(slot))
-    return gr.update(value=slot), step(race, slot - 1), gr.Timer(value=float(pace), active=True)
+    return gr.update(value=slot), step(race, slot - 1), gr.Timer(value=float(pace), active=True), True
 
 
-def on_tick(race: dict | None, slot: float) -> tuple:
-    """One tick while playing: the next slot; the timer stops at the last."""
+def on_pause() -> tuple:
+    """Pause: the timer off, and the word every later tick reads."""
+    return gr.Timer(active=False), False
+
+
+def on_tick(race: dict | None, slot: float, playing: bool) -> tuple:
+    """One tick while playing: the next slot; the timer stops at the last. After Pause (`playing`
+    False) nothing moves. A tick never turns the timer on: one that started before Pause and ends
+    after it used to, and play went on (5 more slots at load 8.4, issue 58)."""
     count = _count(race)
+    if not playing:
+        return gr.skip(), gr.skip(), gr.Timer(active=False)
     slot = min(int(slot) + 1, max(count, 1))
-    return gr.update(value=slot), step(race, slot - 1), gr.Timer(active=slot < count)
+    return gr.update(value=slot), step(race, slot - 1), gr.skip() if slot < count else gr.Timer(active=False)
