@@ -260,7 +260,7 @@ def _updates(snapshots: Iterator[Snapshot]) -> Iterator[tuple]:
     sent: list = []
     drawn_at, finished = 0.0, 0
     for snap in snapshots:
-        done = sum(run.done for run in snap.runs.values())
+        done = sum(run.done for run in (snap.state.rounds[0].values() if snap.state.rounds else ()))  # round 1, the one drawn live
         figures = snap.done or snap.stopped or done != finished or time.perf_counter() - drawn_at >= FIGURE_SECONDS
         values = ordered(view.snapshot(snap, figures=figures))
         if figures:

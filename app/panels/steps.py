@@ -15,8 +15,7 @@ import gradio as gr
 
 from .. import teach
 from ..components import Slider
-from ..run_view import shown_note
-from . import QUIET, Page
+from . import QUIET, Page, round_note
 
 WAITING = '<div class="race-note">Run a comparison; then step through its PPSD run slot by slot here.</div>'
 PACE_SECONDS = 1.5  # the default time per slot when playing: long enough to read a slot aloud
@@ -54,15 +53,15 @@ def wire(made: StepsPanel, page: Page) -> None:
     """After each successful Run the slider spans its slots; the buttons and the slider move.
     It reads the race's state (`app.panels.race.RacePanel`)."""
     panel, race, quiet = made, page.made["race"].state, QUIET
-    shown = [panel.slot, panel.view]
-    page.run.success(on_steps_ready, race, [*shown, panel.timer], **quiet)
-    panel.previous.click(partial(on_step, move=-1), [race, panel.slot], shown, **quiet)
-    panel.next.click(partial(on_step, move=+1), [race, panel.slot], shown, **quiet)
-    panel.slot.input(on_step, [race, panel.slot], shown, **quiet)
-    panel.play.click(on_play, [race, panel.slot, panel.pace], [*shown, panel.timer], **quiet)
+    step_outputs = [panel.slot, panel.view]
+    page.run.success(on_steps_ready, race, [*step_outputs, panel.timer], **quiet)
+    panel.previous.click(partial(on_step, move=-1), [race, panel.slot], step_outputs, **quiet)
+    panel.next.click(partial(on_step, move=+1), [race, panel.slot], step_outputs, **quiet)
+    panel.slot.input(on_step, [race, panel.slot], step_outputs, **quiet)
+    panel.play.click(on_play, [race, panel.slot, panel.pace], [*step_outputs, panel.timer], **quiet)
     panel.pause.click(lambda: gr.Timer(active=False), None, panel.timer, **quiet)
     panel.pace.change(lambda pace: gr.Timer(value=float(pace)), panel.pace, panel.timer, **quiet)
-    panel.timer.tick(on_tick, [race, panel.slot], [*shown, panel.timer], **quiet)
+    panel.timer.tick(on_tick, [race, panel.slot], [*step_outputs, panel.timer], **quiet)
 
 
 def step(race: dict | None, index: int) -> str:
@@ -76,7 +75,7 @@ def step(race: dict | None, index: int) -> str:
     slot = teach.render_slot(steps, index, race["ppsd_tokens"], piece)  # its caption says which slot, once
     forced = race.get("forced", "")  # a what-if's tokens are not the model's: said over every slot
     forced = f'<div class="forced-note">{html.escape(forced)}</div>' if forced else ""
-    return forced + shown_note(race.get("shown", "")) + slot
+    return forced + round_note(race.get("round_label", "")) + slot
 
 
 def on_step(race: dict | None, slot: float, move: int = 0) -> tuple:
