@@ -22,7 +22,7 @@ from app.models import ModelCache
 from app.request import RunRequest
 from app.reading import RunView
 from app.runner import run_comparison
-from ppsd.compare import PLAIN, PlainWay, State
+from ppsd.compare import PLAIN, MethodRun, PlainWay, State
 from ppsd.compare_stats import Stats
 from conftest import CHROMIUM, open_page, quiet
 from ppsd.metrics import Stalls, ideal_ppsd_speedup_slowest_stage
@@ -177,6 +177,16 @@ def test_the_round_shown_is_the_one_closest_to_the_medians_and_says_so(tiny_run)
     note = race_panel.render_race(race["lanes"], str, at=0.0, clock=race["clock"], stretch=1, round_label=race["round_label"])
     assert f"Replay of round {index + 1} of 3, the one closest to the medians at its recorded pace" in note
     assert values["summary"]["speedup_projected"] == snap.state.stats().ratio("ar", "ppsd")  # the API's, the medians'
+
+
+def test_a_snapshot_draws_each_runs_trace_once(tiny_run, monkeypatch):
+    """Issue 59: the shown round's traces (a projected one replays every event) are read once into
+    the view; the headline's stages, the timeline and the race each asked `MethodRun.shown()` anew."""
+    calls, shown = [], MethodRun.shown
+    monkeypatch.setattr(MethodRun, "shown", lambda run: calls.append(run) or shown(run))
+    values = view.snapshot(tiny_run)
+    assert values["race"]["lanes"] and "slowest stage" in values["headline"]
+    assert len({id(run) for run in calls}) == len(calls) and {"ar", "ppsd"} <= {run.method for run in calls}
 
 
 def test_the_slowest_stage_is_the_stage_the_timeline_shows_busiest(tiny_run):

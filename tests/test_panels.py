@@ -121,19 +121,6 @@ def test_shown_means_the_shown_round_on_every_panel():
     assert values["race"]["round_label"] == shown.round_label and f"Round {shown.shown + 1} of" in shown.round_label
 
 
-def test_a_snapshot_draws_each_runs_trace_once(monkeypatch):
-    """The shown round's traces (projected ones replay every event) are read once into the view:
-    the headline's stages, the timeline and the race each asked `MethodRun.shown()` again."""
-    from ppsd.compare import MethodRun
-
-    snap = _shipped()
-    calls, shown = [], MethodRun.shown
-    monkeypatch.setattr(MethodRun, "shown", lambda run: calls.append(run) or shown(run))
-    values = view.snapshot(snap)
-    assert values["race"]["lanes"] and len(values["timeline"].data) > 0
-    assert len({id(run) for run in calls}) == len(calls) and "ppsd" in {run.method for run in calls}
-
-
 def test_the_timeline_title_names_where_a_concurrent_run_ran_not_always_worker_processes():
     from types import SimpleNamespace
 
