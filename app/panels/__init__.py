@@ -28,10 +28,11 @@ from typing import Any, Callable, Mapping, Sequence
 QUIET = dict(api_visibility="private", show_progress="hidden")
 
 
-def round_note(label: str) -> str:
-    """The shown round's label (`app.reading.RunView.round_label`), the same under the cards, over
-    the metrics table and in the step-through."""
-    return f'<div class="shown-run">{html.escape(label)}</div>' if label else ""
+def div(cls: str, text: str) -> str:
+    """`text`, escaped, in a `<div>` of class `cls`; "" for no text. The shown round's label
+    (`app.reading.RunView.round_label`) is `div("shown-run", ...)` under the cards, over the
+    metrics table and in the step-through; a what-if's words are `div("forced-note", ...)`."""
+    return f'<div class="{cls}">{html.escape(text)}</div>' if text else ""
 
 
 @dataclass(frozen=True)

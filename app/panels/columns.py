@@ -17,7 +17,7 @@ from ppsd import Trace
 from ..reading import Clocks, RunView
 from ..token_stream import deciding_events, render_legend, render_tokens
 from ..words import duration_text, forced_words, ratio_text
-from . import QUIET, Page, round_note
+from . import QUIET, Page, div
 
 METHODS = ("ar", "ppsd", "eesd")
 OUTPUTS = tuple(f"{part}_{m}" for m in METHODS for part in ("stats", "stream"))
@@ -121,7 +121,7 @@ def _column(view: RunView, method: str) -> tuple[str, str]:
                            label=_answer_label(method))
     forced = snap.request.forced
     if forced is not None:  # the what-if: every card's numbers and PPSD's tokens are not the model's
-        note = f'<div class="forced-note">{html.escape(forced_words(forced))}</div>'
+        note = div("forced-note", forced_words(forced))
         stats, stream = note + stats, (note + stream if method == "ppsd" else stream)
     return stats, stream
 
@@ -175,9 +175,8 @@ def render_stats(method: str, clocks: Clocks | None, *, live: str = "", round_la
         cells[-1] = ("acceptance (no drafts)", "—")
     body = "".join(f'<div class="stat"><div class="stat-value">{v}</div><div class="stat-name">{k}</div></div>'
                    for k, v in cells)
-    ratio = f'<div class="stats-ratio">{html.escape(against)}</div>' if against else ""
     # Each method's own time and rate in one line, AR's as PPSD's: what Present keeps of the card.
     timed = f"median of rounds, {lead_name}" if median is not None else lead_name
     time = (f'<div class="stats-time">{duration_text(lead.wall_seconds if median is None else median)} '
             f'<span class="stats-clock">({html.escape(timed)})</span> · {lead.tokens_per_second:.1f} tok/s</div>')
-    return f'<div class="stats">{time}{ratio}{body}{round_note(round_label)}</div>'
+    return f'<div class="stats">{time}{div("stats-ratio", against)}{body}{div("shown-run", round_label)}</div>'

@@ -19,7 +19,7 @@ from ..analysis import (above_ideal, busy_sentence, compared_sentence, forced_se
                         projected_line, rounds_tag, rounds_text, unclean_reason, walls_sentence, why_sentence)
 from ..reading import MIN_TIMED_TOKENS, Reading, RunView
 from ..words import GLOSSARY, PROJECTED_MEANING, agreement_note, duration_text, forced_words, ratio_text
-from . import Page, Single
+from . import Page, Single, div
 
 
 OUTPUTS = ("headline",)
@@ -116,10 +116,8 @@ def render_headline(c: Reading | None, *, status: str = "", agreement: str = "",
 
 def _note(text: str, kind: str = "", *, html_: bool = False) -> str:
     """One line of the fold ("" for no text): `text` escaped unless it is `html_` already."""
-    if not text:
-        return ""
-    return (f'<div class="headline-note{f" headline-{kind}" if kind else ""}">'
-            f'{text if html_ else html.escape(text)}</div>')
+    cls = f"headline-note headline-{kind}" if kind else "headline-note"
+    return (f'<div class="{cls}">{text}</div>' if text else "") if html_ else div(cls, text)
 
 
 def _how_it_ran(c: Reading) -> list[str]:
@@ -165,8 +163,7 @@ def speedup_headline(c: Reading) -> str:
                                     f"{c.ppsd.clock} clock, {timed}, {c.device}")))
     tag = rounds_tag(c)
     tag = f'<span class="headline-rounds">{html.escape(tag)}</span>' if tag else ""
-    forced = (f'<div class="headline-forced">{html.escape(forced_words(c.forced))}</div>'
-              if c.forced is not None else "")
+    forced = div("headline-forced", forced_words(c.forced)) if c.forced is not None else ""
     reason = unclean_reason(c)
     if reason:  # no number: a class would read it as the method's
         return (f'{forced}<div class="headline"><span class="headline-main headline-unclean">Not a clean result'
@@ -180,7 +177,7 @@ def speedup_headline(c: Reading) -> str:
     lines.append(_projected_div(c))
     why = loss_sentence(c) or why_sentence(c)  # when PPSD lost, why it lost says why the lines differ too
     if why:
-        lines.append(f'<div class="headline-why">{html.escape(why)}</div>')
+        lines.append(div("headline-why", why))
     return "".join(lines)
 
 

@@ -14,7 +14,7 @@ from ppsd.metrics import DEFINITIONS
 
 from ..reading import Clocks, RunView
 from ..words import METHOD_NAMES, duration_text, forced_words, ratio_text
-from . import Page, Single, round_note
+from . import Page, Single, div
 
 OUTPUTS = ("metrics",)
 
@@ -35,7 +35,7 @@ def show(view: RunView) -> dict[str, Any]:
     table = render_metrics_table(view.finished, on=KINDS[view.snap.pipeline], round_label=view.round_label)
     forced = view.snap.request.forced
     if forced is not None:  # the what-if's numbers, said as such over the table
-        table = f'<div class="forced-note">{html.escape(forced_words(forced))}</div>{table}'
+        table = div("forced-note", forced_words(forced)) + table
     return {"metrics": table}
 
 
@@ -87,5 +87,5 @@ def render_metrics_table(runs: Mapping[str, Clocks], *, on: ExecutorKind = IN_TU
         cells = "".join(f"<td>{html.escape(v)}</td>" for v in values)
         rows.append(f'<tr><th scope="row">{html.escape(name)}</th>{cells}'
                     f'<td class="definition">{html.escape(definition)}</td></tr>')
-    return (f'{round_note(round_label)}<table class="metrics-table"><thead><tr><th>metric</th>{head}<th>definition</th>'
+    return (f'{div("shown-run", round_label)}<table class="metrics-table"><thead><tr><th>metric</th>{head}<th>definition</th>'
             f'</tr></thead><tbody>{"".join(rows)}</tbody></table>')

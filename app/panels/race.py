@@ -6,7 +6,6 @@ finished run as plain data, also feeds the step-through (`app.panels.steps`).
 
 from __future__ import annotations
 
-import html
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Sequence
@@ -20,7 +19,7 @@ from .. import teach
 from ..reading import RunView
 from ..token_stream import Piece, deciding_events, render_tokens
 from ..words import METHOD_NAMES, PROJECTED_LANE, duration_text, forced_words
-from . import QUIET, Page
+from . import QUIET, Page, div
 
 OUTPUTS = ("race",)
 REPLAY_SECONDS = 3.0  # least screen time of the slowest lane: a faster race is slowed down to it
@@ -208,9 +207,7 @@ def render_race(lanes: Sequence[Lane], piece: Piece, *, at: float, clock: str, s
                  "compare it with AR's time on the same projected clock, beside it.")
     ended = at >= longest
     verdict = race_verdict([lane for lane in lanes if lane.method != PROJECTED_LANE]) if ended else ""
-    verdict = f'<div class="race-verdict">{html.escape(verdict)}</div>' if verdict else ""
-    forced = f'<div class="race-forced">{html.escape(forced)}</div>' if forced else ""
-    return (f'<div class="race">{forced}<div class="race-note">{html.escape(note)}</div>{verdict}'
+    return (f'<div class="race">{div("race-forced", forced)}{div("race-note", note)}{div("race-verdict", verdict)}'
             f'{"".join(rows)}</div>')
 
 
