@@ -1,8 +1,8 @@
 """The PPSD web demo, over the library `ppsd` (imports point that way only).
 
 - `runner`: one comparison as the page runs it (the model, the kind, the time limit), as
-  snapshots; `run_view` reads a snapshot once for every panel (`reading`, `analysis`: its numbers
-  and sentences);
+  snapshots; `reading` reads a snapshot once into the one view every panel draws from
+  (`analysis`: its sentences);
 - `panels/`: one module a panel; `view` gathers the results panels, `ui` lays the page out and
   wires it, `handlers` are its events; `replay` and `record`: recorded runs;
 - `models`, `request`, `lease`, `zerogpu`, `state`: the loaded models, a visitor's checked

@@ -22,7 +22,7 @@ OTHERS_CORES = 0.3  # other programs using this many cores through a round make 
 
 
 def _stalled(c: Reading) -> list[tuple[str, Stalls, float]]:
-    """(name, stalls, measured wall) of each method whose shown run stalled, when stalls added
+    """(name, stalls, measured wall) of each method whose run stalled in the shown round, when stalls added
     at least `BUSY_SHARE` of some method's time (the machine was busy); else []."""
     hit = []
     for name, method, metrics in (("AR", "ar", c.ar), ("PPSD", "ppsd", c.ppsd)):
@@ -304,6 +304,6 @@ def walls_sentence(c: Reading) -> str:
     names = (("plain", "plain AR"), ("ar", "AR"), ("ppsd", "PPSD"), ("eesd", "EESD"))
     parts = [f"{name} " + ", ".join(duration_text(w) for w in c.stats.runs(key)) for key, name in names
              if c.stats.runs(key)]
-    shown = "" if c.shown is None else f"; the panels show round {c.shown + 1}, the one closest to the medians"
-    return f"Every round's wall: {'; '.join(parts)}{shown}."
+    which = "" if c.shown is None else f"; the panels show round {c.shown + 1}, the one closest to the medians"
+    return f"Every round's wall: {'; '.join(parts)}{which}."
 

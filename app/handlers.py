@@ -17,6 +17,7 @@ from typing import Any, Callable, Iterator
 import gradio as gr
 
 import ppsd
+from ppsd.compare import PLAIN
 from ppsd.config import fit_stages, stage_bounds
 from ppsd.heads import default_exit_layer
 from ppsd.executors.choice import choose
@@ -260,7 +261,8 @@ def _updates(snapshots: Iterator[Snapshot]) -> Iterator[tuple]:
     sent: list = []
     drawn_at, finished = 0.0, 0
     for snap in snapshots:
-        done = sum(run.done for run in snap.runs.values())
+        live = snap.state.rounds[0] if snap.state.rounds else {}  # round 1, the one drawn while it decodes
+        done = sum(run.done for method, run in live.items() if method != PLAIN)
         figures = snap.done or snap.stopped or done != finished or time.perf_counter() - drawn_at >= FIGURE_SECONDS
         values = ordered(view.snapshot(snap, figures=figures))
         if figures:

@@ -79,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
     target = Path(args.out) if args.out else RUNS / file_name(rec)
     target.parent.mkdir(parents=True, exist_ok=True)
     write_result(str(target), dumps(rec).decode("utf-8"), "--out")
-    stats = last.stats()
+    stats = last.state.stats()
     ratio = stats.ratio("ar", "ppsd")
     print(f"wrote {target} ({target.stat().st_size / 1e3:.0f} kB): {rec.machine.name}, load "
           f"{' '.join(f'{x:.2f}' for x in rec.machine.load_average)}; {last.pipeline}, "

@@ -153,8 +153,8 @@ def boolean(name: str, value: Any) -> bool:
     the string "false" was true, and a script's typo ran something it did not ask for)."""
     if isinstance(value, bool):
         return value
-    shown = ascii(value)
-    raise ValueError(f"{name} must be true or false, not {shown if len(shown) <= 40 else shown[:40] + '…'}")
+    given = ascii(value)
+    raise ValueError(f"{name} must be true or false, not {given if len(given) <= 40 else given[:40] + '…'}")
 
 
 def prompt_text(prompt: Any) -> str:

@@ -13,11 +13,11 @@ import re
 import sys
 import threading
 from dataclasses import dataclass
-from typing import Iterator, Mapping
+from typing import Iterator
 
 from ppsd import ready_here
 from ppsd.bench.forced import ForcedSetup
-from ppsd.compare import PLAIN, Comparison, MethodRun, PlainWay, State, Stats, ready
+from ppsd.compare import Comparison, MethodRun, PlainWay, State, ready
 from ppsd.compare import THROTTLE_SECONDS, ExecutorSource
 from ppsd.config import DEFAULTS
 from ppsd.executors import Executor
@@ -53,7 +53,8 @@ class Limit:
 @dataclass(frozen=True)
 class Snapshot:
     """A comparison's state (`ppsd.compare.State`) with what the page adds: the request, the model,
-    which exit head drafted, and how the run went against what was asked."""
+    which exit head drafted, and how the run went against what was asked. The page reads it once
+    into `app.reading.RunView`, the one place that picks the shown round and asks for the stats."""
 
     request: CheckedRequest
     loaded: Loaded
@@ -62,16 +63,6 @@ class Snapshot:
     head: str = "shared"  # which exit head drafted, in words
     note: str = ""  # what the page must say of how the run went against what was asked
     limit: Limit | None = None  # what ended it by time, when something did
-
-    @property
-    def runs(self) -> Mapping[str, MethodRun]:
-        """The pipeline's runs to show (the live round, then the round closest to the medians)."""
-        return {m: r for m, r in self.state.shown().items() if m != PLAIN}
-
-    @property
-    def plain_run(self) -> MethodRun | None:
-        """Plain AR's run in the round shown, for the race."""
-        return self.state.shown().get(PLAIN)
 
     @property
     def active(self) -> str | None:
@@ -103,9 +94,6 @@ class Snapshot:
     @property
     def plain(self) -> PlainWay | None:
         return self.state.plain
-
-    def stats(self) -> Stats:
-        return self.state.stats()
 
     @property
     def device(self) -> str:

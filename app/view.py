@@ -12,7 +12,7 @@ from typing import Any
 
 from .panels import columns, headline, metrics, race, recording, run_message, summary, theory, timeline
 from .request import RunRequest
-from .run_view import RunView
+from .reading import RunView
 from .runner import Snapshot
 
 PANELS = (headline, columns, timeline, theory, metrics, run_message, recording, summary, race)  # the summary stays the API's last

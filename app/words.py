@@ -57,23 +57,12 @@ def duration_text(seconds: float) -> str:
 def ratio_text(ratio: float | None) -> str:
     """A speedup (baseline wall / method wall) in words, the factor always at least 1: "1.35×
     faster", for 0.74 "1.35× slower", within half a percent of 1 "no faster (1.00×)". The one way the page writes a ratio, so a headline, a
-    range, a star and a sentence never show one number two ways (0.74× beside 1.35× slower)."""
+    card, a star and a sentence never show one number two ways (0.74× beside 1.35× slower)."""
     if ratio is None or ratio <= 0:  # None: a median not timed (`ppsd.compare_stats.Stats.ratio`)
         return "not timed"
     if round(ratio, 2) == 1.0 or round(1 / ratio, 2) == 1.0:
         return "no faster (1.00×)"  # "1.00× slower" is no phrase: within half a percent, neither way
     return f"{ratio:.2f}× faster" if ratio >= 1 else f"{1 / ratio:.2f}× slower"
-
-
-def range_text(ratios: Sequence[float]) -> str:
-    """The spread of several speedups in `ratio_text`'s words: "1.27–1.47× slower" when they lie
-    on one side of 1, else "1.11× slower to 1.10× faster"."""
-    low, high = min(ratios), max(ratios)
-    if low >= 1:
-        return f"{low:.2f}–{high:.2f}× faster"
-    if 0 < high < 1:
-        return f"{1 / high:.2f}–{1 / low:.2f}× slower"
-    return f"{ratio_text(low)} to {ratio_text(high)}"
 
 
 def agreement_note(token_ids: Mapping[str, Sequence[int]], *, greedy: bool) -> str:

@@ -15,7 +15,7 @@ import torch
 import ppsd
 from app import plots, reading, token_stream, words
 from app.panels import columns, headline, theory, timeline, metrics as metrics_panel, race as race_panel, steps as steps_panel
-from app.run_view import RunView
+from app.reading import RunView
 from app.models import ModelCache
 from app.request import RunRequest
 from app.runner import run_comparison
@@ -149,8 +149,7 @@ def test_headline_names_speedup_clock_device_and_ideal():
 
     ar, fast = metrics(wall=2.0), metrics(wall=1.0, accepted=8, rejected=2,
                                   ideal=ideal_ppsd_speedup_slowest_stage(0.8, 1 / 2))
-    one = reading.Reading(ar, fast, metrics(wall=2.0, clock="measured"), metrics(wall=2.5, clock="measured"),
-                             num_stages=2, device="cpu", workers=False,
+    one = reading.Reading(ar, fast, num_stages=2, device="cpu", workers=False,
                              stats=stats_of({"ar": [2.0], "ppsd": [1.0]}, {"ar": [2.0], "ppsd": [2.5]}))
     out = headline.render_headline(one)
     # Issue 48: 2.00x is above what a = 0.80 allows (1.67x, plus the margin): no number is headlined.
@@ -164,7 +163,7 @@ def test_headline_names_speedup_clock_device_and_ideal():
     assert "AR 2.00 s, PPSD 2.50 s (PPSD 1.25× slower than AR, medians)" in out and "cannot be faster there" in out
     assert "Compared: AR and PPSD decoding the same prompt to the same 10 tokens on the same 2-stage pipeline" in out
     assert "above the ideal" in out  # 2.00x against an ideal of 1.67x is explained, not left standing
-    slow = headline.render_headline(reading.Reading(ar, metrics(wall=4.0, accepted=1, rejected=9), ar, ar,
+    slow = headline.render_headline(reading.Reading(ar, metrics(wall=4.0, accepted=1, rejected=9),
                                                       num_stages=2, device="cpu", workers=False,
                                                       stats=stats_of({"ar": [2.0], "ppsd": [4.0]})))
     assert "PPSD 2.00× slower than AR on the same pipeline" in slow and "above the ideal" not in slow
@@ -174,7 +173,7 @@ def test_headline_gives_ratios_of_the_medians_and_every_rounds_wall():
     ar, ppsd_ = metrics(wall=2.0, clock="measured"), metrics(wall=1.6, accepted=8, rejected=2, clock="measured",
                                                              ideal=ideal_ppsd_speedup_slowest_stage(0.8, 1 / 2))
     # Per-round ratios 1.30, 1.10, 1.20 (median 1.20); the medians' ratio is 2.0 / 1.7 = 1.18.
-    c = reading.Reading(ar, ppsd_, ar, ppsd_, num_stages=2, device="cpu", workers=True, shown=2,
+    c = reading.Reading(ar, ppsd_, num_stages=2, device="cpu", workers=True, shown=2,
                            stats=stats_of({"ar": [2.08, 1.87, 2.0], "ppsd": [1.6, 1.7, 1.7]}))
     out = headline.render_headline(c)
     assert "PPSD 1.18× faster than AR on the same pipeline" in out and "1.20×" not in out
@@ -190,7 +189,7 @@ def test_headline_leads_with_the_fastest_ar_and_says_why_the_pipelines_ar_differ
                                                                      ideal=ideal_ppsd_speedup_slowest_stage(0.5, 0.6)),
                                                              slot_fraction=0.6)
     way = PlainWay(2, "in this one process on 2 threads with no pipeline")
-    c = reading.Reading(ar, ppsd_, ar, ppsd_, num_stages=2, device="cpu", workers=True, plain=way,
+    c = reading.Reading(ar, ppsd_, num_stages=2, device="cpu", workers=True, plain=way,
                            stats=stats_of({"ar": [2.0, 2.0, 2.0], "ppsd": [1.6, 1.6, 1.6], "plain": [1.8, 1.9, 1.7]}))
     out = headline.render_headline(c)
     lines = re.findall(r'<div class="headline[^"]*">(.*?)</div>', out)
@@ -211,7 +210,7 @@ def test_headline_leads_with_the_fastest_ar_and_says_why_the_pipelines_ar_differ
 def test_everything_but_the_headline_lines_is_folded():
     ar, ppsd_ = metrics(wall=2.0, clock="measured"), metrics(wall=1.6, accepted=5, rejected=5, clock="measured",
                                                              ideal=ideal_ppsd_speedup_slowest_stage(0.5, 1 / 2))
-    c = reading.Reading(ar, ppsd_, ar, ppsd_, num_stages=2, device="cpu", workers=True,
+    c = reading.Reading(ar, ppsd_, num_stages=2, device="cpu", workers=True,
                            stats=stats_of({"ar": [2.0], "ppsd": [1.6]}))
     out = headline.render_headline(c, agreement="✓ Identical output")
     visible, folded = out.split('<details class="headline-more">')
@@ -226,7 +225,7 @@ def test_a_busy_machine_is_said_on_the_headline_not_explained_away():
 
     ar, ppsd_ = metrics(wall=2.0, clock="measured"), metrics(wall=1.0, accepted=8, rejected=2, clock="measured",
                                                              ideal=1.2)
-    c = reading.Reading(ar, ppsd_, ar, ppsd_, num_stages=2, device="cpu", workers=True,
+    c = reading.Reading(ar, ppsd_, num_stages=2, device="cpu", workers=True,
                            stats=stats_of({"ar": [2.0], "ppsd": [1.0]}),
                            stalls={"ar": Stalls(3, 0.6), "ppsd": Stalls(0, 0.0)})
     out = headline.render_headline(c)  # 2.0x measured against an ideal of 1.2x, with AR stalled 0.6 s
@@ -275,9 +274,10 @@ def test_metrics_table_names_the_executor_the_measured_runs_ran_on():
 
 
 def test_stats_card_shows_both_clocks():
-    out = columns.render_stats("ppsd", metrics(wall=0.5, accepted=1, rejected=1), metrics(wall=1.0, clock="measured"))
+    clocks = reading.Clocks(metrics(wall=1.0, clock="measured"), metrics(wall=0.5, accepted=1, rejected=1))
+    out = columns.render_stats("ppsd", clocks)
     assert "500.0 ms" in out and "1.00 s" in out and "0.50" in out
-    assert "decoding" in columns.render_stats("ppsd", None, None, live="decoding… 3 tokens")
+    assert "decoding" in columns.render_stats("ppsd", None, live="decoding… 3 tokens")
 
 
 def test_theory_curves_break_even_and_measured_point():
@@ -304,7 +304,7 @@ def test_the_plot_passes_through_the_ideal_the_headline_and_the_table_quote(tiny
     request = RunRequest(prompt="def fibonacci(n):", model="tiny", num_stages=2, exit_layer=2, max_new_tokens=16,
                          repeats=1)
     snap = list(run_comparison(request, tiny_cache, throttle=0.0))[-1]
-    shown = snap.runs["ppsd"].result.metrics("projected")  # one process: the page leads with projected
+    shown = RunView.of(snap).runs["ppsd"].result.metrics("projected")  # one process: the page leads with projected
     a, ideal = shown.acceptance_rate, shown.ideal_speedup
     assert 0 < a < 1 and ideal == pytest.approx(1 / (1 - a * (1 - 6 / 8)))
     assert ideal < 1 / (a / 2 + 1 - a)
@@ -406,12 +406,12 @@ def test_runner_runs_ar_then_ppsd_then_eesd_with_identical_greedy_tokens(tiny_ca
         if snap.phase and snap.phase not in order:
             order.append(snap.phase)
     assert order == ["ar", "ppsd", "eesd", "repeats"] and snap.done and snap.active is None
-    ids = {m: r.result.token_ids for m, r in snap.runs.items()}
+    ids = {m: r.result.token_ids for m, r in RunView.of(snap).runs.items()}
     assert ids["ar"] == ids["ppsd"] == ids["eesd"] and len(ids["ar"]) == 16
-    for run in snap.runs.values():
+    for run in RunView.of(snap).runs.values():
         assert run.result.trace.violations() == []
         assert run.result.measured_wall_seconds > 0
-    assert snap.runs["ppsd"].result.config.exit_layer == 2  # balanced E = L/K = 8/4
+    assert RunView.of(snap).runs["ppsd"].result.config.exit_layer == 2  # balanced E = L/K = 8/4
 
 
 @pytest.mark.parametrize("request_, message", [
@@ -457,9 +457,9 @@ def test_runner_uses_a_trained_exit_head_and_refuses_one_for_another_e(tiny_cach
                                  tiny_cache, throttle=0.0))[-1]
     trained = list(run_comparison(RunRequest(prompt="def fibonacci(n):", model="tiny", max_new_tokens=16,
                                              exit_head=str(tmp_path)), tiny_cache, throttle=0.0))[-1]
-    ids = {m: r.result.token_ids for m, r in trained.runs.items()}
-    assert ids["ar"] == ids["ppsd"] == shared.runs["ppsd"].result.token_ids  # lossless either way
-    drafts = lambda snap: [d.id for d in snap.runs["ppsd"].result.drafts]  # noqa: E731
+    ids = {m: r.result.token_ids for m, r in RunView.of(trained).runs.items()}
+    assert ids["ar"] == ids["ppsd"] == RunView.of(shared).runs["ppsd"].result.token_ids  # lossless either way
+    drafts = lambda snap: [d.id for d in RunView.of(snap).runs["ppsd"].result.drafts]  # noqa: E731
     assert drafts(trained) != drafts(shared)  # the drafts came from the trained head
     with pytest.raises(ValueError, match="exit layer E=4, not E=2"):
         list(run_comparison(RunRequest(prompt="hi", model="tiny", num_stages=4, exit_head=str(tmp_path)), tiny_cache))
@@ -489,16 +489,17 @@ def test_runner_on_k_workers_gives_the_same_tokens_on_a_measured_concurrent_cloc
     first = []
     try:
         for snap in run_comparison(request, tiny_cache, throttle=0.0):  # one Snapshot, updated
-            first = first or [(snap.active, len(snap.runs))]
+            first = first or [(snap.active, len(RunView.of(snap).runs))]
     finally:
         close_all()
     assert first == [("workers", 0)]  # it says it is starting them before anything runs
     local = list(run_comparison(replace(request, workers=False), tiny_cache, throttle=0.0))[-1]
+    at_once, in_turn = RunView.of(snap), RunView.of(local)
     for method in ("ar", "ppsd"):
-        run = snap.runs[method]
-        assert run.result.token_ids == local.runs[method].result.token_ids
-        assert run.result.trace.concurrent and run.shown().clock == "measured"
-        assert not local.runs[method].result.trace.concurrent and local.runs[method].shown().clock == "projected"
+        run = at_once.runs[method]
+        assert run.result.token_ids == in_turn.runs[method].result.token_ids
+        assert run.result.trace.concurrent and at_once.traces[method].clock == "measured"
+        assert not in_turn.runs[method].result.trace.concurrent and in_turn.traces[method].clock == "projected"
     race = race_panel.race_state(RunView.of(snap))
     assert race["clock"] == "measured"
     for lane in race["lanes"]:  # the measured clock starts after 0: every lane still finishes whole
@@ -506,16 +507,16 @@ def test_runner_on_k_workers_gives_the_same_tokens_on_a_measured_concurrent_cloc
     headline = view.snapshot(snap)["headline"]
     assert "measured clock" in headline
     # plain AR in this process, no pipeline, timed in the same run: the bar PPSD must clear
-    stats = snap.stats()
+    stats = snap.state.stats()
     assert len(stats.runs("plain")) == len(stats.runs("ar")) and min(stats.runs("plain")) > 0 and snap.plain.threads >= 1
     assert "Plain decoding, the best AR here with no pipeline: AR in this one process" in headline
     assert "than plain AR" in headline
     assert "plain_wall_seconds" in view.snapshot(snap)["summary"]["timed_runs"]
-    assert "plain" not in local.stats().walls and "Plain decoding" not in view.snapshot(local)["headline"]
+    assert "plain" not in local.state.stats().walls and "Plain decoding" not in view.snapshot(local)["headline"]
     lanes = {lane.method: lane for lane in race_panel.race_state(RunView.of(snap))["lanes"]}  # plain AR races beside them
     # and PPSD as on K devices, projected (issue 48), its own lane
     assert set(lanes) == {"ar", "ppsd", "plain", "ppsd_projected"} and len(lanes["plain"].tokens) == 12
-    assert lanes["plain"].tokens == tuple(snap.plain_run.result.tokens)
+    assert lanes["plain"].tokens == tuple(RunView.of(snap).plain_run.result.tokens)
 
 
 @pytest.mark.skipif(shutil.which("g++") is None and shutil.which("c++") is None,
@@ -529,8 +530,8 @@ def test_runner_on_captured_steps_times_plain_ar_as_on_every_kind(tiny_cache):
     request = RunRequest(prompt="def fibonacci(n):", model="tiny", max_new_tokens=12, workers=True,
                          pipeline="graphed")
     snap = list(run_comparison(request, tiny_cache, throttle=0.0))[-1]
-    assert snap.pipeline == "graphed" and snap.runs["ppsd"].result.trace.concurrent
-    assert snap.plain_run.result.token_ids == snap.runs["ar"].result.token_ids == snap.runs["ppsd"].result.token_ids
+    assert snap.pipeline == "graphed" and RunView.of(snap).runs["ppsd"].result.trace.concurrent
+    assert RunView.of(snap).plain_run.result.token_ids == RunView.of(snap).runs["ar"].result.token_ids == RunView.of(snap).runs["ppsd"].result.token_ids
     assert snap.plain.words.startswith("in this one process on ") and snap.plain.words.endswith("with no pipeline")
     headline = view.snapshot(snap)["headline"]
     assert "Plain decoding, the best AR here with no pipeline: AR in this one process on" in headline
@@ -626,7 +627,7 @@ def test_a_run_stopped_while_its_stages_start_says_so_in_the_api_summary(tiny_ca
     request = RunRequest(prompt="def fibonacci(n):", model="tiny", max_new_tokens=4, workers=True,
                          pipeline="threads")
     snap = list(run_comparison(request, tiny_cache, throttle=0.0, stop=stop))[-1]
-    assert snap.stopped and not snap.runs
+    assert snap.stopped and not RunView.of(snap).runs
     assert view.snapshot(snap)["summary"] == {"stopped": view.STOPPED_BEFORE, "finished": {}}
 
 
@@ -655,7 +656,7 @@ def test_a_run_in_flight_shows_its_phases_done_now_and_to_come(tiny_cache):
     assert "Timing again" not in final["headline"] and not snap.status  # nor what it was doing last
     assert "run-message-empty" in final["message"]
     # every panel says which round it shows, the one closest to the medians the headline gives
-    label = RunView.of(snap).shown
+    label = RunView.of(snap).round_label
     assert label.startswith(f"Round {snap.state.shown_index() + 1} of 2, the one closest to the medians")
     assert label.replace("'", "&#x27;") in final["stats_ar"] and label.replace("'", "&#x27;") in final["stats_ppsd"]
     assert label.replace("'", "&#x27;") in final["metrics"] and label in timeline.unwrapped(final["timeline"].layout.title.text)

@@ -21,7 +21,7 @@ import pytest
 from app import analysis, reading, view, words
 from app.panels import headline, race as race_panel, rounds, steps, theory, timeline
 from app.request import DEFAULT_REPEATS, FORM, RunRequest
-from app.run_view import RunView
+from app.reading import RunView
 from app.runner import run_comparison
 from ppsd.compare_stats import Stats
 from ppsd.metrics import ideal_ppsd_speedup_slowest_stage
@@ -75,7 +75,7 @@ def test_no_headline_number_exceeds_the_runs_own_ideal_by_more_than_the_margin(w
                     ppsd_ = metrics(wall=2.0 / speedup, accepted=accepted, rejected=10 - accepted)
                     walls = {"ar": (2.0,), "ppsd": (2.0 / speedup,)}
                     stats = Stats(walls, walls, {"ar": (2.0,), "ppsd": (2.0 / projected,)})
-                    c = reading.Reading(metrics(wall=2.0), ppsd_, metrics(wall=2.0), ppsd_, num_stages=2,
+                    c = reading.Reading(metrics(wall=2.0), ppsd_, num_stages=2,
                                             device="cpu", workers=workers, stats=stats, round_busy=busy)
                     allowed = ideal_ppsd_speedup_slowest_stage(accepted / 10, 0.6) * (1 + analysis.CLEAN_MARGIN)
                     said = [float(x) for x in FASTER.findall(first_lines(headline.render_headline(c)))]
@@ -97,7 +97,7 @@ def test_the_projected_clock_is_a_result_of_its_own_never_the_big_number():
     walls = {"ar": (2.0,), "ppsd": (2.5,)}
     stats = Stats(walls, walls, {"ar": (2.0,), "ppsd": (1.6,)})
     ppsd_ = metrics(wall=2.5, accepted=9, rejected=1)
-    c = reading.Reading(metrics(wall=2.0), ppsd_, metrics(wall=2.0), ppsd_, num_stages=2, device="cpu",
+    c = reading.Reading(metrics(wall=2.0), ppsd_, num_stages=2, device="cpu",
                             workers=True, stats=stats)
     html_ = headline.render_headline(c)
     main = re.search(r'class="headline-main">([^<]*)<', html_).group(1)
@@ -121,7 +121,8 @@ def test_the_race_and_the_theory_place_the_projected_clock_beside_the_measured(t
     c = RunView.of(snap).reading
     race = race_panel.race_state(RunView.of(snap))
     lane = next(lane for lane in race["lanes"] if lane.method == words.PROJECTED_LANE)
-    assert lane.total == snap.runs["ppsd"].wall("projected") and lane.ar_total == snap.runs["ar"].wall("projected")
+    runs = RunView.of(snap).runs
+    assert lane.total == runs["ppsd"].wall("projected") and lane.ar_total == runs["ar"].wall("projected")
     raw = race_panel.render_race(race["lanes"], str, at=10.0, clock="measured", stretch=1.0)
     last = plain(raw)
     assert "PPSD, one device per stage (projected)" in last and "projected from this run's stage costs" in last
@@ -138,7 +139,7 @@ def test_forced_acceptance_runs_the_same_setup_and_every_panel_says_so(tiny_cach
     request = RunRequest(prompt="def fibonacci(n):", model="tiny", max_new_tokens=16, repeats=1,
                          forced_acceptance=acceptance)
     snap = list(run_comparison(request, tiny_cache, throttle=0.0))[-1]
-    assert snap.runs["ppsd"].result.metrics("projected").acceptance_rate == acceptance
+    assert RunView.of(snap).runs["ppsd"].result.metrics("projected").acceptance_rate == acceptance
     values = view.snapshot(snap)
     said = words.FORCED_WORDS
     for name in ("headline", "stats_ar", "stats_ppsd", "stream_ppsd", "metrics"):

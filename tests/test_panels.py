@@ -88,17 +88,37 @@ def test_the_run_outputs_come_from_the_one_panel_list():
         ui.run_outputs({})
 
 
+def _shipped():
+    from app import replay
+
+    return replay.open_bytes(next(iter(replay.shipped().values())).read_bytes())
+
+
 def test_a_snapshot_computes_its_statistic_once(monkeypatch):
     """The library's `State.stats()` recomputes every run's metrics: the page asks for it once a
-    snapshot, however many panels read it (it was 37 times for a recorded run)."""
-    from app import replay
+    snapshot, however many panels read it (it was 37 times for a recorded run), the Run handler's
+    check of what changed included (it asked once more, through `Snapshot.runs`)."""
     from ppsd.compare import State
 
-    snap = replay.open_bytes(next(iter(replay.shipped().values())).read_bytes())
+    snap = _shipped()
     calls, stats = [], State.stats
     monkeypatch.setattr(State, "stats", lambda state: calls.append(1) or stats(state))
+    *_, last = handlers._updates(iter([snap]))
+    assert len(calls) == 1 and last[view.OUTPUTS.index("summary")]["timed_runs"]["rounds"] >= 1
+
+
+def test_shown_means_the_shown_round_on_every_panel():
+    """Issue 59: "shown" was a round's index, its label, a mapping of runs and a trace; now it is the
+    shown round, its 0-based index, which the label, the race and the API's summary agree on."""
+    from app.reading import RunView
+
+    snap = _shipped()
+    shown = RunView.of(snap)
+    assert isinstance(shown.shown, int) and shown.shown == snap.state.shown_index()
+    assert shown.runs["ppsd"] is snap.state.rounds[shown.shown]["ppsd"] and shown.reading.shown == shown.shown
     values = view.snapshot(snap)
-    assert len(calls) == 1 and values["summary"]["timed_runs"]["rounds"] >= 1
+    assert values["summary"]["timed_runs"]["shown_round"] == shown.shown + 1
+    assert values["race"]["round_label"] == shown.round_label and f"Round {shown.shown + 1} of" in shown.round_label
 
 
 def test_the_timeline_title_names_where_a_concurrent_run_ran_not_always_worker_processes():

@@ -17,7 +17,7 @@ import pytest
 
 from app import replay
 from app.panels import race
-from app.run_view import RunView
+from app.reading import RunView
 from app.state import AppState
 from conftest import served
 

@@ -23,7 +23,7 @@ from app.handlers import ordered
 from app.models import ModelCache
 from app.panels import race, recording as panel, timeline
 from app.request import FORM, RunRequest
-from app.run_view import RunView
+from app.reading import RunView
 from app.runner import run_comparison
 from ppsd import recording
 from ppsd.recording import MAX_BYTES, MAX_DEPTH, BadRecording
@@ -77,7 +77,7 @@ def unlabelled(value, label: str):
 
 def test_save_then_open_shows_the_same_headline_cards_race_order_and_timeline(live, saved):
     replayed = replay.open_bytes(saved)
-    assert replayed.stats() == live.stats()  # the one statistic, every round's walls on both clocks
+    assert replayed.state.stats() == live.state.stats()  # the one statistic, every round's walls on both clocks
     assert replayed.state.shown_index() == live.state.shown_index()
     before, after = view.snapshot(live), view.snapshot(replayed)
     label = replayed.recorded
@@ -100,12 +100,12 @@ def test_every_panel_of_a_replay_says_where_and_when_it_was_recorded(live, saved
     label = replayed.recorded
     assert re.fullmatch(r"Recorded on CPU .+, \d{4}-\d\d-\d\d \d\d:\d\d UTC; not run now", label), label
     run_view = RunView.of(replayed)
-    assert run_view.recorded == label and run_view.shown.startswith(label) and run_view.status.startswith(label)
+    assert run_view.recorded == label and run_view.round_label.startswith(label) and run_view.status.startswith(label)
     values = view.snapshot(replayed)
     for name in ("headline", "stats_ppsd", "stats_ar", "metrics", "message"):
         assert html.escape(label) in values[name], name
     assert label in timeline.unwrapped(values["timeline"].layout.title.text)
-    assert values["race"]["shown"].startswith(label)  # the race's note and the step-through read it
+    assert values["race"]["round_label"].startswith(label)  # the race's note and the step-through read it
     assert label in values["summary"]["note"]
     assert values["recording"] is None  # a replay is not offered for saving again
     assert RunView.of(live).recorded == "" and label not in view.snapshot(live)["headline"]
@@ -161,7 +161,7 @@ def test_the_save_offers_a_file_named_by_device_and_date(live):
     update, said = panel.on_recorded((name, data))
     target = Path(update["value"])
     assert update["visible"] and target.name == name and target.read_bytes() == data and said == ""
-    assert recording.loads(target.read_bytes()).state.stats() == live.stats()
+    assert recording.loads(target.read_bytes()).state.stats() == live.state.stats()
     assert panel.on_recorded(None)[0]["visible"] is False
 
 

@@ -23,7 +23,7 @@ from app.analysis import forced_sentence
 from app.models import ModelCache
 from app.panels import headline
 from app.request import RunRequest
-from app.run_view import RunView
+from app.reading import RunView
 from app.runner import run_comparison
 from app.words import ratio_text
 from ppsd.metrics import ideal_ppsd_speedup_slowest_stage
@@ -68,7 +68,7 @@ def test_without_a_what_if_ar_stops_at_its_eos(eos_cache):
 @pytest.mark.parametrize("forced", [0.2, 0.5, 0.9])
 def test_a_what_if_decodes_equal_work_and_takes_its_ideal_at_the_forced_a(eos_cache, forced):
     snap, c = _run(eos_cache, forced)
-    tokens = {m: len(run.result.token_ids) for m, run in snap.runs.items()}
+    tokens = {m: len(run.result.token_ids) for m, run in RunView.of(snap).runs.items()}
     assert tokens == {m: TOKENS for m in tokens}, tokens  # the same stop for every method: equal work
     judged = c.ppsd.accepted + c.ppsd.rejected
     assert abs(c.ppsd.accepted - forced * judged) < 1  # the coin accepts a of the judged drafts, whole drafts only

@@ -8,7 +8,7 @@ order of those outputs (the `run` API's, by position). Each has the same shape:
 - `create()`: its components, a small frozen dataclass made where the layout calls it, whose
   `outputs()` maps `OUTPUTS` to them;
 - `idle()`: its values before any run, under `OUTPUTS`;
-- `show(view)`: its values for one snapshot (`app.run_view.RunView`), under `OUTPUTS`;
+- `show(view)`: its values for one snapshot, read once (`app.reading.RunView`), under `OUTPUTS`;
 - `wire(made, page)`: its own events (a `Page`); most have none.
 
 Setting panels (`intro`, `exit_head`, `rounds`, `gpu_lease`, `compile_status`, `steps`) are not
@@ -20,11 +20,19 @@ state (the step-through). Each has `create(...)` and the same `wire(made, page)`
 
 from __future__ import annotations
 
+import html
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
 # The page's own events, kept out of the API and quiet on the page.
 QUIET = dict(api_visibility="private", show_progress="hidden")
+
+
+def div(cls: str, text: str) -> str:
+    """`text`, escaped, in a `<div>` of class `cls`; "" for no text. The shown round's label
+    (`app.reading.RunView.round_label`) is `div("shown-run", ...)` under the cards, over the
+    metrics table and in the step-through; a what-if's words are `div("forced-note", ...)`."""
+    return f'<div class="{cls}">{html.escape(text)}</div>' if text else ""
 
 
 @dataclass(frozen=True)

@@ -12,13 +12,12 @@ from typing import Any, Mapping
 
 import gradio as gr
 
-from ppsd import Metrics, Trace
+from ppsd import Trace
 
-from ..reading import Clocks
-from ..run_view import RunView, shown_note
+from ..reading import Clocks, RunView
 from ..token_stream import deciding_events, render_legend, render_tokens
 from ..words import duration_text, forced_words, ratio_text
-from . import QUIET, Page
+from . import QUIET, Page, div
 
 METHODS = ("ar", "ppsd", "eesd")
 OUTPUTS = tuple(f"{part}_{m}" for m in METHODS for part in ("stats", "stream"))
@@ -77,7 +76,7 @@ def on_eesd(on: bool) -> tuple:
 def idle() -> dict[str, Any]:
     values: dict[str, Any] = {}
     for method in METHODS:
-        values[f"stats_{method}"] = render_stats("", None, None, live="not enabled" if method == "eesd" else "waiting")
+        values[f"stats_{method}"] = render_stats("", None, live="not enabled" if method == "eesd" else "waiting")
         values[f"stream_{method}"] = render_tokens((), str, placeholder="The output appears here.",
                                                    label=_answer_label(method))
     return values
@@ -98,19 +97,19 @@ def _column(view: RunView, method: str) -> tuple[str, str]:
     if run is None:
         waiting = "not enabled" if method == "eesd" and not snap.request.eesd else (
             "not run: stopped" if snap.stopped else "waiting for its turn")
-        return render_stats(method, None, None, live=waiting), render_tokens((), piece, prompt=prompt,
-                                                                             label=_answer_label(method))
+        return render_stats(method, None, live=waiting), render_tokens((), piece, prompt=prompt,
+                                                                       label=_answer_label(method))
     trace = run.trace()
     deciders = deciding_events(trace.events, trace.num_stages)
     if run.done:
         clocks = view.finished[method]
         median = view.stats.median(method) if snap.request.rounds > 1 else None
-        stats = render_stats(method, clocks.projected, clocks.measured, workers=snap.concurrent, shown=view.shown,
-                             median=median, against=_ratio_line(method, view))
+        stats = render_stats(method, clocks, round_label=view.round_label, median=median,
+                             against=_ratio_line(method, view))
         pending = ()
     else:
         doing = "stopped at" if snap.stopped else "decoding…"
-        stats = render_stats(method, None, None, live=f"{doing} {len(run.recorder.tokens)} tokens"
+        stats = render_stats(method, None, live=f"{doing} {len(run.recorder.tokens)} tokens"
                              + _rate_so_far(trace, len(run.recorder.tokens)))
         pending = () if snap.stopped else run.recorder.pending
     tokens = run.recorder.tokens
@@ -122,7 +121,7 @@ def _column(view: RunView, method: str) -> tuple[str, str]:
                            label=_answer_label(method))
     forced = snap.request.forced
     if forced is not None:  # the what-if: every card's numbers and PPSD's tokens are not the model's
-        note = f'<div class="forced-note">{html.escape(forced_words(forced))}</div>'
+        note = div("forced-note", forced_words(forced))
         stats, stream = note + stats, (note + stream if method == "ppsd" else stream)
     return stats, stream
 
@@ -153,18 +152,17 @@ def _rate_so_far(trace: Trace, tokens: int) -> str:
     return f" · {tokens / seconds:.1f} tok/s so far ({where})" if seconds > 0 else ""
 
 
-def render_stats(method: str, projected: Metrics | None, measured: Metrics | None, *, live: str = "",
-                 workers: bool = False, shown: str = "", median: float | None = None, against: str = "") -> str:
-    """The small card at the top of a method's column; `workers`: measured with the stages at once
-    (the measured clock leads), else on one device (the projected clock leads); `shown`: which
-    round it is, when there were several; `median`: the method's median wall over the rounds
+def render_stats(method: str, clocks: Clocks | None, *, live: str = "", round_label: str = "",
+                 median: float | None = None, against: str = "") -> str:
+    """The small card at the top of a method's column, its `clocks` led by the page's clock
+    (`live`: what it says instead while there are none); `round_label`: the
+    shown round in words, when there were several; `median`: the method's median wall over the rounds
     (the time the headline uses), `against`: the headline's ratio for this method."""
-    if projected is None or measured is None:
+    if clocks is None:
         return f'<div class="stats"><span class="stats-live">{html.escape(live or "waiting")}</span></div>'
-    rate = "—" if projected.acceptance_rate is None else f"{projected.acceptance_rate:.2f}"
-    clocks = Clocks(measured, projected, workers)
     lead, other = clocks.lead, clocks.other
-    lead_name, other_name = ("measured, K workers", "projected") if workers else ("projected", "measured")
+    rate = "—" if lead.acceptance_rate is None else f"{lead.acceptance_rate:.2f}"
+    lead_name, other_name = ("measured, K workers", "projected") if clocks.workers else ("projected", "measured")
     cells = [("tokens", f"{lead.tokens}"),
              *([(f"wall, median of rounds ({lead_name})", duration_text(median))] if median is not None else []),
              (f"wall, this round ({lead_name})" if median is not None else f"wall ({lead_name})",
@@ -177,9 +175,8 @@ def render_stats(method: str, projected: Metrics | None, measured: Metrics | Non
         cells[-1] = ("acceptance (no drafts)", "—")
     body = "".join(f'<div class="stat"><div class="stat-value">{v}</div><div class="stat-name">{k}</div></div>'
                    for k, v in cells)
-    ratio = f'<div class="stats-ratio">{html.escape(against)}</div>' if against else ""
     # Each method's own time and rate in one line, AR's as PPSD's: what Present keeps of the card.
     timed = f"median of rounds, {lead_name}" if median is not None else lead_name
     time = (f'<div class="stats-time">{duration_text(lead.wall_seconds if median is None else median)} '
             f'<span class="stats-clock">({html.escape(timed)})</span> · {lead.tokens_per_second:.1f} tok/s</div>')
-    return f'<div class="stats">{time}{ratio}{body}{shown_note(shown)}</div>'
+    return f'<div class="stats">{time}{div("stats-ratio", against)}{body}{div("shown-run", round_label)}</div>'

@@ -17,10 +17,9 @@ from ppsd.metrics import DEFINITIONS
 
 from ..analysis import (above_ideal, busy_sentence, compared_sentence, forced_sentence, loss_sentence, plain_sentence,
                         projected_line, rounds_tag, rounds_text, unclean_reason, walls_sentence, why_sentence)
-from ..reading import MIN_TIMED_TOKENS, Reading
-from ..run_view import RunView
+from ..reading import MIN_TIMED_TOKENS, Reading, RunView
 from ..words import GLOSSARY, PROJECTED_MEANING, agreement_note, duration_text, forced_words, ratio_text
-from . import Page, Single
+from . import Page, Single, div
 
 
 OUTPUTS = ("headline",)
@@ -95,26 +94,17 @@ def render_headline(c: Reading | None, *, status: str = "", agreement: str = "",
     if c is None:
         body = html.escape(status or "Press Run: AR, then PPSD (then EESD) decode the prompt one after another.")
         return f'<div class="headline-box">{progress}<div class="headline-status">{body}</div></div>'
-    note = lambda text: f'<div class="headline-note">{text}</div>'  # noqa: E731
-    more = [ideal_line(c), f'<div class="headline-note headline-compared">{html.escape(compared_sentence(c))}</div>']
-    if c.forced is not None:
-        more.insert(0, f'<div class="headline-note headline-forced-why">{html.escape(forced_sentence(c))}</div>')
-    walls = walls_sentence(c)
-    if walls:
-        more.append(f'<div class="headline-note headline-walls">{html.escape(walls)}</div>')
-    if c.plain is not None and c.stats.runs("plain"):
-        more.append(f'<div class="headline-note headline-plain">{html.escape(plain_sentence(c))}</div>')
     busy = busy_sentence(c)
-    if busy:
-        more.append(f'<div class="headline-note headline-busy">{html.escape(busy)}</div>')
-    more.extend(note(text) for text in _how_it_ran(c))
+    plain = plain_sentence(c) if c.plain is not None and c.stats.runs("plain") else ""
+    more = [_note(forced_sentence(c), "forced-why"), ideal_line(c), _note(compared_sentence(c), "compared"),
+            _note(walls_sentence(c), "walls"), _note(plain, "plain"), _note(busy, "busy"),
+            *(_note(text, html_=True) for text in _how_it_ran(c))]
     if c.eesd is not None:
         rate = "n/a" if c.eesd.acceptance_rate is None else f"{c.eesd.acceptance_rate:.2f}"
-        more.append(note(
+        more.append(_note(
             f"EESD (draft then verify, one device): {ratio_text(c.eesd_speedup)} than AR on the measured clock "
-            f"(medians); ideal S<sub>EESD</sub> at a={rate}: {ratio_text(c.eesd.ideal_speedup)}."))
-    if agreement:
-        more.append(f'<div class="headline-note headline-agreement">{html.escape(agreement)}</div>')
+            f"(medians); ideal S<sub>EESD</sub> at a={rate}: {ratio_text(c.eesd.ideal_speedup)}.", html_=True))
+    more.append(_note(agreement, "agreement"))
     flagged = "⚠ " if busy or above_ideal(c).startswith("⚠") else ""
     summary = f"{flagged}How this was measured: the ideal, every round, plain AR, the other clock"
     lines = [speedup_headline(c), f'<details class="headline-more"><summary>{html.escape(summary)}</summary>'
@@ -122,6 +112,12 @@ def render_headline(c: Reading | None, *, status: str = "", agreement: str = "",
     if status:
         lines.append(f'{progress}<div class="headline-status">{html.escape(status)}</div>')
     return f'<div class="headline-box">{"".join(lines)}</div>'
+
+
+def _note(text: str, kind: str = "", *, html_: bool = False) -> str:
+    """One line of the fold ("" for no text): `text` escaped unless it is `html_` already."""
+    cls = f"headline-note headline-{kind}" if kind else "headline-note"
+    return (f'<div class="{cls}">{text}</div>' if text else "") if html_ else div(cls, text)
 
 
 def _how_it_ran(c: Reading) -> list[str]:
@@ -167,8 +163,7 @@ def speedup_headline(c: Reading) -> str:
                                     f"{c.ppsd.clock} clock, {timed}, {c.device}")))
     tag = rounds_tag(c)
     tag = f'<span class="headline-rounds">{html.escape(tag)}</span>' if tag else ""
-    forced = (f'<div class="headline-forced">{html.escape(forced_words(c.forced))}</div>'
-              if c.forced is not None else "")
+    forced = div("headline-forced", forced_words(c.forced)) if c.forced is not None else ""
     reason = unclean_reason(c)
     if reason:  # no number: a class would read it as the method's
         return (f'{forced}<div class="headline"><span class="headline-main headline-unclean">Not a clean result'
@@ -182,7 +177,7 @@ def speedup_headline(c: Reading) -> str:
     lines.append(_projected_div(c))
     why = loss_sentence(c) or why_sentence(c)  # when PPSD lost, why it lost says why the lines differ too
     if why:
-        lines.append(f'<div class="headline-why">{html.escape(why)}</div>')
+        lines.append(div("headline-why", why))
     return "".join(lines)
 
 

@@ -12,10 +12,9 @@ import gradio as gr
 from ppsd.executors.kinds import IN_TURN, KINDS, ExecutorKind
 from ppsd.metrics import DEFINITIONS
 
-from ..reading import Clocks
-from ..run_view import RunView, shown_note
+from ..reading import Clocks, RunView
 from ..words import METHOD_NAMES, duration_text, forced_words, ratio_text
-from . import Page, Single
+from . import Page, Single, div
 
 OUTPUTS = ("metrics",)
 
@@ -33,10 +32,10 @@ def idle() -> dict[str, Any]:
 
 
 def show(view: RunView) -> dict[str, Any]:
-    table = render_metrics_table(view.finished, on=KINDS[view.snap.pipeline], shown=view.shown)
+    table = render_metrics_table(view.finished, on=KINDS[view.snap.pipeline], round_label=view.round_label)
     forced = view.snap.request.forced
     if forced is not None:  # the what-if's numbers, said as such over the table
-        table = f'<div class="forced-note">{html.escape(forced_words(forced))}</div>{table}'
+        table = div("forced-note", forced_words(forced)) + table
     return {"metrics": table}
 
 
@@ -68,10 +67,10 @@ _TABLE_ROWS = (
 )
 
 
-def render_metrics_table(runs: Mapping[str, Clocks], *, on: ExecutorKind = IN_TURN, shown: str = "") -> str:
+def render_metrics_table(runs: Mapping[str, Clocks], *, on: ExecutorKind = IN_TURN, round_label: str = "") -> str:
     """Every metric of every run, each beside its definition; each row names the clock it reads
-    when the clock matters; `on`: the kind of executor the measured runs ran on; `shown`: which
-    timed run it is, when there were several."""
+    when the clock matters; `on`: the kind of executor the measured runs ran on; `round_label`: the
+    shown round in words, when there were several."""
     if not runs:
         return '<div class="metrics-empty">Metrics and their definitions appear here after a run.</div>'
     methods = list(runs)
@@ -88,5 +87,5 @@ def render_metrics_table(runs: Mapping[str, Clocks], *, on: ExecutorKind = IN_TU
         cells = "".join(f"<td>{html.escape(v)}</td>" for v in values)
         rows.append(f'<tr><th scope="row">{html.escape(name)}</th>{cells}'
                     f'<td class="definition">{html.escape(definition)}</td></tr>')
-    return (f'{shown_note(shown)}<table class="metrics-table"><thead><tr><th>metric</th>{head}<th>definition</th>'
+    return (f'{div("shown-run", round_label)}<table class="metrics-table"><thead><tr><th>metric</th>{head}<th>definition</th>'
             f'</tr></thead><tbody>{"".join(rows)}</tbody></table>')

@@ -6,7 +6,6 @@ finished run as plain data, also feeds the step-through (`app.panels.steps`).
 
 from __future__ import annotations
 
-import html
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Sequence
@@ -17,10 +16,10 @@ from ppsd import Token, Trace
 from ppsd.compare import PLAIN
 
 from .. import teach
-from ..run_view import RunView
+from ..reading import RunView
 from ..token_stream import Piece, deciding_events, render_tokens
 from ..words import METHOD_NAMES, PROJECTED_LANE, duration_text, forced_words
-from . import QUIET, Page
+from . import QUIET, Page, div
 
 OUTPUTS = ("race",)
 REPLAY_SECONDS = 3.0  # least screen time of the slowest lane: a faster race is slowed down to it
@@ -75,9 +74,9 @@ def race_state(view: RunView) -> dict:
     snap = view.snap
     lanes = []
     pieces: dict[int, str] = {}
-    plain = [(PLAIN, view.round.plain)] if view.round.plain is not None else []
+    plain = [(PLAIN, view.plain_run)] if view.plain_run is not None else []
     for method, run in [*view.runs.items(), *plain]:
-        trace = run.shown()
+        trace = view.traces[method]
         tokens = run.result.tokens
         # A lane ends at its run's wall on the page's clock, the value the stats card and the
         # metrics table show (the last event ends a little before the stopwatch stops).
@@ -94,14 +93,14 @@ def race_state(view: RunView) -> dict:
     steps = teach.slots(ppsd_run.result.trace)  # the same trace the timeline draws
     forced = snap.request.forced
     return {"lanes": lanes, "pieces": pieces, "clock": "measured" if snap.concurrent else "projected",
-            "shown": view.shown, "steps": steps, "ppsd_tokens": ppsd_run.result.tokens,
+            "round_label": view.round_label, "steps": steps, "ppsd_tokens": ppsd_run.result.tokens,
             "forced": "" if forced is None else forced_words(forced), "round_seconds": round_seconds(view)}
 
 
 def round_seconds(view: RunView) -> float:
     """What one timed round took here: every method's measured wall in the round shown (the
     estimate of what each extra round costs, said before the next Run)."""
-    runs = {**view.runs, **({PLAIN: view.round.plain} if view.round.plain is not None else {})}
+    runs = {**view.runs, **({PLAIN: view.plain_run} if view.plain_run is not None else {})}
     return sum(run.wall("measured") for run in runs.values() if run.done)
 
 
@@ -136,7 +135,7 @@ def _frames(race: dict, current: Callable[[], bool]) -> Iterator[str]:
     while current():
         at = (time.perf_counter() - started) / stretch
         frame = render_race(lanes, piece, at=min(at, longest), clock=race["clock"], stretch=stretch,
-                            shown=race.get("shown", ""), forced=race.get("forced", ""))
+                            round_label=race.get("round_label", ""), forced=race.get("forced", ""))
         yield frame
         if at >= longest:
             return
@@ -174,10 +173,10 @@ def commit_times(tokens: Sequence[Token], trace: Trace) -> tuple[float, ...]:
 
 
 def render_race(lanes: Sequence[Lane], piece: Piece, *, at: float, clock: str, stretch: float,
-                shown: str = "", forced: str = "") -> str:
+                round_label: str = "", forced: str = "") -> str:
     """The race at time `at` (seconds on the recorded clock): each lane shows what it had
-    committed by then, with a progress bar and its own finishing time; `shown`: which round it
-    replays, in the panels' words."""
+    committed by then, with a progress bar and its own finishing time; `round_label`: the shown
+    round it replays, in the panels' words."""
     longest = max((lane.total for lane in lanes), default=0.0) or 1.0
     rows = []
     for lane in lanes:
@@ -197,7 +196,7 @@ def render_race(lanes: Sequence[Lane], piece: Piece, *, at: float, clock: str, s
             f'{done}/{len(lane.tokens)} tokens</span></div><div class="race-track"><div class="race-bar '
             f'race-{lane.method}" style="width:{100 * min(at, lane.total) / longest:.1f}%"></div></div>'
             f'{committed}</div>')
-    which = f"{shown[0].lower()}{shown[1:].split(';')[0]}" if shown else "this run"  # the round, as the panels say
+    which = f"{round_label[0].lower()}{round_label[1:].split(';')[0]}" if round_label else "this run"  # the round, as the panels say
     note = (f"Replay of {which}, slowed {stretch:.0f}× from its recorded pace ({clock} clock) so the "
             "eye can follow." if stretch >= 1.5 else
             f"Replay of {which}, sped up {1 / stretch:,.0f}× from its recorded pace ({clock} clock) to fit "
@@ -208,9 +207,7 @@ def render_race(lanes: Sequence[Lane], piece: Piece, *, at: float, clock: str, s
                  "compare it with AR's time on the same projected clock, beside it.")
     ended = at >= longest
     verdict = race_verdict([lane for lane in lanes if lane.method != PROJECTED_LANE]) if ended else ""
-    verdict = f'<div class="race-verdict">{html.escape(verdict)}</div>' if verdict else ""
-    forced = f'<div class="race-forced">{html.escape(forced)}</div>' if forced else ""
-    return (f'<div class="race">{forced}<div class="race-note">{html.escape(note)}</div>{verdict}'
+    return (f'<div class="race">{div("race-forced", forced)}{div("race-note", note)}{div("race-verdict", verdict)}'
             f'{"".join(rows)}</div>')
 
 

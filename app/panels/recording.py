@@ -30,7 +30,7 @@ from .. import replay
 from ..components import UploadButton
 from ..request import FORM
 from ..words import OPEN_RECORDED
-from ..run_view import RunView
+from ..reading import RunView
 from . import QUIET, Page, Shows
 from . import race, steps
 
@@ -91,12 +91,12 @@ def wire(made: RecordingPanel, page: Page) -> None:
     """Open (the list, an upload) fills every run output and this panel's message, then the race
     replays and the step-through spans the run; Save appears once a live run is done."""
     # The form too: after Open, Run runs the prompt and the settings the page shows (issue 58).
-    shown = [*page.outputs, made.said, *(page.controls[name] for name in FORM)]
+    filled = [*page.outputs, made.said, *(page.controls[name] for name in FORM)]
     race_panel: race.RacePanel = page.made["race"]
     steps_panel: steps.StepsPanel = page.made["steps"]
-    for event in (made.shipped.input(lambda name: on_shipped(name, page.shows), made.shipped, shown,
+    for event in (made.shipped.input(lambda name: on_shipped(name, page.shows), made.shipped, filled,
                                      concurrency_limit=OPENS_AT_ONCE, concurrency_id="open-shipped", **QUIET),
-                  made.upload.upload(lambda path: on_upload(path, page.shows), made.upload, shown,
+                  made.upload.upload(lambda path: on_upload(path, page.shows), made.upload, filled,
                                      concurrency_limit=OPENS_AT_ONCE, concurrency_id="open-upload", **QUIET)):
         event.success(race.on_replay, race_panel.state, race_panel.lanes, **QUIET, **race.REPLAY_EVENT)
         event.success(steps.on_steps_ready, race_panel.state, steps_panel.ready_outputs(),

@@ -10,7 +10,7 @@ from typing import Any
 
 import gradio as gr
 
-from ..run_view import RunView
+from ..reading import RunView
 from . import Page, Single
 
 OUTPUTS = ("message",)

@@ -8,7 +8,6 @@ runs: a tick queued before Pause (a busy machine) moves nothing, and no tick tur
 
 from __future__ import annotations
 
-import html
 from dataclasses import dataclass
 from functools import partial
 
@@ -16,8 +15,7 @@ import gradio as gr
 
 from .. import teach
 from ..components import Slider
-from ..run_view import shown_note
-from . import QUIET, Page
+from . import QUIET, Page, div
 
 WAITING = '<div class="race-note">Run a comparison; then step through its PPSD run slot by slot here.</div>'
 PACE_SECONDS = 1.5  # the default time per slot when playing: long enough to read a slot aloud
@@ -82,8 +80,7 @@ def step(race: dict | None, index: int) -> str:
     piece = lambda token_id: race["pieces"].get(token_id, "?")  # noqa: E731
     slot = teach.render_slot(steps, index, race["ppsd_tokens"], piece)  # its caption says which slot, once
     forced = race.get("forced", "")  # a what-if's tokens are not the model's: said over every slot
-    forced = f'<div class="forced-note">{html.escape(forced)}</div>' if forced else ""
-    return forced + shown_note(race.get("shown", "")) + slot
+    return div("forced-note", forced) + div("shown-run", race.get("round_label", "")) + slot
 
 
 def on_step(race: dict | None, slot: float, move: int = 0) -> tuple:

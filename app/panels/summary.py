@@ -12,7 +12,7 @@ import gradio as gr
 
 from ppsd.executors.kinds import KINDS
 
-from ..run_view import RunView
+from ..reading import RunView
 from ..words import forced_words
 from . import Page, Single
 
@@ -59,7 +59,7 @@ def summary(view: RunView) -> dict:
     # Every ratio is of the medians of the rounds' walls, as on the page.
     for clock in ("projected", "measured"):
         out[f"speedup_{clock}"] = stats.ratio("ar", "ppsd", clock=clock)
-    index = view.round.index
+    index = view.shown
     out["timed_runs"] = {"clock": snap.state.clock, "statistic": "each method's median wall; ratios of medians",
                          "rounds": len(stats.runs("ppsd")), "shown_round": None if index is None else index + 1,
                          "speedup": stats.ratio("ar", "ppsd"), "speedup_vs_fastest_ar": stats.against_fastest(),

@@ -18,7 +18,7 @@ from ppsd.metrics import exit_fraction, ideal_eesd_speedup, ideal_ppsd_speedup_s
 
 from ..components import Plot
 from ..plots import CORRECTION_COLOR, FONT, KIND_COLORS, describe, style
-from ..run_view import RunView
+from ..reading import RunView
 from ..words import ratio_text
 from . import QUIET, Page, Single
 

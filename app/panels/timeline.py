@@ -19,7 +19,7 @@ from ppsd.executors.kinds import KINDS, ExecutorKind
 from ..components import Plot
 from ..page_text import TIMELINE_CAPTION
 from ..plots import CORRECTION_COLOR, KIND_COLORS, KIND_LABELS, describe, empty_figure, style
-from ..run_view import RunView
+from ..reading import RunView
 from ..token_stream import Piece
 from ..words import forced_words
 from . import Page, Single
@@ -47,16 +47,16 @@ def idle() -> dict[str, Any]:
 
 
 def show(view: RunView) -> dict[str, Any]:
-    """Every method that has done work, the round shown; its title says the clock and the round."""
+    """Every method that has done work in the shown round; its title says the clock and the round."""
     snap = view.snap
-    panels = [(NAMES[m], view.runs[m].shown()) for m in ("ppsd", "ar", "eesd")
+    panels = [(NAMES[m], view.traces[m]) for m in ("ppsd", "ar", "eesd")
               if m in view.runs and view.runs[m].recorder.events]
     if not panels:
         return {"timeline": empty_figure(EMPTY)}
     live = "" if snap.done else (" · stopped" if snap.stopped else " · live")
     _, top = panels[0]
     forced = snap.request.forced
-    sub = " · ".join(filter(None, (view.shown, None if forced is None else forced_words(forced))))
+    sub = " · ".join(filter(None, (view.round_label, None if forced is None else forced_words(forced))))
     title = timeline_title(top, snap.num_stages, KINDS.get(snap.pipeline)) + live + (f"<br><sub>{html.escape(sub, quote=False)}</sub>" if sub else "")
     figure = render_timeline(panels, snap.loaded.piece, title=title)
     return {"timeline": figure}
@@ -93,7 +93,7 @@ def render_timeline(
         return empty_figure(EMPTY)
     fig = make_subplots(rows=len(panels), cols=1, shared_xaxes=True, vertical_spacing=0.12,
                         subplot_titles=[name for name, _ in panels])
-    shown: set[str] = set()
+    legended: set[str] = set()  # each kind once in the legend
     for row, (name, trace) in enumerate(panels, start=1):
         labels = [stage_label(k, r, u) for k, (r, u) in
                   enumerate(zip(trace.partition, trace.utilization()), start=1)]
@@ -102,25 +102,25 @@ def render_timeline(
             if not events:
                 continue
             fig.add_trace(go.Bar(
-                name=KIND_LABELS[kind], legendgroup=kind, showlegend=kind not in shown,
+                name=KIND_LABELS[kind], legendgroup=kind, showlegend=kind not in legended,
                 orientation="h", base=[e.start * 1e3 for e in events], x=[e.duration * 1e3 for e in events],
                 y=[labels[e.stage - 1] for e in events], marker=dict(color=KIND_COLORS[kind], line_width=0),
                 customdata=[_hover(e, piece) for e in events],
                 hovertemplate="%{customdata}<extra>" + name + "</extra>",
             ), row=row, col=1)
-            shown.add(kind)
+            legended.add(kind)
         corrections = [e for e in trace.events if e.decision == "corrected" and e.stage == trace.num_stages]
         if corrections:
             fig.add_trace(go.Scatter(
                 name="correction (flush behind it)", legendgroup="correction",
-                showlegend="correction" not in shown, mode="markers",
+                showlegend="correction" not in legended, mode="markers",
                 x=[e.end * 1e3 for e in corrections], y=[labels[e.stage - 1] for e in corrections],
                 marker=dict(symbol="x-thin", size=11, color=CORRECTION_COLOR, line=dict(width=2.5,
                                                                                       color=CORRECTION_COLOR)),
                 customdata=[_hover(e, piece) for e in corrections],
                 hovertemplate="correction<br>%{customdata}<extra>" + name + "</extra>",
             ), row=row, col=1)
-            shown.add("correction")
+            legended.add("correction")
         fig.update_yaxes(categoryorder="array", categoryarray=list(reversed(labels)), row=row, col=1)
     fig.update_xaxes(title_text="time (ms)", row=len(panels), col=1)
     title, top = wrapped_title(title or timeline_title(panels[0][1], panels[0][1].num_stages))

@@ -55,7 +55,7 @@ def main() -> None:
     first = None
     for snap in run_comparison(request, state.cache, throttle=0.0):
         tell(f"phase {snap.active or 'done'}" + (f": {snap.status}" if snap.status else ""))
-        run = snap.runs.get(snap.active or "")
+        run = snap.state.rounds[-1].get(snap.active or "") if snap.state.rounds else None
         if first is None and run is not None and run.recorder.tokens:
             first = since()
             print(f"{first:6.1f} s  first token on screen ({snap.active})", flush=True)

@@ -30,7 +30,7 @@ def main() -> int:
     from app.page_text import load_examples
     from app.panels import headline
     from app.request import RunRequest
-    from app.run_view import RunView
+    from app.reading import RunView
     from app.runner import READY, prestart, run_comparison
     from ppsd import DEFAULT_MODEL
 
