@@ -129,18 +129,19 @@ def kept() -> bool:
 
 
 def last_seconds() -> float | None:
-    """How long the last finished compile here took, in seconds (None: none recorded): read where
-    `record` writes, the folder in use once one is."""
-    data = _read(_in_use or folder()) or {}
-    seconds = data.get("compile_seconds")
-    return float(seconds) if isinstance(seconds, (int, float)) else None
+    """How long the last finished compile here took, in seconds (None: none recorded)."""
+    return _recorded_seconds("compile_seconds")
 
 
 def last_load_seconds() -> float | None:
     """How long the last load of the kept compiled steps took here (a restart's), in seconds
     (None: none recorded): what the page says a restart will take, not a guess (issue 58)."""
-    data = _read(_in_use or folder()) or {}
-    seconds = data.get("load_seconds")
+    return _recorded_seconds("load_seconds")
+
+
+def _recorded_seconds(key: str) -> float | None:
+    """The record's `key`, read where `record` writes (the folder in use once one is)."""
+    seconds = (_read(_in_use or folder()) or {}).get(key)
     return float(seconds) if isinstance(seconds, (int, float)) else None
 
 

@@ -64,6 +64,17 @@ def test_a_stage_input_is_taken_off_its_queue_in_one_place():
     assert takers == {"waiting.py"}
 
 
+def test_one_forward_and_one_rollback_serve_every_executor():
+    """Issue 59: every executor's stages (the runtime's steps, the K-process coordinator's stage 1
+    and its workers' stages) run one forward, `base.stage_forward`; in this process only the
+    runtime truncates the cache (the stacked executor is a runtime), and the K-process pipeline
+    its own caches, one a process."""
+    forwards = {str(p.relative_to(EXECUTORS)) for p in EXECUTORS.rglob("*.py") if "run_static(" in p.read_text()}
+    assert forwards == {"base.py"}
+    truncating = {str(p.relative_to(EXECUTORS)) for p in EXECUTORS.rglob("*.py") if ".truncate(" in p.read_text()}
+    assert truncating == {"runtime.py", "distributed/pipeline.py", "distributed/worker.py"}
+
+
 @pytest.fixture(scope="module")
 def model():
     return ppsd.StagedModel(tiny_llama(), name="tiny-llama")

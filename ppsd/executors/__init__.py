@@ -9,13 +9,14 @@ what in each call (as data), `waiting` the hidden states queued before each stag
 run times *how* a step runs, two small objects from `backends` chosen when it is built:
 `InProcessExecutor` (eager, in turn), `ThreadedExecutor` (eager, a thread per stage; a stream
 each on a GPU), `GraphedExecutor` (compiled on stage threads on a CPU, CUDA graphs on streams on
-a GPU). `stacked` (experimental) runs a slot's stages as one chain of stacked layers
-(`stacked_step`, on `ppsd.llama_step`) on its own slot backends. `kinds` is the registry every
-front end chooses from, `background` a kind built on a thread, and `host` what the host gives
-(its usable cores, whether it is a ZeroGPU Space). The K-process pipeline is the package
-`distributed` (`pipeline`, the coordinator; `worker`, `wire`, `placement`, `processes`; and
-`pool`, what callers use), its stages on the same static cache and forward path; import it only
-when wanted (it brings torch.distributed). docs/engine.md describes the runtime.
+a GPU). `stacked` (experimental) is the runtime too, its one-token slots one chain of stacked
+layers (`stacked_step`, on `ppsd.llama_step`) on slot backends of their own. `kinds` is the
+registry every front end chooses from, `background` a kind built on a thread, and `host` what the
+host gives (its usable cores, whether it is a ZeroGPU Space). The K-process pipeline is the
+package `distributed` (`pipeline`, the coordinator; `worker`, `wire`, `placement`, `processes`;
+and `pool`, what callers use), its stages on the same static cache and forward
+(`base.stage_forward`); import it only when wanted (it brings torch.distributed).
+docs/engine.md describes the runtime.
 """
 
 from .base import Executor, Feed, Output, PipelineError

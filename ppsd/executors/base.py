@@ -3,8 +3,8 @@ protocol the decoders drive, the error a failed pipeline raises (`PipelineError`
 compute at the pipeline's two ends.
 
 Boundary: no schedule (that is `schedule`) and no processes; the K-process pipeline's coordinator
-and its workers compute their stages and the final logits with these functions, on the same
-static KV cache and forward path (`StagedModel.run_static`) as the runtime's steps.
+and its workers compute their stages with `stage_forward`, on the same static KV cache and forward
+path (`StagedModel.run_static`) as the runtime's steps.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Protocol
 import torch
 
 from ..model import StagedModel
-from ..static_cache import StaticKVCache
+from ..static_cache import CacheView
 from ..steps import Event, Kind
 from ..trace import Stopwatch
 
@@ -93,27 +93,17 @@ def final_position(item) -> int:
     return item.position + item.width - logit_width(item.kind, item.width)
 
 
-def first_stage(model: StagedModel, layers: range, feed: Feed,
-                cache: StaticKVCache) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Stage 1 on `feed`, eagerly, on the static cache: embeddings and `layers`, then (for a draft)
-    the exit head. Returns (hidden (1, T, hidden), exit logits (V,) or None)."""
-    hidden = model.embed(list(feed.tokens))
-    view = cache.at(layers, feed.position, len(feed.tokens))
-    hidden = model.run_static(hidden, layers, positions=view.write, cache=view)
-    if feed.kind != "draft":
-        return hidden, None
-    return hidden, model.exit_logits(hidden, position=view.write, cache=view)
-
-
-def stage_layers_at(model: StagedModel, layers: range, hidden: torch.Tensor, position: int,
-                    cache: StaticKVCache) -> torch.Tensor:
-    """`layers` over `hidden` (1, T, hidden) at positions [position, position + T), eagerly, on the
-    static cache: a K-process worker's stage."""
-    view = cache.at(layers, position, hidden.shape[1])
-    return model.run_static(hidden, layers, positions=view.write, cache=view)
-
-
-def final_logits(model: StagedModel, hidden: torch.Tensor, kind: Kind) -> torch.Tensor:
-    """The final stage's next-token logits (T', V) for the last `logit_width` positions of `hidden`."""
-    width = hidden.shape[1]
-    return model.final_logits(hidden[:, width - logit_width(kind, width):])
+def stage_forward(model: StagedModel, partition: tuple[range, ...], k: int, x, view: CacheView, *, draft: bool,
+                  logits_for: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Stage k's forward on the static cache at `view`'s positions, the one every executor's stages
+    run (the runtime's steps, the K-process coordinator's stage 1 and its workers' stages): stage 1
+    embeds token ids `x` (a list, or a (1, T) device tensor) and, drafting, gives the exit head's
+    (V,) logits; stage K gives the final (logits_for, V) logits of its last positions; others take
+    hidden states `x`. Returns (hidden (1, T, hidden), those logits or None)."""
+    hidden = model.embed(x) if k == 0 else x
+    hidden = model.run_static(hidden, partition[k], positions=view.write, cache=view)
+    if k == 0 and draft:
+        return hidden, model.exit_logits(hidden, position=view.write, cache=view)
+    if k + 1 == len(partition):
+        return hidden, model.final_logits(hidden[:, hidden.shape[1] - logits_for:])
+    return hidden, None

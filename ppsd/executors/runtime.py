@@ -14,6 +14,8 @@ the call's `Output` after one host read. A kind is a pair of small objects chose
 - `GraphedExecutor`: the captured steps: CUDA graphs on a stream each on a GPU; on a CPU compiled
   by Inductor on stage threads (`compiled`; `stage_threads=False`: in turn, every core on one
   stage), or eager in turn without `compiled`.
+- `ppsd.executors.stacked.StackedExecutor` (experimental) is this runtime on a packed cache, its
+  one-token slots one stacked chain.
 
 A step reads nothing back to the host and runs the same kernels at every position, for an accepted
 draft and a corrected one alike; the attention covers a power-of-two length bucket. Rollback is the
@@ -32,10 +34,10 @@ from .backends.cpu import Clocked, CompiledStep, EagerStep
 from .backends.stage_threads import HERE, StageThreads
 from .base import Feed, Output, final_position
 from .stage_steps import Done, StageSteps
-from .waiting import QueuedStages
+from .waiting import Waiting
 
 
-class Runtime(QueuedStages):
+class Runtime:
     """All K stages here, each a pure step on one static cache; `where` and `how` set by the kind."""
 
     where: Where
@@ -87,16 +89,21 @@ class Runtime(QueuedStages):
         return self._execute(schedule.flow(self._queues), None, None, at_once=False)
 
     def rollback(self, length: int) -> None:
+        """The only rollback: the schedule's queued items and their hidden states dropped, the
+        cache's host lengths truncated."""
         self._empty_queues()
         self.cache.truncate(length)
+
+    def _empty_queues(self) -> None:
+        self._queues = schedule.empty(len(self.partition))
+        self._waiting = Waiting(len(self.partition))
 
     def prepare(self, length: int) -> None:
         """Room for positions [0, length) and, on CUDA, every stage's one-token step captured at
         every bucket a run writing them reads, drafting or not: no reallocation and no capture
         then lands in a timed run (a run past `length` still grows and captures as it goes). A CPU
         compiles its steps on first use (minutes each): only what runs is compiled."""
-        if self.cache.reserve(length):
-            self.how.grown()
+        self._reserve(length)
         self.how.prepare(length)
 
     def close(self) -> None:
@@ -115,8 +122,7 @@ class Runtime(QueuedStages):
         """`plan`'s actions: in a slot every stage takes what earlier calls queued, so all start
         at once (each where its kind runs it); a push or flow chains them in recording order."""
         actions = plan.actions
-        if self.cache.reserve(max((a.item.position + a.item.width for a in actions), default=0)):
-            self.how.grown()
+        self._reserve(max((a.item.position + a.item.width for a in actions), default=0))
         for a in actions:  # host lengths advance here alone, checked: a gap or an overlap raises
             self.cache.advance(self.partition[a.index], a.item.position, a.item.width)
         self.how.ready(actions)  # before the inputs: a capture writes them
@@ -124,6 +130,12 @@ class Runtime(QueuedStages):
         done = self._at_once(actions, feed) if at_once else self._chained(actions, feed)
         self._queues = plan.queues
         return self._read(done, slot)
+
+    def _reserve(self, length: int) -> None:
+        """Room in the cache for positions [0, length); a grown cache drops what the step made
+        against the old one (`How.grown`)."""
+        if self.cache.reserve(length):
+            self.how.grown()
 
     def _job(self, action: schedule.Action, feed: Feed | None) -> Job:
         hidden = self._waiting.take(action)

@@ -1,10 +1,12 @@
 """`StackedExecutor`: a slot's K stages as one chain of stacked layers, fed on the device.
 
-Boundary: the same `schedule` plans and `Output`s as `InProcessExecutor`; what differs is how a
-slot computes and when the host waits. A slot whose pieces are one token each (every PPSD and AR
-slot) runs as one chain of `ppsd.llama_step.StackedLlama` over the live stages' rows: row k is
-stage k's token, layer j of every live stage one batched product. Wider pieces (the prefill,
-EESD's drafts and verification) run stage by stage on the same engine, one row each.
+Boundary: a kind of the one runtime (`ppsd.executors.runtime.Runtime`): the same `schedule`, the
+same queues, host lengths and rollback; what differs is how a slot computes and when the host
+waits. A slot whose pieces are one token each (every PPSD and AR slot) runs as one chain of
+`ppsd.llama_step.StackedLlama` over the live stages' rows: row k is stage k's token, layer j of
+every live stage one batched product. Everything else (the prefill, EESD's drafts and
+verification) is the runtime's eager path, stage by stage, on the same packed cache (a
+`StaticKVCache` whose layers are views of one tensor).
 
 Fed on the device: after launching slot s the executor launches its guess of slot s + 1 before
 it reads slot s. The guess is what the decoder asks next when nothing goes wrong: the draft
@@ -13,8 +15,8 @@ as the next feed (AR); or no feed. The next call adopts the slot in flight when 
 queues are the guessed ones; otherwise (a correction's `rollback`, a sampled draft, the run's
 end) the slot in flight is discarded: its writes lie at or past every layer's length, stale and
 masked, and the slot is launched again. Host lengths and queues change only when a slot is
-adopted, so `rollback` stays the one rollback there is. Once a run's fed token differs from the
-argmax (sampling), the executor stops guessing tokens for that run.
+adopted, so the runtime's `rollback` stays the one rollback there is. Once a run's fed token
+differs from the argmax (sampling), the executor stops guessing tokens for that run.
 
 The slot itself is `ppsd.executors.stacked_step.SlotStep`: two sets of static buffers alternate,
 so the slot in flight never overwrites what the slot before it feeds on. How it runs is the one
@@ -26,23 +28,23 @@ and a discarded guess is a slot computed for nothing.
 
 from __future__ import annotations
 
-import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
+from typing import Iterator
 
 import torch
 
 from ..model import StagedModel
 from ..static_cache import bucket_for
-from ..steps import Event
 from ..trace import Stopwatch
 from . import schedule
 from .backends import SlotBackend
-from .backends.cpu import EagerSlots
+from .backends.cpu import Clocked, EagerSlots, EagerStep
 from .backends.cuda import CudaGraphSlots
-from .base import Feed, Output, final_position, logit_width
+from .base import Feed, Output, final_position
+from .runtime import Runtime
 from .stacked_step import SlotOutput, SlotStep, Span
-from .waiting import QueuedStages
 
 
 @dataclass
@@ -91,76 +93,79 @@ class _Guess:
         return replace(self.feed, tokens=(self.before.values[self.index],))
 
 
-class StackedExecutor(QueuedStages):
+class StackedExecutor(Runtime):
     """All K stages in this process as one stacked chain a slot: CUDA graphs on a GPU, eager on a CPU."""
 
     concurrent = True  # a slot runs every stage at once, in one chain: the measured clock shows it
 
     def __init__(self, model: StagedModel, partition: tuple[range, ...], stopwatch: Stopwatch | None = None, *,
                  lookahead: bool = True) -> None:
-        if len(partition) < 2:
-            raise ValueError("the stacked executor runs a pipeline of K >= 2 stages")
-        self.model, self.partition, self.device = model, partition, model.info.device
+        super().__init__(model, partition, name="stacked")
         cuda = self.device.startswith("cuda")
-        if not (cuda or self.device == "cpu"):
-            raise ValueError(f"the stacked executor runs on CPU or CUDA, not {self.device}")
         self.step = SlotStep(model, partition, pinned=cuda)
-        self.engine, self.cache = self.step.engine, self.step.cache
-        self._clock = stopwatch or Stopwatch()
-        self.backend: SlotBackend = CudaGraphSlots(self.step) if cuda else EagerSlots(self.step, self._clock)
+        self.engine = self.step.engine
+        # The runtime's steps (every piece that is not a stacked slot) run on the packed cache too:
+        # one cache, one set of host lengths, one rollback.
+        self.cache = self.steps.cache = self.step.cache
+        clock = stopwatch or Stopwatch()
+        self.backend: SlotBackend = CudaGraphSlots(self.step) if cuda else EagerSlots(self.step, clock)
+        self.where, self.how = Clocked(clock), _WidePieces(self.steps, self.backend)
         self.lookahead = lookahead
         self.stats = SlotStats()
-        self._empty_queues()
         self._inflight: _Slot | None = None
         self._guess_tokens = True
         self._parity = 0
-        self._run_lock = threading.Lock()
 
-    # The Executor protocol -------------------------------------------------------------------
+    # The Executor protocol: the runtime's, a stacked slot where one can run -------------------
 
     def begin(self, stopwatch: Stopwatch) -> None:
-        self._run_lock.acquire()
-        self._clock = stopwatch
-        self.rollback(0)
+        super().begin(stopwatch)
         self._guess_tokens = True  # until a feed shows this run samples
         self.backend.begin(stopwatch)
 
     def end(self) -> None:
         self._discard()
-        self._run_lock.release()
+        super().end()
 
     def slot(self, feed: Feed | None, *, slot: int) -> Output:
         began = time.perf_counter()
         plan = schedule.slot(self._queues, feed)
         if not _stackable(plan):
-            return self._one_by_one(plan, feed, slot)
+            with self._unstacked():
+                return super().slot(feed, slot=slot)
         run = self._adopt(feed) or self._launch(plan, feed)
         self._commit(run)
         if self.lookahead:
             self._inflight = self._guess_next(run)
-        return self._read(run, slot, began)
+        return self._read_slot(run, slot, began)
 
     def push(self, feed: Feed) -> Output:
-        return self._one_by_one(schedule.enter(self._queues, feed), feed, None)
+        with self._unstacked():
+            return super().push(feed)
 
     def flow(self) -> Output:
-        return self._one_by_one(schedule.flow(self._queues), None, None)
+        with self._unstacked():
+            return super().flow()
 
     def rollback(self, length: int) -> None:
-        """The one rollback: the slot in flight, the queues, and every layer's length."""
+        """The runtime's rollback, after the slot in flight is discarded."""
         self._discard()
-        self._empty_queues()
-        self.cache.truncate(length)
+        super().rollback(length)
 
     def close(self) -> None:
         self._discard()
-        self.backend.close()
+        super().close()
 
-    def __enter__(self) -> "StackedExecutor":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
+    @contextmanager
+    def _unstacked(self) -> Iterator[None]:
+        """A call on the runtime's eager path: no slot in flight, the queued views of a stacked
+        slot's rows copied (the next slot would overwrite them), and no autograd (outside inference
+        mode a write with grad through one layer's view of the packed tensor makes the next
+        layer's view refuse its own)."""
+        self._discard()
+        self._waiting = self._waiting.copied()
+        with torch.no_grad():
+            yield
 
     # Slots in flight ----------------------------------------------------------------------------
 
@@ -222,12 +227,6 @@ class StackedExecutor(QueuedStages):
         out, span = self.backend.launch(parity, bucket, live, draft)
         return _Slot(plan, self._queues, feed, parity, out, span, guess)
 
-    def _reserve(self, length: int) -> None:
-        """Room in the cache for positions [0, length) (a grown cache: the backend drops what it
-        made against the old one)."""
-        if self.cache.reserve(length):
-            self.backend.grown()
-
     def _commit(self, run: _Slot) -> None:
         """`run` is now the slot that ran: host lengths advance (checked), stages take their
         inputs off the queues and queue their outputs (views of `run`'s rows, read next slot)."""
@@ -239,7 +238,7 @@ class StackedExecutor(QueuedStages):
         self._parity ^= 1
         self.stats.slots += 1
 
-    def _read(self, run: _Slot, slot: int, began: float) -> Output:
+    def _read_slot(self, run: _Slot, slot: int, began: float) -> Output:
         """The call's one host read: `run`'s ids, after one wait for it alone."""
         waited = time.perf_counter()
         best = run.out.best
@@ -259,48 +258,20 @@ class StackedExecutor(QueuedStages):
         self.stats.host_seconds += (waited - began) + (time.perf_counter() - read)
         return output
 
-    # Everything else: one stage at a time ------------------------------------------------------
 
-    def _one_by_one(self, plan: schedule.Plan, feed: Feed | None, slot: int | None) -> Output:
-        """`plan`'s actions in recording order, each stage alone on one row (wide pieces)."""
-        self._discard()
-        # Queued views of a stacked slot's rows would be overwritten by the next one: keep copies.
-        self._waiting = self._waiting.copied()
-        results, bests = {}, []
-        events = [self._one_stage(a, feed, slot, results, bests) for a in plan.actions]
-        self._queues = plan.queues
-        ids = [t.argmax(-1).view(-1) for t in bests if t is not None]
-        values = torch.cat(ids).tolist() if ids else []  # the call's one host read
-        if results.get("exit_logits") is not None:
-            results["exit_best"], values = values[0], values[1:]
-        if "final_logits" in results:
-            results["final_best"] = tuple(values)
-        return Output(tuple(events), **results)
+class _WidePieces(EagerStep):
+    """The runtime's eager step for what is not a stacked slot; a grown cache (reallocated by the
+    runtime's `_reserve`) also drops the slots' graphs, and closing closes them."""
 
-    def _one_stage(self, a: schedule.Action, feed: Feed | None, slot: int | None, results: dict,
-                   bests: list) -> Event:
-        """Stage `a.index` alone on `a`'s piece: its output queued, its logits into `results` and
-        `bests` (stage 1 drafting, stage K); its event, timed where it ran."""
-        engine, k, item = self.engine, a.index, a.item
-        bucket = bucket_for(item.position + item.width)
-        self._reserve(bucket)
-        self.cache.advance(self.partition[k], item.position, item.width)
-        start = self._clock.now()
-        positions = self.cache.key_index[item.position:item.position + item.width]
-        if k == 0:
-            x = engine.embed(torch.tensor([feed.tokens], dtype=torch.long, device=self.device))
-        else:
-            x = self._waiting.take(a)
-        y = engine.stage(x, k, positions, bucket)
-        if k == 0:
-            results["exit_logits"] = engine.exit_logits(y, positions, bucket) if a.kind == "draft" else None
-            bests.append(results["exit_logits"])
-        self._waiting.pass_on(k, y)
-        if k + 1 == len(self.partition):
-            results["final_logits"] = engine.final_logits(y[0, item.width - logit_width(item.kind, item.width):])
-            results["final_position"] = final_position(item)
-            bests.append(results["final_logits"])
-        return a.event(start, self._clock.now(), slot)
+    def __init__(self, steps, backend: SlotBackend) -> None:
+        super().__init__(steps)
+        self.backend = backend
+
+    def grown(self) -> None:
+        self.backend.grown()
+
+    def close(self) -> None:
+        self.backend.close()
 
 
 def _stackable(plan: schedule.Plan) -> bool:

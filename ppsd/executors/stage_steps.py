@@ -20,7 +20,7 @@ import torch
 from ..model import StagedModel
 from ..static_cache import StaticKVCache, bucket_for
 from . import schedule
-from .base import Feed, logit_width
+from .base import Feed, logit_width, stage_forward
 
 StepResult = tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]  # hidden, logits, their argmax
 
@@ -76,20 +76,11 @@ class StageSteps:
 
     def step(self, k: int, x: torch.Tensor, positions: torch.Tensor, bucket: int, *, draft: bool,
              logits_for: int) -> StepResult:
-        """Stage k's pure step: (hidden out, logits or None, their argmax or None). Stage 1 embeds
-        token ids `x` and, drafting, gives the exit head's (V,) logits; stage K gives the final
-        (logits_for, V) logits; positions (T,) and the cache's bucket are all it knows of where."""
-        model = self.model
-        view = self.cache.view(positions, bucket)
-        hidden = model.embed(x) if k == 0 else x
-        hidden = model.run_static(hidden, self.partition[k], positions=positions, cache=view)
-        if k == 0 and draft:
-            logits = model.exit_logits(hidden, position=positions, cache=view)
-            return hidden, logits, logits.argmax().view(1)
-        if k + 1 == len(self.partition):
-            logits = model.final_logits(hidden[:, hidden.shape[1] - logits_for:])
-            return hidden, logits, logits.argmax(-1)
-        return hidden, None, None
+        """Stage k's pure step (`base.stage_forward`) on the cache's `bucket`, positions (T,) all it
+        knows of where: (hidden out, logits or None, their argmax or None)."""
+        hidden, logits = stage_forward(self.model, self.partition, k, x, self.cache.view(positions, bucket),
+                                       draft=draft, logits_for=logits_for)
+        return hidden, logits, None if logits is None else logits.argmax(-1).view(-1)
 
     def shape_key(self) -> tuple:
         """What fixes a compiled step's graph besides its arguments (`ppsd.kept_steps`): the static

@@ -46,14 +46,3 @@ class Waiting:
         waiting._queues = [deque(t.clone() for t in queue) for queue in self._queues]
         return waiting
 
-
-class QueuedStages:
-    """The part of an executor that holds its stages' queues here: the schedule's queued items
-    (`_queues`) and their hidden states (`_waiting`), made and emptied together (`_empty_queues`:
-    at the start and on every rollback). The executor has `partition`."""
-
-    partition: tuple[range, ...]
-
-    def _empty_queues(self) -> None:
-        self._queues = schedule.empty(len(self.partition))
-        self._waiting = Waiting(len(self.partition))

@@ -1,7 +1,7 @@
 """Step backends: where the runtime's stages run and how a stage's step runs, each a small object
 chosen when an executor is built, so no runtime method asks which device it is on.
 
-Boundary: launching, timing and reading back what `ppsd.executors.steps.StageSteps` and
+Boundary: launching, timing and reading back what `ppsd.executors.stage_steps.StageSteps` and
 `ppsd.executors.stacked_step.SlotStep` compute; the schedule, the queues, the host lengths and
 the `Output`s stay the runtime's (`ppsd.executors.runtime`).
 

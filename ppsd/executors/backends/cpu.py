@@ -28,10 +28,10 @@ from .. import schedule
 from ..stacked_step import SlotOutput, SlotStep, Span
 from ..stage_steps import Done, StageSteps, StepResult
 from . import Job, Ran
-from .stage_threads import HERE, Here, StageThreads
+from .stage_threads import HERE, Here, OnPool, StageThreads
 
 
-class Clocked:
+class Clocked(OnPool):
     """Each stage timed on the run's clock where it ran: in `pool`'s order on the caller's thread
     (`HERE`), or a slot's stages 2..K on stage threads (`StageThreads`)."""
 
@@ -43,22 +43,10 @@ class Clocked:
         self.clock = stopwatch
         self.pool.begin()
 
-    def end(self) -> None:
-        self.pool.end()
-
-    def close(self) -> None:
-        self.pool.close()
-
     def launch(self, job: Job) -> Ran:
         start = self.clock.now()
         out = job.compute()
         return out, start, self.clock.now()
-
-    def at_once(self, jobs: list[Job], anywhere: bool) -> list[Ran]:
-        """A slot's jobs: on the stage threads when `anywhere`, else in turn here."""
-        pool = self.pool if anywhere else HERE
-        running = [pool.submit(job.k, self.launch, job) for job in jobs]
-        return [r.result() for r in running]
 
     def join(self, done: list[Done]) -> None:
         pass  # a CPU step is done when it returns

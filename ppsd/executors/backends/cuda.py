@@ -29,7 +29,7 @@ from .. import schedule
 from ..stacked_step import SlotOutput, SlotStep, Span
 from ..stage_steps import Done, StageSteps, StepResult
 from . import Job, Ran
-from .stage_threads import HERE, Here, StageThreads
+from .stage_threads import HERE, Here, OnPool, StageThreads
 
 
 class _RunClock:
@@ -49,8 +49,9 @@ class _RunClock:
         return self._origin_at + self._origin.elapsed_time(event) / 1e3
 
 
-class Streams:
-    """Each of `num_stages` stages on a CUDA stream of its own, launched from `pool`'s threads."""
+class Streams(OnPool):
+    """Each of `num_stages` stages on a CUDA stream of its own, launched from `pool`'s threads (a
+    slot's launches return at once, each stage on its stream)."""
 
     concurrent = True
 
@@ -67,12 +68,6 @@ class Streams:
         self._clock.begin(stopwatch)
         self.pool.begin()
 
-    def end(self) -> None:
-        self.pool.end()
-
-    def close(self) -> None:
-        self.pool.close()
-
     def launch(self, job: Job) -> Ran:
         """`job` on its stage's stream, after what the caller's stream has queued; done once `join`
         has joined the stream."""
@@ -85,12 +80,6 @@ class Streams:
             out = job.compute()
             ended.record(stream)
         return out, begun, ended
-
-    def at_once(self, jobs: list[Job], anywhere: bool) -> list[Ran]:
-        """A slot's jobs: the launches return at once, each stage on its stream."""
-        pool = self.pool if anywhere else HERE
-        running = [pool.submit(job.k, self.launch, job) for job in jobs]
-        return [r.result() for r in running]
 
     def join(self, done: list[Done]) -> None:
         """This thread's stream waits for the stages' streams, where their outputs are read next."""

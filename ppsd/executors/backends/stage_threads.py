@@ -2,7 +2,8 @@
 
 Boundary: threads, their intra-op thread counts and their cores; what runs on them is the
 runtime's. Both give `submit(k, fn, *args)` with a `.result()`, so a backend that spreads a slot's
-stages over threads and one that runs them in turn are the same code with another pool.
+stages over threads and one that runs them in turn are the same code with another pool (`OnPool`,
+what such a backend shares).
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, NamedTuple
 
 import torch
-
 
 
 class _Ran(NamedTuple):
@@ -79,6 +79,25 @@ class StageThreads:
     def close(self) -> None:
         for stage in self._stages:
             stage.shutdown(wait=True)
+
+
+class OnPool:
+    """What a `Where` that launches its stages from `pool`'s threads shares: a slot's jobs each
+    launched (`launch`, the backend's) on its stage's thread when `anywhere`, else in turn here;
+    the pool's lifetime is the run's and the executor's."""
+
+    pool: Here | StageThreads
+
+    def end(self) -> None:
+        self.pool.end()
+
+    def close(self) -> None:
+        self.pool.close()
+
+    def at_once(self, jobs: list, anywhere: bool) -> list:
+        pool = self.pool if anywhere else HERE
+        running = [pool.submit(job.k, self.launch, job) for job in jobs]
+        return [r.result() for r in running]
 
 
 def _in_modes(modes: tuple[bool, bool], compute, *args):

@@ -47,7 +47,7 @@ from ...model import StagedModel
 from ...static_cache import StaticKVCache
 from ...trace import Stopwatch
 from .. import schedule
-from ..base import Feed, Output, final_position, first_stage, logit_width
+from ..base import Feed, Output, final_position, logit_width, stage_forward
 from .placement import StageOnePinning, sync_device, weights_fingerprint
 from .processes import OPEN, WorkerProcesses
 from .wire import (GROUPS, PING, PING_SECONDS, ROLLBACK, SHUTDOWN, Control, Header, Outbox, PipelineBusy, PipelineError,
@@ -279,9 +279,12 @@ class DistributedExecutor:
             if part is not None:
                 self._post_control(Header.work(part), k)
         for action in call.plan.actions:
-            k = action.index
+            k, item = action.index, action.item
             call.taken[k] = self._outbox.posted[k]  # what its report proves delivered
-            report = torch.empty(4 + self._payload(action), dtype=torch.float32)
+            # (start, end) as four float32, then the last stage's T x V logits
+            last = k == len(self.partition) - 1
+            logits = self.model.info.vocab_size * logit_width(item.kind, item.width) if last else 0
+            report = torch.empty(4 + logits, dtype=torch.float32)
             call.reports[k] = (dist.irecv(report, src=k, group=GROUPS["calls"]), report)
         call.launched = True
         return call
@@ -308,7 +311,9 @@ class DistributedExecutor:
         """Stage 1 here; its hidden state goes on to rank 1 with rank 1's next control message.
         Returns (start, end) in `time.perf_counter()` time."""
         start = time.perf_counter()
-        hidden, results["exit_logits"] = first_stage(self.model, self.partition[0], feed, self.cache)
+        view = self.cache.at(self.partition[0], feed.position, len(feed.tokens))
+        hidden, results["exit_logits"] = stage_forward(self.model, self.partition, 0, list(feed.tokens), view,
+                                                       draft=feed.kind == "draft", logits_for=0)
         sync_device(self.device)
         end = time.perf_counter()
         self._attached.append(hidden)
@@ -330,12 +335,6 @@ class DistributedExecutor:
             return
         self._outbox.post(self._control.pack(header), k)
         self._outbox.post(wire_tensor(hidden), k, group=GROUPS["hidden"])
-
-    def _payload(self, action: schedule.Action) -> int:
-        """Number of logits in a worker's report: T x V at the last stage, else none."""
-        if action.index < len(self.partition) - 1:
-            return 0
-        return self.model.info.vocab_size * logit_width(action.item.kind, action.item.width)
 
     def _broadcast(self, header: Header) -> None:
         for k in range(1, len(self.partition)):

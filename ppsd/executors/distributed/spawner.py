@@ -60,11 +60,6 @@ def replace_frozen() -> str | None:
     return reason
 
 
-def kill_fork_server() -> None:
-    """Kill the fork server, stopped or not, and forget it: a start waiting on it fails at once."""
-    _forget(FORK_SERVER)
-
-
 def start_within(process, seconds: float) -> None:
     """`process.start()`, with a deadline: a thread looks every `WATCH_SECONDS` whether a helper
     froze, and once one has, or `seconds` have passed (a fork server hung, not stopped), kills it,
@@ -80,7 +75,7 @@ def start_within(process, seconds: float) -> None:
                                   f"the fork server did not start a worker process within {seconds:g} s")
             if reason:
                 why.append(reason)
-                replace_frozen() or kill_fork_server()
+                replace_frozen() or _forget(FORK_SERVER)  # a hung one, stopped or not: a waiting start fails at once
                 return
 
     watcher = threading.Thread(target=watch, name="ppsd-start-watch", daemon=True)

@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 
 from ...static_cache import StaticKVCache
-from ..base import final_logits, stage_layers_at
+from ..base import logit_width, stage_forward
 from .placement import keep_stage, load_stage_weights, place, sync_device, weights_fingerprint
 from ..schedule import ITEM_KINDS
 from .wire import (GROUPS, PING, ROLLBACK, SHUTDOWN, Control, Header, PipelineSpec, Sent, init_group,
@@ -78,7 +78,7 @@ class _Worker:
 
         logging.disable_progress_bar()  # K workers drawing bars over each other helps nobody
         self.k, self.last = rank, rank == num_stages - 1
-        self.layers = spec.partition[rank]
+        self.partition, self.layers = spec.partition, spec.partition[rank]
         self.device = place(spec, rank if local_rank is None else local_rank)
         model = load_stage_weights(spec, self.device)
         self.weights = weights_fingerprint(model, self.layers)
@@ -135,9 +135,9 @@ class _Worker:
         """Our layers over the first `h.width` positions we hold; the timestamps (and, last, the
         final logits) go to rank 0, the output to the next worker (returned: it must be waited)."""
         start = time.perf_counter()
-        hidden = self._take(h.width)
-        hidden = stage_layers_at(self.model, self.layers, hidden, h.position, self.cache)
-        logits = final_logits(self.model, hidden, ITEM_KINDS[h.kind]) if self.last else None
+        view = self.cache.at(self.layers, h.position, h.width)
+        hidden, logits = stage_forward(self.model, self.partition, self.k, self._take(h.width), view, draft=False,
+                                       logits_for=logit_width(ITEM_KINDS[h.kind], h.width))
         sync_device(self.device)
         end = time.perf_counter()
         sent = None if self.last else self._send_hidden(hidden)  # after the stamp: the next stage may start at once
