@@ -73,24 +73,26 @@ def allowed_speedup(c: Reading) -> float | None:
     return max(ideal, at_costs) * (1 + CLEAN_MARGIN)
 
 
+def _rounds_named(rounds) -> str:
+    """"round 2" or "rounds 1, 3": the 0-based `rounds` (an iterable of indices) as the page says them."""
+    ordered = sorted(rounds)
+    return f"round{'s' * (len(ordered) > 1)} " + ", ".join(str(i + 1) for i in ordered)
+
+
 def unclean_reason(c: Reading, clock: str | None = None) -> str:
     """Why the ratio on `clock` (None: the page's) is not a clean result ("" when it is): a round the
-    machine stalled in (`BUSY_SHARE`), or a ratio above its run's own ideal by over `CLEAN_MARGIN`."""
-    busy = [(i, share) for i, share in enumerate(c.round_busy) if share >= BUSY_SHARE]
+    machine stalled in (`BUSY_SHARE`), that other programs crowded (`OTHERS_CORES`) or that
+    compiled, a plain AR that is no measurement, or a ratio above its run's own ideal by over `CLEAN_MARGIN`."""
+    busy = {i: share for i, share in enumerate(c.round_busy) if share >= BUSY_SHARE}
     if busy:
-        rounds = ", ".join(str(i + 1) for i, _ in busy)
-        worst = max(share for _, share in busy)
-        return (f"the machine was busy in round{'s' * (len(busy) > 1)} {rounds} (stalled work added up to "
-                f"{worst:.0%} of a method's time); run again when it is quiet")
-    crowded = [(i, cores) for i, cores in enumerate(c.others) if cores >= OTHERS_CORES]
+        return (f"the machine was busy in {_rounds_named(busy)} (stalled work added up to "
+                f"{max(busy.values()):.0%} of a method's time); run again when it is quiet")
+    crowded = {i: cores for i, cores in enumerate(c.others) if cores >= OTHERS_CORES}
     if crowded:
-        rounds = ", ".join(str(i + 1) for i, _ in crowded)
-        worst = max(cores for _, cores in crowded)
-        return (f"other programs used {worst:.1f} of this machine's cores while round{'s' * (len(crowded) > 1)} "
-                f"{rounds} ran; run again when it is quiet")
+        return (f"other programs used {max(crowded.values()):.1f} of this machine's cores while "
+                f"{_rounds_named(crowded)} ran; run again when it is quiet")
     if c.compiled:
-        rounds = ", ".join(str(i + 1) for i in c.compiled)
-        return (f"something compiled in this process during round{'s' * (len(c.compiled) > 1)} {rounds}, so the "
+        return (f"something compiled in this process during {_rounds_named(c.compiled)}, so the "
                 "compiler was timed with the decoder; run again")
     fault = plain_fault(c)
     if fault:
