@@ -1,10 +1,11 @@
 """The page's run loop over the library: load the model a checked request names, set the run up,
 take the kind its stages run on (`ppsd.choice`, through the process's one `READY`: what "auto"
-picks here, what compiled in the background, a kind giving way in a ZeroGPU call), and hand `ppsd.compare.Comparison` the rest
-(AR, PPSD, EESD and plain AR, timed for the rounds asked, interleaved), wrapping each of its
-states in a `Snapshot` for the page. The page's own rules live here: the time limit, a turn
-handed to a waiting visitor, a worker's failure said in words. No Gradio and no HTML; tensors
-stay inside `ppsd`. Models come from `app.models`.
+picks here, what compiled in the background, a kind giving way in a ZeroGPU call), and hand
+`ppsd.compare.Comparison` the rest (AR, PPSD, EESD and plain AR, timed for the rounds asked,
+interleaved), wrapping each of its states in a `Snapshot` for the page. The page's own rules
+live here: the time limit, a turn handed to a waiting visitor, a worker's failure said in words.
+No Gradio and no HTML; tensors stay inside `ppsd`. Models come from `app.models`; the page's
+words on the kind that ran, from `app.kind_words`.
 """
 
 from __future__ import annotations
@@ -17,8 +18,7 @@ from typing import Iterator
 
 from ppsd import choice
 from ppsd.bench.forced import ForcedSetup
-from ppsd.compare import Comparison, MethodRun, PlainWay, State
-from ppsd.compare import THROTTLE_SECONDS
+from ppsd.compare import THROTTLE_SECONDS, Comparison, MethodRun, PlainWay, State
 from ppsd.config import DEFAULTS
 from ppsd.executors.kinds import IN_TURN
 from ppsd.executors import PipelineError
