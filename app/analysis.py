@@ -14,6 +14,7 @@ from __future__ import annotations
 from ppsd.compare import PlainWay
 from ppsd.metrics import Stalls, break_even_acceptance, ideal_ppsd_speedup_slowest_stage
 
+from . import kind_words
 from .reading import Reading
 from .words import PROJECTED_AS, duration_text, ratio_text
 
@@ -153,8 +154,7 @@ def plain_sentence(c: Reading) -> str:
     said only where it is defined. Every ratio is of the medians, so they multiply."""
     p, stats = c.plain, c.stats
     seconds = stats.median("plain", clock="measured")
-    kind = c.kind
-    on = kind.words(kind.stages, c.num_stages, c.device)
+    on = kind_words.of(c.kind).stages_on(c.num_stages, c.device)
     kept = ""
     if len(p.trials) > 1:
         tried = " and ".join(f"{_threads(t)} ({duration_text(w)})" if done else
@@ -207,7 +207,7 @@ def loss_sentence(c: Reading) -> str:
     slot = c.ppsd.slot_fraction or 1.0 / c.num_stages
     rate = "no draft was judged" if c.acceptance is None else f"a = {c.acceptance:.2f}"
     if c.fastest[0] != "plain":  # lost to AR on its own pipeline
-        spent = c.kind.overhead or "the hand-overs between the stages"
+        spent = kind_words.of(c.kind).overhead or "the hand-overs between the stages"
         return (f"Why PPSD lost: at {rate} the ideal is {ratio_text(c.ideal)} than AR, but on this pipeline "
                 f"{spent} outweighed what drafting ahead saved.")
     need = c.stats.ratio("ar", "plain") or 1.0  # AR on the pipeline over plain AR
@@ -270,7 +270,7 @@ def above_ideal(c: Reading) -> str:
 
 def compared_sentence(c: Reading) -> str:
     """In one sentence, what was compared with what, and which round the panels show."""
-    where = (c.kind.where if c.workers else
+    where = (kind_words.of(c.kind).where if c.workers else
              f"one process, the measured stage costs replayed on {c.num_stages} workers")
     timed = (f"each timed in {c.rounds} interleaved rounds; each method's time is the median of its rounds, and "
              "every ratio is of those medians" if c.rounds > 1 else "each timed once")

@@ -17,10 +17,10 @@ from typing import Any, Callable, Iterator
 import gradio as gr
 
 import ppsd
+from ppsd.choice import choose
 from ppsd.compare import PLAIN
 from ppsd.config import fit_stages, stage_bounds
 from ppsd.heads import default_exit_layer
-from ppsd.executors.choice import choose
 from ppsd.executors.kinds import AUTO
 from ppsd.executors.host import usable_cores
 from ppsd.model import model_config, resolve_device

@@ -15,25 +15,20 @@ from __future__ import annotations
 import math
 from typing import Any, Callable
 
-from ppsd.executors.choice import choose
-from ppsd.executors.kinds import IN_TURN
-from ppsd.static_cache import buckets_to, run_reach
+from ppsd.choice import EAGER_GPU_TOKEN_SECONDS, gpu_cost
 
-from .request import MAX_PROMPT_CHARS, MAX_RUN_SECONDS, CheckedRequest, RunRequest
+from .request import MAX_PROMPT_CHARS, MAX_RUN_SECONDS, RunRequest
 
-# A token costs what its kind says it costs on a whole GPU (`ExecutorKind.gpu_token_seconds`: on
-# the captured steps, graphed PPSD's measured 4.93 ms; with the stages in turn, eager, 21.4 ms),
-# this many times over, because ZeroGPU lends about half a card.
+# A run's decoding costs what its kind costs on a whole GPU (`ppsd.choice.gpu_cost`: on the
+# captured steps, graphed PPSD's measured 4.93 ms a token; with the stages in turn, eager, 21.4
+# ms), this many times over, because ZeroGPU lends about half a card.
 CARD_SHARE = 2
-EAGER_TOKEN_SECONDS = CARD_SHARE * IN_TURN.gpu_token_seconds  # the slowest way a token runs there
-LEASED_DEVICE = "cuda"  # what ZeroGPU lends: the kind "auto" picks is a GPU's
+EAGER_TOKEN_SECONDS = CARD_SHARE * EAGER_GPU_TOKEN_SECONDS  # the slowest way a token runs there
 # The call's set-up. Projected, not measured on ZeroGPU (no ZeroGPU was reachable from the build
 # machine): a fresh worker's CUDA start and the weights onto the card (270 MB) plus the warm-up's
-# few tokens of every method; and per length bucket the run reaches, its steps' capture (two
-# warm-up steps and a capture per stage and drafting). A reused worker pays neither; the lease
-# does not know which it gets, so it asks for both.
+# few tokens of every method. A reused worker pays neither this nor its kind's captures (`gpu_cost`);
+# the lease does not know which it gets, so it asks for both.
 SETUP_SECONDS = 8.0
-CAPTURE_SECONDS_PER_BUCKET = 1.0
 # What the package multiplies the lease by, read from the card's driver (`spaces/zero/configs.json`,
 # `duration_factor`): 1.0 on an H200, 1.5 on an RTX PRO 6000 Blackwell (the current fleet). The
 # product is both the time granted and the quota charged; the page assumes the larger.
@@ -45,18 +40,12 @@ ANONYMOUS_DAILY_SECONDS = 120  # a visitor not signed in, a day (Hugging Face's 
 PROMPT_CHARS_PER_TOKEN = 1  # a prompt's tokens when its model's tokenizer is not at hand: at most one a character
 
 
-def reach(prompt_tokens: int, request: CheckedRequest) -> int:
-    """The furthest position a run of `request` may write (`ppsd.static_cache.run_reach`)."""
-    config = request.config
-    return run_reach(prompt_tokens, config.max_new_tokens, config.num_stages, config.draft_len)
-
-
 def gpu_seconds(request: RunRequest | None, run_seconds: float = MAX_RUN_SECONDS,
                 count_tokens: Callable[[RunRequest], int] | None = None) -> int:
-    """Seconds of GPU to ask ZeroGPU for the run `request`: the set-up, the capture of every bucket
-    it reaches (on a kind that captures), then every token of every timed run of every method
-    (plain AR too, with the stages at once) at its kind's cost a token on a GPU; never more than
-    the run's own time limit allows. `count_tokens` gives the prompt's tokens (default: its
+    """Seconds of GPU to ask ZeroGPU for the run `request`: the set-up, then what the run costs on
+    its kind (`ppsd.choice.gpu_cost`: the captures first, on a kind that captures, and every token
+    of every timed run), its decoding on half a card and never more than the run's own time limit
+    allows. `count_tokens` gives the prompt's tokens (default: its
     characters). The default run on a GPU (64 tokens, 2 timed runs of AR, PPSD and plain AR on
     the captured steps, 2-3 buckets) asks for 14-15 s. A request that does not check out (it
     will be refused in words), or None (a form that does not parse), asks for the least."""
@@ -64,11 +53,10 @@ def gpu_seconds(request: RunRequest | None, run_seconds: float = MAX_RUN_SECONDS
         return math.ceil(SETUP_SECONDS)
     try:
         run = request.checked()
-        kind = choose(run.pipeline, run.config.num_stages, LEASED_DEVICE) if run.workers else IN_TURN
-        runs = run.rounds * (len(run.methods) + kind.times_plain)
-        decode = runs * run.config.max_new_tokens * (CARD_SHARE * kind.gpu_token_seconds)  # a token: the docs's 9.86 or 42.8 ms
         prompt = count_tokens(run) if count_tokens else len(run.prompt) // PROMPT_CHARS_PER_TOKEN
-        capture = len(buckets_to(reach(prompt, run))) * CAPTURE_SECONDS_PER_BUCKET if kind.gpu_captures else 0.0
+        cost = gpu_cost(run.pipeline if run.workers else None, run.config, methods=len(run.methods),
+                        rounds=run.rounds, prompt_tokens=prompt)
+        decode, capture = CARD_SHARE * cost.decode_seconds, cost.capture_seconds  # a token: the docs's 9.86 or 42.8 ms
     except (TypeError, ValueError, OverflowError):
         decode = capture = 0.0
     return math.ceil(SETUP_SECONDS + capture + min(decode, run_seconds))

@@ -27,6 +27,7 @@ from ppsd.compare_stats import Stats
 from ppsd.executors.kinds import KINDS, ExecutorKind, concurrent_kinds
 from ppsd.metrics import Stalls, cost_slot_fraction, decode_costs, ideal_ppsd_speedup_slowest_stage, stalls
 
+from . import kind_words
 from .replay import Replayed
 from .runner import Snapshot
 from .words import METHOD_NAMES
@@ -278,7 +279,7 @@ def status_line(snap: Snapshot, runs: Mapping[str, MethodRun], stats: Stats) -> 
     if snap.done and timed < rounds:
         return f"{ended} while timing again: the medians are over {timed} round{'s' * (timed != 1)}."
     if snap.active == "workers":
-        return snap.status or f"Starting the {KINDS[snap.pipeline].choice}…"
+        return snap.status or f"Starting the {kind_words.of(snap.pipeline).choice}…"
     if snap.phase == "repeats":
         return f"Timing again for the medians: {snap.status}"
     if snap.active in runs and not snap.done:

@@ -95,7 +95,7 @@ class CheckedRequest(RunRequest):
     as typed, every number whole or real as its field is, for `ppsd.setup` to resolve against the
     model (a form or an API client may send 2.5 layers, NaN or a seed past 2^63, and none of it is
     rounded away). Which kind runs it is the library's to check, against the device
-    (`ppsd.ready_here.kind_here`)."""
+    (`ppsd.choice.ReadyKinds.for_run`)."""
 
     rounds: int = field(init=False)
     forced: float | None = field(init=False)

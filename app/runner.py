@@ -1,10 +1,11 @@
 """The page's run loop over the library: load the model a checked request names, set the run up,
-take the kind its stages run on (`ppsd.ready_here`: what "auto" picks here, what compiled in the
-background, a kind giving way in a ZeroGPU call), and hand `ppsd.compare.Comparison` the rest
-(AR, PPSD, EESD and plain AR, timed for the rounds asked, interleaved), wrapping each of its
-states in a `Snapshot` for the page. The page's own rules live here: the time limit, a turn
-handed to a waiting visitor, a worker's failure said in words. No Gradio and no HTML; tensors
-stay inside `ppsd`. Models come from `app.models`.
+take the kind its stages run on (`ppsd.choice`, through the process's one `READY`: what "auto"
+picks here, what compiled in the background, a kind giving way in a ZeroGPU call), and hand
+`ppsd.compare.Comparison` the rest (AR, PPSD, EESD and plain AR, timed for the rounds asked,
+interleaved), wrapping each of its states in a `Snapshot` for the page. The page's own rules
+live here: the time limit, a turn handed to a waiting visitor, a worker's failure said in words.
+No Gradio and no HTML; tensors stay inside `ppsd`. Models come from `app.models`; the page's
+words on the kind that ran, from `app.kind_words`.
 """
 
 from __future__ import annotations
@@ -15,27 +16,25 @@ import threading
 from dataclasses import dataclass
 from typing import Iterator
 
-from ppsd import ready_here
+from ppsd import choice
 from ppsd.bench.forced import ForcedSetup
-from ppsd.compare import Comparison, MethodRun, PlainWay, State, ready
-from ppsd.compare import THROTTLE_SECONDS, ExecutorSource
+from ppsd.compare import THROTTLE_SECONDS, Comparison, MethodRun, PlainWay, State
 from ppsd.config import DEFAULTS
-from ppsd.executors import Executor
-from ppsd.executors.choice import Choice, choose, concurrent_by_default
-from ppsd.executors.kinds import AUTO, IN_TURN, ExecutorKind, concurrent_kinds
+from ppsd.executors.kinds import IN_TURN
 from ppsd.executors import PipelineError
 from ppsd.setup import RunSetup
 
-from . import zerogpu
+from . import kind_words
 from .models import Loaded, ModelCache
 from .page_text import load_examples
 from .request import MAX_RUN_SECONDS, CheckedRequest, RunRequest
 
 __all__ = ["READY", "MethodRun", "Snapshot", "prestart", "run_comparison"]
 
-# What this server process has ready (the kinds compiled in the background since start-up): the
-# page's, as its shared worker processes are; a ZeroGPU call's fork works on its copy.
-READY = ready_here.ReadyKinds()
+# What this server process has ready (the kinds compiled in the background since start-up; in a
+# ZeroGPU call, the executor the last call left): the page's, as its shared worker processes are;
+# a ZeroGPU call's fork works on its copy.
+READY = choice.ReadyKinds()
 
 
 @dataclass(frozen=True)
@@ -136,17 +135,16 @@ def run_comparison(request: RunRequest, cache: ModelCache, *, throttle: float = 
                              chat=request.chat and loaded.chat)
         if forced is not None:  # the what-if: the same setup, every verdict on a draft a seeded coin
             setup = ForcedSetup(**vars(setup), acceptance=forced)
-        load = ready_here.load()  # before this Run's own work: what its speed is measured at
-        kind, note, lent = _kind(request, setup)
+        load = choice.load()  # before this Run's own work: what its speed is measured at
+        run = _kind(request, setup)
+        kind, note = run.kind, kind_words.note(run)
         # threads live for one run (in a ZeroGPU call, until the next); the worker processes stay
         comparison = Comparison(setup, request.methods, kind=kind, rounds=rounds, plain=request.workers,
-                                stop=stop, throttle=throttle,
-                                source=ExecutorSource(lent, zerogpu.ready_pipeline, zerogpu.release_pipeline))
+                                stop=stop, throttle=throttle, source=READY.source(run))
         try:
             for state in comparison.run():
-                if state.done and forced is None and kind.concurrent and setup.model.info.device == "cpu" \
-                        and READY.measuring():
-                    ready_here.note_speed(kind, setup, state, load)
+                if forced is None:  # a what-if's speed is no speed of the kind
+                    READY.note_speed(kind, setup, state, load)
                 limit, said = first if expired.is_set() else None, note
                 if getattr(stop, "handed_over", False):
                     limit, said = Limit.device(shared_limit), _joined(note, f"Another visitor was waiting for the device: while "
@@ -165,46 +163,27 @@ def run_comparison(request: RunRequest, cache: ModelCache, *, throttle: float = 
 
 
 def prestart(cache: ModelCache, model: str, progress=None) -> str:
-    """What a first Run of `model` with the page's defaults needs beyond the model: its shared
-    pipeline (the worker processes), started and warmed up now, so that Run's first token does
-    not wait for them; then the kinds that compile first (on a CPU) start compiling in the
-    background (`READY.compile_in_background`). `progress` hears each step as it
-    begins. Returns what was started, in words ("" when the defaults run the stages in turn, or
-    on a kind built per run)."""
+    """What a first Run of `model` with the page's defaults needs beyond the model, started now
+    (`READY.start`: the shared worker processes warmed up, then the kinds that compile first
+    building in the background), so that Run's first token does not wait for them. `progress`
+    hears each step as it begins. Returns what was started, in words ("" when the defaults run
+    the stages in turn, or on a kind built per run)."""
     tell = progress or (lambda message: None)
     tell(f"Loading {model} and warming it up (untimed)")
     loaded = cache.get(model, progress=progress, warm=True)
-    device, stages = loaded.model.info.device, DEFAULTS.num_stages
-    if not concurrent_by_default(stages, device):
-        return ""
-    kind = choose("auto", stages, device)
-    if not kind.shared or kind.unavailable(device, stages) is not None:
-        return ""
-    request = RunRequest(prompt=load_examples()[0]["prompt"]).checked()  # the page's defaults: a first Run's
-    setup = cache.set_up(loaded, request.prompt, request.config, exit_head=request.exit_head,
-                         chat=request.chat and loaded.chat)
-    ready(kind, setup, tell)
-    for compiled in concurrent_kinds():
-        if compiled.compiles_on(device) and compiled.unavailable(device, stages) is None:
-            READY.compile_in_background(compiled, setup)
-    return f"{stages} {kind.choice.split(',')[0]}"
+
+    def set_up() -> RunSetup:
+        request = RunRequest(prompt=load_examples()[0]["prompt"]).checked()  # the page's defaults: a first Run's
+        return cache.set_up(loaded, request.prompt, request.config, exit_head=request.exit_head,
+                            chat=request.chat and loaded.chat)
+
+    kind = READY.start(loaded.model.info.device, DEFAULTS.num_stages, set_up, tell)
+    return "" if kind is None else f"{DEFAULTS.num_stages} {kind.noun}"
 
 
-def _kind(request: CheckedRequest, setup: RunSetup) -> tuple[ExecutorKind, str, Executor | None]:
-    """The kind `request` runs on here, the page's note on it ("" for none), and its executor
-    when one was compiled in the background and kept open for this setup (else None)."""
-    if not request.workers:
-        return IN_TURN, "", None
-    kind, note = ready_here.kind_here(request.pipeline, setup)
-    if request.pipeline == AUTO and not note:
-        choice = READY.auto(setup)
-        kind, note = choice.kind, _chosen(choice)
-    return kind, note, READY.kept(kind, setup)
-
-
-def _chosen(choice: Choice) -> str:
-    """The page's sentence on which kind ran and why (shown with the run's end)."""
-    return f"The stages ran on the {choice.kind.choice.split(',')[0]}, chosen by auto: {choice.why}."
+def _kind(request: CheckedRequest, setup: RunSetup) -> choice.ForRun:
+    """The kind `request` runs on here, with what is ready for it (`READY.for_run`)."""
+    return READY.for_run(request.pipeline, setup) if request.workers else choice.ForRun(IN_TURN)
 
 
 def _joined(*notes: str) -> str:

@@ -23,12 +23,12 @@ from starlette.middleware import Middleware
 
 import ppsd
 from ppsd.config import DEFAULTS, MAX_DRAFT_LEN
-from ppsd.executors.choice import concurrent_by_default
-from ppsd.executors.kinds import AUTO, AUTO_CHOICE, concurrent_kinds
+from ppsd.choice import concurrent_by_default
+from ppsd.executors.kinds import AUTO, concurrent_kinds
 from ppsd.heads import default_exit_layer
 from ppsd.model import resolve_device
 
-from . import view, zerogpu
+from . import kind_words, view, zerogpu
 from .components import Slider, refusing_quietly
 from .handlers import (DEFAULT_LAYERS, after_run, idle_outputs, max_tokens_update, model_status, on_decode, on_exit,
                        on_load, on_page_load, on_run_form, on_stages, on_stages_warning, on_stop, ordered)
@@ -135,16 +135,29 @@ def _pipeline_controls() -> dict[str, Any]:
                 label=WORKERS_LABEL,
                 info="Real pipeline parallelism, every number measured. Off: one process runs the stages "
                      "in turn and the page shows their costs replayed on K workers (projected clock)."),
-            "pipeline": refusing_quietly(gr.Radio(
-                [(AUTO_CHOICE, AUTO), *((kind.choice, kind.name) for kind in concurrent_kinds())],
+            "pipeline": refusing_quietly(_taking_by_name(gr.Radio(
+                [(kind_words.AUTO_CHOICE, AUTO), *((kind_words.of(kind).choice, kind.name) for kind in offered())],
                 value=AUTO, label="The stages at once on", elem_id="pipeline",
-                info="Processes: each stage pinned to its own cores (or GPU), started once and reused. Threads: "
-                     "one process, a core (or CUDA stream) per stage, the weights shared. Captured steps: each "
-                     "stage one step, a CUDA graph on its own stream (the default on a GPU), or compiled on a "
-                     "CPU (compiled once in the background after start-up, and kept). Auto: captured steps on a GPU; "
-                     "on a CPU processes where they can start (else threads) until the captured steps are "
-                     "compiled, then the one this machine measured fastest for PPSD.")),
+                info="Processes: each stage pinned to its own cores (or GPU), started once and reused. Captured "
+                     "steps: each stage one step, a CUDA graph on its own stream (the default on a GPU), or compiled "
+                     "on a CPU (compiled once in the background after start-up, and kept). Auto: captured steps on "
+                     "a GPU; on a CPU processes where they can start (else threads in this process) until the "
+                     "captured steps are compiled, then the one this machine measured fastest for PPSD."))),
         }
+
+
+def offered() -> tuple:
+    """The kinds the radio offers: those measured fastest somewhere (`ExecutorKind.fastest`). The
+    others, threads and stacked, run when "auto" picks them or a request names them (the API)."""
+    return tuple(kind for kind in concurrent_kinds() if kind.fastest)
+
+
+def _taking_by_name(radio: gr.Radio) -> gr.Radio:
+    """`radio`, which also takes, sent through the API, the name of a concurrent kind it does not
+    offer (docs/app.md, "Kinds off the radio"); any other value it refuses as Gradio does."""
+    checked, named = radio.preprocess, {kind.name for kind in concurrent_kinds()}
+    radio.preprocess = lambda payload: payload if payload in named else checked(payload)
+    return radio
 
 
 def _sampling_controls() -> dict[str, Any]:

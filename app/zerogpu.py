@@ -7,8 +7,10 @@ What the real `spaces` package (0.51) does, and what the page does about it:
   the fork), what it yields pickled back. A Stop crosses as a slot number (`app.server.line.StopFlag`);
   the pipeline kind is chosen inside the call (`app.runner`).
 - **Workers are reused** while the scheduler says the GPU is idle: the next call runs in the same
-  worker, whose copy is from its first fork. It keeps what it loaded, warmed and captured; a model
-  the server loaded later is not in it, so the call loads what it lacks (`app.handlers.on_decode`).
+  worker, whose copy is from its first fork. It keeps what it loaded, warmed and captured (the
+  run's executor too, in its copy of the page's `ppsd.choice.ReadyKinds`: `ReadyKinds.ready`); a
+  model the server loaded later is not in it, so the call loads what it lacks
+  (`app.handlers.on_decode`).
 - **CUDA emulation is thread-local**: `import spaces` (here, and first of all in `app.py`) makes
   `.to("cuda")` give deferred tensors on the importing thread only, so the server's loads run
   there (`on_import_thread`, served by `serve_import_thread` once the page is up).
@@ -29,7 +31,6 @@ What the real `spaces` package (0.51) does, and what the page does about it:
 from __future__ import annotations
 
 import functools
-import multiprocessing
 import os
 import queue
 import sys
@@ -179,58 +180,6 @@ def _beating(future: Future, every: float) -> Iterator[Heartbeat]:
             return future.result(timeout=every)
         except FutureTimeout:
             yield HEARTBEAT
-
-
-# --------------------------------------------------------------------------- what a reused worker keeps
-
-
-@dataclass
-class _Kept:
-    """The executor a GPU call built, kept in its worker for the next call: what it serves."""
-
-    key: tuple
-    executor: Any
-
-
-_kept: _Kept | None = None
-
-
-def _in_a_call() -> bool:
-    return active() and multiprocessing.current_process().daemon
-
-
-def ready_pipeline(kind: Any, setup: Any, progress: Callable[[str], None]) -> Any:
-    """`ppsd.compare.ready(kind, setup)`; in a ZeroGPU call, kept in the worker for the next call with the same
-    weights, exit head and stages, which then starts at once with its threads, warm-up and
-    captured steps (made ready for the new run's length: `prepare`). One is kept at a time; a
-    kind shared anyway (worker processes) is left to itself."""
-    global _kept
-    from ppsd.compare import ready  # noqa: PLC0415 - the library's one start at a time in a process
-
-    if not _in_a_call() or kind.shared:
-        return ready(kind, setup, progress)
-    key = (kind.name, id(setup.model.hf_model), id(setup.model.exit_head), setup.partition)
-    if _kept is not None and _kept.key == key:  # the weights it holds keep their ids its own
-        prepare = getattr(_kept.executor, "prepare", None)
-        if prepare is not None:
-            from ppsd.executors.kinds import reach  # noqa: PLC0415
-
-            progress("Making the kept steps ready for this run's length")
-            prepare(reach(setup))
-        return _kept.executor
-    if _kept is not None:
-        _kept, old = None, _kept
-        old.executor.close()
-    executor = ready(kind, setup, progress)
-    if executor is not None:
-        _kept = _Kept(key, executor)
-    return executor
-
-
-def release_pipeline(kind: Any, executor: Any) -> None:
-    """After a run: `kind.release(executor)`, unless this worker keeps it for the next call."""
-    if _kept is None or executor is not _kept.executor:
-        kind.release(executor)
 
 
 # --------------------------------------------------------------------------- the importing thread

@@ -3,8 +3,9 @@
 - `model`: the staged early-exit model (HF modules, the reference); `heads`: exit heads;
 - `decoders`: AR, EESD and PPSD as loops over an executor; `generate`: the entry point;
 - `executors`: the schedule and the ways to run K stages (in turn; threads; captured steps;
-  stacked; K processes in `executors.distributed`), the registry of kinds (`executors.kinds`) and
-  the rule of "auto" (`executors.choice`); `ready_here`: what this process has ready;
+  stacked; K processes in `executors.distributed`) and the registry of kinds, as facts
+  (`executors.kinds`); `choice`: which kind a run takes ("auto"), what this process has ready
+  for it and what a run of a kind costs on a leased GPU; `plain_ar`: plain AR's ways here;
 - `compare`: a timed comparison (rounds, plain AR, the statistic); `quiet`: no compile in a round;
 - `trace`, `metrics`: the timeline and its numbers; `recording`: runs saved and read back;
 - `bench`, `cli`: benchmarks and the command line.

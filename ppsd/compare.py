@@ -26,8 +26,9 @@ import torch
 from . import quiet
 from .compare_stats import Stats
 from .executors import Executor, PipelineError
-from .executors.kinds import ExecutorKind, PlainAR, fastest_ar
+from .executors.kinds import ExecutorKind
 from .generate import Recording, Result, warm_up
+from .plain_ar import PlainAR, fastest_ar
 from .setup import RunSetup, device_sync
 from .stop_guard import StopGuard
 from .trace import Stopwatch, Trace
@@ -239,7 +240,7 @@ class Comparison:
         seconds, a compilation minutes); None once stopped (what was built for this comparison
         alone is let go)."""
         box: dict = {}
-        told: list[str] = [f"Starting the {self.kind.choice}"]
+        told: list[str] = [f"Starting the {self.kind.noun}"]
 
         def start() -> None:
             try:

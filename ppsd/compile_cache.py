@@ -17,7 +17,7 @@ entry whole, and a restart compiles only what is missing.
 
 The same folder keeps PPSD's tokens/s as this machine last measured them, by model and executor
 kind, each with the load it was measured at and when (`Speed`, `speeds`, `note_speed`): what
-"auto" on a CPU compares, and measures again when stale (`ppsd.executors.choice.choose_measured`).
+"auto" on a CPU compares, and measures again when stale (`ppsd.choice.choose_measured`).
 
 Boundary: the folder, its record and its check; what is compiled, and when, is
 `ppsd.executors.runtime`'s and the front ends'.

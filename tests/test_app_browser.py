@@ -27,7 +27,7 @@ pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(),
 
 def test_page_runs_an_example_and_shows_tokens_timeline_and_headline(page_url, tmp_path):
     from app.page_text import load_examples
-    from ppsd.executors.choice import concurrent_by_default
+    from ppsd.choice import concurrent_by_default
     from ppsd.model import resolve_device
 
     real = page_url[2]

@@ -311,14 +311,19 @@ def test_a_box_takes_true_or_false_only(server, field, value):
 
 
 def test_every_pipeline_the_docs_name_for_the_run_api_is_one_the_radio_takes():
-    """docs/app.md lists the run API's last field's values: the page's radio takes each, and only those."""
+    """docs/app.md lists the run API's last field's values: the page's radio takes each (its own
+    choices, and the kinds off it by name: "Kinds off the radio"), and only those."""
     import re
     from pathlib import Path
+
+    from ppsd.executors.kinds import concurrent_kinds
 
     docs = (Path(__file__).resolve().parent.parent / "docs" / "app.md").read_text()
     named = re.findall(r'"([a-z]+)"', re.search(r"timed runs, on (.*?)the fields of", docs, re.S).group(1))
     radio = next(b for b in create_demo(AppState()).blocks.values() if getattr(b, "elem_id", None) == "pipeline")
-    assert named and set(named) == {value for _, value in radio.choices}, (named, radio.choices)
+    takes = {value for _, value in radio.choices} | {kind.name for kind in concurrent_kinds()}
+    assert named and set(named) == takes, (named, radio.choices)
+    assert all(radio.preprocess(name) == name for name in named)
 
 
 def test_the_private_page_load_handler_reads_only_what_load_may(saved_model):

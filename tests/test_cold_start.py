@@ -17,7 +17,7 @@ import pytest
 from ppsd.executors import host
 from ppsd.executors.background import Background, ticking
 from ppsd.compile_cache import Speed
-from ppsd.executors.choice import choose, choose_measured
+from ppsd.choice import choose, choose_measured
 from ppsd.executors.kinds import KINDS
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -135,14 +135,14 @@ def test_auto_measures_again_a_speed_taken_on_a_busier_machine_or_long_ago(monke
 
 @needs_compiler
 def test_the_page_runs_auto_on_the_kept_executor_only_for_the_setup_it_was_built_for(monkeypatch):
-    from app import runner
-    from ppsd import ready_here
+    from app import kind_words
+    from ppsd import choice
 
     monkeypatch.setattr(host, "usable_cores", lambda: 2)
-    monkeypatch.setattr(ready_here.compile_cache, "speeds",
+    monkeypatch.setattr(choice.compile_cache, "speeds",
                         lambda model: {"processes": Speed(15.4, 0.2, time.time()),
                                        "graphed": Speed(19.9, 0.2, time.time())} if model == "m" else {})
-    monkeypatch.setattr(ready_here, "load", lambda: 0.2)
+    monkeypatch.setattr(choice, "load", lambda: 0.2)
     weights, head, partition = object(), object(), (range(0, 4), range(4, 8))
 
     def setup(hf_model=weights) -> SimpleNamespace:
@@ -150,24 +150,26 @@ def test_the_page_runs_auto_on_the_kept_executor_only_for_the_setup_it_was_built
                                                      info=SimpleNamespace(device="cpu", name="m")),
                                partition=partition, config=SimpleNamespace(num_stages=2))
 
-    here = ready_here.ReadyKinds()  # what the front end owns: the library keeps none
+    here = choice.ReadyKinds()  # what the front end owns: the library keeps none
     assert not here.measuring()  # nothing compiles in the background (tests never write the user's cache)
     compiling = Background("the captured steps", lambda: threading.Event().wait(5), clock=Clock())
-    here.builds["graphed"] = (ready_here.setup_key(setup()), compiling.start())
+    here.builds["graphed"] = (choice.setup_key(setup()), compiling.start())
     assert here.auto(setup()).kind is KINDS["processes"]  # a Run never waits for the compile
     assert here.words() == "compiling the captured steps: 0 s so far" and here.compiling()
     assert not here.measuring()  # a Run beside the compile is slowed by it: its speed is not kept
     built = object()
     ready = Background("the captured steps", lambda: built, clock=Clock()).start()
     ready.wait(5)
-    here.builds["graphed"] = (ready_here.setup_key(setup()), ready)
-    choice = here.auto(setup())
-    assert choice.kind is KINDS["graphed"] and here.kept(choice.kind, setup()) is built
+    here.builds["graphed"] = (choice.setup_key(setup()), ready)
+    run = here.for_run("auto", setup())
+    assert run.kind is KINDS["graphed"] and run.executor is built and here.kept(run.kind, setup()) is built
     assert here.measuring() and not here.compiling()
-    assert runner._chosen(choice) == ("The stages ran on the captured steps, chosen by auto: the fastest PPSD "
+    assert kind_words.note(run) == ("The stages ran on the captured steps, chosen by auto: the fastest PPSD "
                                       "measured on this machine (19.9 tokens/s at load 0.2, against 15.4 at load 0.2 on the worker processes).")
     other = setup(hf_model=object())  # another model: the kept steps do not fit it
-    assert here.auto(other).kind is KINDS["processes"] and here.kept(KINDS["graphed"], other) is None
+    assert here.for_run("auto", other).kind is KINDS["processes"] and here.kept(KINDS["graphed"], other) is None
+    asked = here.for_run("processes", setup())  # a kind asked for by name runs as asked, said nothing of
+    assert asked.kind is KINDS["processes"] and asked.chosen is None and kind_words.note(asked) == ""
 
 
 def test_the_cold_start_says_each_step_as_it_begins_and_again_while_it_lasts(capsys):
@@ -190,10 +192,11 @@ def test_the_cold_start_says_each_step_as_it_begins_and_again_while_it_lasts(cap
 @needs_compiler
 def test_prestart_serves_on_the_kind_needing_no_compile_and_compiles_the_others_in_the_background(monkeypatch):
     from app import runner
+    from ppsd import choice
 
     monkeypatch.setattr(host, "usable_cores", lambda: 2)
     started, compiling, told = [], [], []
-    monkeypatch.setattr(runner, "ready", lambda kind, setup, progress: started.append(kind))
+    monkeypatch.setattr(choice, "ready", lambda kind, setup, progress: started.append(kind))
     monkeypatch.setattr(runner.READY, "compile_in_background", lambda kind, setup: compiling.append((kind, setup)))
     loaded = SimpleNamespace(model=SimpleNamespace(info=SimpleNamespace(device="cpu")), chat=True)
     made = SimpleNamespace()
@@ -269,15 +272,20 @@ def test_a_build_that_expected_to_load_but_compiled_says_compiled():
 
 def test_a_runs_speed_is_kept_with_its_load_only_when_nothing_compiled_in_its_rounds(monkeypatch):
     """Issue 56: a speed measured while a compile ran measured the compile too; auto must not compare it."""
-    from ppsd import ready_here
+    from ppsd import choice
 
     kept = []
-    monkeypatch.setattr(ready_here.compile_cache, "note_speed", lambda *args: kept.append(args))
+    monkeypatch.setattr(choice.compile_cache, "note_speed", lambda *args: kept.append(args))
     run = SimpleNamespace(result=SimpleNamespace(token_ids=list(range(40))))
-    setup = SimpleNamespace(model=SimpleNamespace(info=SimpleNamespace(name="m")))
-    state = lambda compiled: SimpleNamespace(stats=lambda: SimpleNamespace(median=lambda m: 2.0),  # noqa: E731
-                                             rounds=({"ppsd": run},), compiled=compiled)
-    assert not ready_here.note_speed(KINDS["graphed"], setup, state((1,)), 0.7)
+    setup = SimpleNamespace(model=SimpleNamespace(info=SimpleNamespace(name="m", device="cpu")))
+    state = lambda compiled, done=True: SimpleNamespace(  # noqa: E731
+        stats=lambda: SimpleNamespace(median=lambda m: 2.0), rounds=({"ppsd": run},), compiled=compiled, done=done)
+    here = choice.ReadyKinds()
+    assert not here.note_speed(KINDS["graphed"], setup, state(()), 0.7)  # nothing compiled in the background here
+    monkeypatch.setattr(here, "measuring", lambda: True)
+    assert not here.note_speed(KINDS["graphed"], setup, state((1,)), 0.7)
+    assert not here.note_speed(KINDS["graphed"], setup, state((), done=False), 0.7)  # a live state is no speed
+    assert not here.note_speed(KINDS["in-process"], setup, state(()), 0.7)  # the stages in turn: not PPSD's speed
     assert kept == []
-    assert ready_here.note_speed(KINDS["graphed"], setup, state(()), 0.7)
+    assert here.note_speed(KINDS["graphed"], setup, state(()), 0.7)
     assert kept == [("m", "graphed", 20.0, 0.7)]

@@ -120,7 +120,7 @@ def test_speeds_kept_by_an_earlier_version_read_with_no_load(cache):
 def test_the_compile_and_the_restart_are_announced_with_what_this_machine_measured_last(cache):
     """Issue 58: "a minute or more" took 751 s under load, and a restart's "about 18 s" 44 s: the
     announcement says what this machine measured, or that it has not timed one yet."""
-    from ppsd.ready_here import took_here
+    from ppsd.choice import took_here
 
     compile_cache.use()
     assert took_here(False) == took_here(True) == " (not yet timed on this machine)"

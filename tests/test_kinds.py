@@ -1,6 +1,8 @@
 """The executor kinds: unknown names refused in words, "auto" resolved by its rule, every kind
-saying why it cannot run where it cannot, and every front end offering exactly the kinds of
-`KINDS`, whose names and words are written nowhere else."""
+saying why it cannot run where it cannot and the measured case it is kept for, the CLI and the
+bench offering every kind of `KINDS` and the page's radio those measured fastest somewhere
+(the API still takes the others by name), their names and words written nowhere else, and the
+one place that chooses (`ppsd.choice`) holding no process state at module level."""
 
 from __future__ import annotations
 
@@ -12,9 +14,10 @@ from types import SimpleNamespace
 
 import pytest
 
+from ppsd import choice
+from ppsd.choice import choose, concurrent_by_default
 from ppsd.executors import host, kinds
 from ppsd.executors.distributed import pool
-from ppsd.executors.choice import choose, concurrent_by_default
 from ppsd.executors.kinds import KINDS, concurrent_kinds, kind_named
 from ppsd.generate import warm_up
 
@@ -88,20 +91,64 @@ def test_the_cli_offers_every_kind_and_takes_the_earlier_name():
     generate.add_arguments(parser)
     action = next(a for a in parser._actions if a.dest == "executor")
     assert tuple(action.choices) == ("auto", *KINDS)  # auto: the fastest measured here (issue 50)
-    assert all(kind.choice in action.help for kind in KINDS.values())
+    assert all(f"{kind.name}: {kind.noun}, " in action.help for kind in KINDS.values())
     assert parser.parse_args(["--prompt", "hi", "--executor", "distributed"]).executor == "processes"
 
 
-def test_the_page_offers_the_concurrent_kinds_in_their_words():
+def test_the_page_offers_auto_and_the_kinds_measured_fastest_somewhere_in_their_words():
+    """Issue 59: a kind earns its place on the radio by a measured case (docs/benchmarks.md, "Why
+    each kind exists"): worker processes and the captured steps. Threads and stacked stay in the
+    library, the CLI and the bench."""
+    import gradio as gr
+
+    from app import kind_words, ui
+
+    with gr.Blocks():
+        radio = ui._pipeline_controls()["pipeline"]
+    assert [tuple(choice) for choice in radio.choices] == [
+        (kind_words.AUTO_CHOICE, "auto"), ("worker processes, one per stage", "processes"),
+        ("captured steps, one per stage", "graphed")]
+    assert radio.value == "auto"  # the page's default: the fastest measured here (issue 50)
+    assert {kind.name for kind in concurrent_kinds() if not kind.fastest} == {"threads", "stacked"}
+    assert all(kind.fastest or kind.earns for kind in KINDS.values())  # every kind says why it is kept
+    assert "experimental" in KINDS["stacked"].earns and "experimental" in kind_words.of("stacked").choice
+
+
+def test_the_api_still_runs_a_kind_off_the_radio_by_name_and_refuses_any_other_name():
+    """What a client sends as "pipeline" (docs/app.md, "Kinds off the radio"): the name of any
+    concurrent kind passes the radio, so threads and stacked run through the API as before (the
+    run itself is test_app_e2e's); another value is refused in Gradio's words, naming the choices."""
     import gradio as gr
 
     from app import ui
 
     with gr.Blocks():
         radio = ui._pipeline_controls()["pipeline"]
-    assert [tuple(choice) for choice in radio.choices] == [(kinds.AUTO_CHOICE, "auto"), *(
-        (kind.choice, kind.name) for kind in concurrent_kinds())]
-    assert radio.value == "auto"  # the page's default: the fastest measured here (issue 50)
+    assert radio.preprocess("threads") == "threads" and radio.preprocess("stacked") == "stacked"
+    assert radio.preprocess("graphed") == "graphed" and radio.preprocess("auto") == "auto"
+    for refused in ("fibres", "in-process"):
+        with pytest.raises(gr.Error, match="not in the list of choices"):
+            radio.preprocess(refused)
+
+
+def test_the_page_has_words_for_every_kind_and_the_library_none_of_the_pages():
+    from app import kind_words
+
+    assert set(kind_words.WORDS) == set(KINDS)  # a new kind gets the page's words there
+    page_words = {"choice", "where", "ran", "stages", "overhead"}
+    assert not page_words & {field for field in kinds.ExecutorKind.__dataclass_fields__}
+    assert not hasattr(kinds, "AUTO_CHOICE") and not hasattr(kinds, "fastest_ar")
+
+
+def test_the_library_keeps_no_front_ends_state_at_module_level():
+    """The process's one `ReadyKinds` is the front end's (`app.runner.READY`); `ppsd.choice` makes
+    none, nor does app/zerogpu keep an executor of its own across calls."""
+    from app import runner, zerogpu
+
+    assert isinstance(runner.READY, choice.ReadyKinds)
+    assert not [name for name, value in vars(choice).items() if isinstance(value, choice.ReadyKinds)]
+    assert not {"_kept", "ready_pipeline", "release_pipeline"} & set(vars(zerogpu))
+    assert not (ROOT / "ppsd" / "ready_here.py").exists() and not (ROOT / "ppsd" / "executors" / "choice.py").exists()
 
 
 def test_bench_pipeline_has_an_ar_and_a_ppsd_row_per_concurrent_kind():
@@ -115,11 +162,16 @@ def test_bench_pipeline_has_an_ar_and_a_ppsd_row_per_concurrent_kind():
 
 
 def test_the_kinds_names_and_words_are_written_only_in_their_module():
-    """A list of kind names, or a kind's words, anywhere else would be a second place to update."""
+    """A list of kind names, or a kind's words, anywhere else would be a second place to update:
+    the library's in `kinds.py`, the page's in `app/kind_words.py`."""
+    from app import kind_words
+
     names = "|".join(re.escape(n) for n in (*KINDS, "distributed"))
     listed = re.compile(rf"""["']({names})["'][\s,()\[\]]*["']({names})["']""")
-    words = [w for kind in KINDS.values() for w in (kind.label, kind.choice, kind.where) if len(w.split()) > 2]
-    sources = [p for folder in ("ppsd", "app") for p in (ROOT / folder).rglob("*.py") if p.name != "kinds.py"]
+    words = [w for kind in KINDS.values() for w in (kind.label, kind_words.of(kind).choice, kind_words.of(kind).where)
+             if len(w.split()) > 2]
+    sources = [p for folder in ("ppsd", "app") for p in (ROOT / folder).rglob("*.py")
+               if p.name not in ("kinds.py", "kind_words.py")]
     for path in sources:
         text = path.read_text()
         assert not listed.search(text), f"{path}: a list of executor kinds: {listed.search(text).group(0)}"
@@ -128,9 +180,10 @@ def test_the_kinds_names_and_words_are_written_only_in_their_module():
 
 
 def test_no_executor_kind_is_named_in_the_page():
-    """app/ takes a kind's name, words and costs from the kind itself (`KINDS`, `IN_TURN`, `choose`),
-    so a new kind needs no change there, the GPU lease included. A dict's key is a record's field
-    (the API's "threads": a thread count), not a kind; "auto" is a choice, not a kind."""
+    """app/ takes a kind's name, facts and costs from the library (`KINDS`, `IN_TURN`,
+    `ppsd.choice`), so a new kind needs only its words there (`app.kind_words.WORDS`, keyed by
+    name), the GPU lease included. A dict's key is a record's field or that key (the API's
+    "threads": a thread count), not a kind; "auto" is a choice, not a kind."""
     found = []
     for path in sorted((ROOT / "app").rglob("*.py")):
         tree = ast.parse(path.read_text())
@@ -140,12 +193,12 @@ def test_no_executor_kind_is_named_in_the_page():
     assert not found, found
 
 
-def test_each_kind_carries_its_gpu_cost_a_token_and_whether_it_captures():
-    """What the ZeroGPU lease asks of a kind is the kind's: the captured steps and the stacked
+def test_each_kind_is_priced_on_a_gpu_by_whether_it_captures():
+    """What the ZeroGPU lease asks of a kind is `ppsd.choice`'s: the captured steps and the stacked
     chain (CUDA graphs a bucket) at graphed PPSD's measured token, the rest eager."""
     for kind in KINDS.values():
-        assert 0 < kind.gpu_token_seconds <= kinds.EAGER_GPU_TOKEN_SECONDS
-        assert kind.gpu_captures == (kind.gpu_token_seconds < kinds.EAGER_GPU_TOKEN_SECONDS)
+        assert 0 < choice.gpu_token_seconds(kind) <= choice.EAGER_GPU_TOKEN_SECONDS
+        assert kind.gpu_captures == (choice.gpu_token_seconds(kind) < choice.EAGER_GPU_TOKEN_SECONDS)
     assert KINDS["stacked"].gpu_captures and KINDS["graphed"].gpu_captures and not kinds.IN_TURN.gpu_captures
     assert not kinds.IN_TURN.concurrent and not kinds.IN_TURN.times_plain
     assert all(kind.times_plain for kind in concurrent_kinds())  # plain AR timed beside the stages at once

@@ -5,7 +5,7 @@ a race lane, a theory point), acceptance as a what-if, the glossary, the step-th
 rounds' cost before Run, and Present at 1366x768.
 
 First as pure functions over constructed `Comparison`s and real tiny-model runs, then in Debian
-chromium on the shipped tiny model (assets/models/ppsd-tiny), its stages on threads.
+chromium on the shipped tiny model (assets/models/ppsd-tiny), its stages on worker processes.
 """
 
 from __future__ import annotations
@@ -217,7 +217,7 @@ def tiny_page(app_state):
 
 
 def open_tiny(url: str, playwright, width: int, height: int):
-    """The page at `width` x `height` on the shipped tiny model, its stages on threads."""
+    """The page at `width` x `height` on the shipped tiny model, its stages on worker processes."""
     browser_ = playwright.chromium.launch(executable_path=CHROMIUM, args=ARGS)
     page = browser_.new_page(viewport={"width": width, "height": height})
     page.goto(url, wait_until="domcontentloaded")
@@ -227,7 +227,7 @@ def open_tiny(url: str, playwright, width: int, height: int):
     page.wait_for_function("() => document.querySelector('#exit-layer input[type=number]').max === '7'",
                            timeout=60_000)
     page.wait_for_timeout(1500)
-    page.locator("#pipeline label").filter(has_text="threads in this process").click()
+    page.locator("#pipeline label").filter(has_text="worker processes").click()
     return browser_, page
 
 

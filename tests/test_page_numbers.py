@@ -279,14 +279,15 @@ def test_plain_ar_has_the_same_trials_whatever_kind_ppsd_runs_on(tiny_cache, mon
     """Issue 56: beside the captured steps plain AR ran only on them, compiled for every core, with
     no 1-thread trial, and was timed 3-10x too slow. On a CPU it is timed the same careful way on
     every kind: 1 thread and every core, in this one process, each warmed up at its thread count."""
-    from ppsd.executors import host, kinds
+    from ppsd import plain_ar
+    from ppsd.executors import host
 
     monkeypatch.setattr(host, "usable_cores", lambda: 2)
     setup = tiny_cache.set_up(tiny_cache.get("tiny"), "hi", ppsd.DecodeConfig(method="ar"), exit_head="",
                                  chat=False)
     warmed = []
     threads = torch.get_num_threads()
-    ways = kinds.fastest_ar(setup, kind, None, warm_up=lambda *a, **k: warmed.append(torch.get_num_threads()))
+    ways = plain_ar.fastest_ar(setup, kind, None, warm_up=lambda *a, **k: warmed.append(torch.get_num_threads()))
     assert [(w.executor, w.threads) for w in ways] == [(None, 1), (None, 2)]
     assert ways[0].words == "in this one process on 1 thread with no pipeline"
     assert warmed == [1, 2] and torch.get_num_threads() == threads

@@ -124,11 +124,12 @@ def test_shown_means_the_shown_round_on_every_panel():
 def test_the_timeline_title_names_where_a_concurrent_run_ran_not_always_worker_processes():
     from types import SimpleNamespace
 
+    from app import kind_words
     from app.panels.timeline import timeline_title
     from ppsd.executors.kinds import concurrent_kinds
 
     trace = SimpleNamespace(clock="measured", concurrent=True, device="cpu")
     titles = {kind.name: timeline_title(trace, 2, kind) for kind in concurrent_kinds()}
-    assert all(kind.where in titles[kind.name] for kind in concurrent_kinds())
+    assert all(kind_words.of(kind).where in titles[kind.name] for kind in concurrent_kinds())
     assert len(set(titles.values())) == len(titles)  # each kind's own words
     assert "worker process" not in timeline_title(trace, 2)  # a run whose kind is not known says no more than it knows

@@ -5,7 +5,7 @@ recording open, in Present, and after a Run; Present at 1366x768 holds the headl
 reconciling sentence, both whole answers and every timeline row; a 390 px phone reads the
 timeline and the answers; Open sets the form to the recording's settings.
 
-One server and one browser for the module; a Run is the shipped tiny model's, its stages on threads.
+One server and one browser for the module; a Run is the shipped tiny model's, its stages on worker processes.
 """
 
 from __future__ import annotations
@@ -68,12 +68,12 @@ def present(page) -> None:
 
 
 def tiny_run(page) -> None:
-    """A short Run of the shipped tiny model, its stages on threads: the run's every panel drawn."""
+    """A short Run of the shipped tiny model, its stages on worker processes: the run's every panel drawn."""
     page.locator("#model textarea, #model input").first.fill(str(TINY))
     page.locator("#load").click()
     page.wait_for_function("() => document.querySelector('#exit-layer input[type=number]').max === '7'",
                            timeout=60_000)
-    page.locator("#pipeline label").filter(has_text="threads in this process").click()
+    page.locator("#pipeline label").filter(has_text="worker processes").click()
     set_slider(page, "max-new-tokens", 32)  # the tiny model's lines are short: about a default answer's 12
     set_slider(page, "repeats", 1)
     page.locator("#run").click()

@@ -171,6 +171,7 @@ def test_the_lease_follows_the_run_and_the_default_run_on_a_gpu_asks_for_at_most
 
     from app import AppState, create_demo, lease
     from app.request import RunRequest
+    from ppsd import choice
 
     leases = []
     fake = types.ModuleType("spaces")
@@ -187,7 +188,7 @@ def test_the_lease_follows_the_run_and_the_default_run_on_a_gpu_asks_for_at_most
     assert duration(0, space_default) <= 30 and lease.charged(duration(0, space_default)) * 2 <= 120
     assert duration(0, form(workers=True, pipeline="threads")) > duration(0, space_default)  # eager costs more
     more_buckets = form(workers=True, pipeline="auto", max_new_tokens=1000)
-    assert duration(0, more_buckets) >= lease.SETUP_SECONDS + 5 * lease.CAPTURE_SECONDS_PER_BUCKET  # 64..1024
+    assert duration(0, more_buckets) >= lease.SETUP_SECONDS + 5 * choice.CAPTURE_SECONDS_PER_BUCKET  # 64..1024
     note = lease.note(duration(0, space_default))
     assert f"asks ZeroGPU for {duration(0, space_default)} s" in note and "120 s a day" in note
 
@@ -358,10 +359,11 @@ def test_on_zerogpu_the_page_says_before_run_what_the_run_will_ask_for(monkeypat
 def test_a_reused_worker_keeps_the_executor_for_the_next_call_with_the_same_model_and_stages(monkeypatch):
     """In a ZeroGPU call the executor a run built stays in the worker: the next call with the same
     weights, exit head and stages gets it back at once, made ready for its own length; another
-    model or split closes it and builds anew; outside a call every run builds and lets go its own."""
+    model or split closes it and builds anew; outside a call every run builds and lets go its own.
+    What is kept is the page's `ReadyKinds`' (its copy in the worker), not a module's."""
     import types
 
-    from app import zerogpu
+    from ppsd import choice
 
     class Executor:
         def __init__(self):
@@ -374,22 +376,23 @@ def test_a_reused_worker_keeps_the_executor_for_the_next_call_with_the_same_mode
             self.closed = True
 
     built: list[Executor] = []
-    kind = types.SimpleNamespace(name="graphed", shared=False,
+    kind = types.SimpleNamespace(name="graphed", shared=False, prepares=True,
                                  ready=lambda setup, warm_up, progress: built.append(Executor()) or built[-1],
                                  release=lambda executor: executor.close())
     model = types.SimpleNamespace(hf_model=object(), exit_head=object(), info=types.SimpleNamespace(max_context=2048))
     setup = lambda partition, tokens=64: types.SimpleNamespace(  # noqa: E731
         model=model, partition=partition, prompt_ids=(1,) * 10,
         config=types.SimpleNamespace(max_new_tokens=tokens, num_stages=2, draft_len=4))
-    monkeypatch.setattr(zerogpu, "_kept", None)
-    monkeypatch.setattr(zerogpu, "_in_a_call", lambda: True)
-    first = zerogpu.ready_pipeline(kind, setup((range(0, 18), range(18, 30))), print)
-    zerogpu.release_pipeline(kind, first)
-    again = zerogpu.ready_pipeline(kind, setup((range(0, 18), range(18, 30)), tokens=500), print)
+    ready = choice.ReadyKinds()
+    monkeypatch.setattr(choice, "_in_a_call", lambda: True)
+    first = ready.ready(kind, setup((range(0, 18), range(18, 30))), print)
+    ready.release(kind, first)
+    again = ready.ready(kind, setup((range(0, 18), range(18, 30)), tokens=500), print)
     assert again is first and not first.closed and len(built) == 1 and first.prepared == [10 + 500 + 10]
-    other = zerogpu.ready_pipeline(kind, setup((range(0, 15), range(15, 30))), print)
-    assert other is not first and first.closed and len(built) == 2
-    monkeypatch.setattr(zerogpu, "_in_a_call", lambda: False)
-    outside = zerogpu.ready_pipeline(kind, setup((range(0, 15), range(15, 30))), print)
-    zerogpu.release_pipeline(kind, outside)
-    assert outside.closed and len(built) == 3 and not other.closed
+    assert choice.ReadyKinds().ready(kind, setup((range(0, 18), range(18, 30))), print) is not first  # its own
+    other = ready.ready(kind, setup((range(0, 15), range(15, 30))), print)
+    assert other is not first and first.closed and len(built) == 3
+    monkeypatch.setattr(choice, "_in_a_call", lambda: False)
+    outside = ready.ready(kind, setup((range(0, 15), range(15, 30))), print)
+    ready.release(kind, outside)
+    assert outside.closed and len(built) == 4 and not other.closed

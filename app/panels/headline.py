@@ -15,6 +15,7 @@ import gradio as gr
 
 from ppsd.metrics import DEFINITIONS
 
+from .. import kind_words
 from ..analysis import (above_ideal, busy_sentence, compared_sentence, forced_sentence, loss_sentence, plain_sentence,
                         projected_line, rounds_tag, rounds_text, unclean_reason, walls_sentence, why_sentence)
 from ..reading import MIN_TIMED_TOKENS, Reading, RunView
@@ -125,8 +126,8 @@ def _how_it_ran(c: Reading) -> list[str]:
     other = ratio_text(c.other_speedup)
     notes: list[str] = []
     if c.workers:
-        kind = c.kind
-        note = f"Measured: {kind.words(kind.ran, c.num_stages, c.device)}."
+        kind = kind_words.of(c.kind)
+        note = f"Measured: {kind.ran_on(c.num_stages, c.device)}."
         if kind.overhead is not None:
             note += f" The same stage costs replayed (projected clock) give PPSD {other} than AR"
             note += f": the difference is {kind.overhead}." if kind.overhead else "."

@@ -12,6 +12,7 @@ import gradio as gr
 from ppsd.executors.kinds import IN_TURN, KINDS, ExecutorKind
 from ppsd.metrics import DEFINITIONS
 
+from .. import kind_words
 from ..reading import Clocks, RunView
 from ..words import METHOD_NAMES, duration_text, forced_words, ratio_text
 from . import Page, Single, div
@@ -79,7 +80,7 @@ def render_metrics_table(runs: Mapping[str, Clocks], *, on: ExecutorKind = IN_TU
     for name, clock, definition, fmt in _TABLE_ROWS:
         if clock is None and not on.concurrent:
             continue
-        where = {"where": on.label, "how": on.where}
+        where = {"where": on.label, "how": kind_words.of(on).where}
         name, definition = name.format(**where), DEFINITIONS.get(definition, definition).format(**where)
         values = [fmt(runs[m].on(clock)) for m in methods]
         if name.startswith("ideal"):

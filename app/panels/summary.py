@@ -12,6 +12,7 @@ import gradio as gr
 
 from ppsd.executors.kinds import KINDS
 
+from .. import kind_words
 from ..reading import RunView
 from ..words import forced_words
 from . import Page, Single
@@ -48,7 +49,7 @@ def summary(view: RunView) -> dict:
         "seed": config.seed, "prompt": snap.request.prompt, "chat": snap.request.chat and snap.loaded.chat,
         "exit_head": snap.head,
         "executor": KINDS[snap.pipeline].label,
-        "timing": (f"decoder only, UI rendering paused; measured = {KINDS[snap.pipeline].where}; "
+        "timing": (f"decoder only, UI rendering paused; measured = {kind_words.of(snap.pipeline).where}; "
                    "projected = measured per-stage costs replayed on K workers"),
     }
     for method, run in view.runs.items():

@@ -16,6 +16,7 @@ from plotly.subplots import make_subplots
 from ppsd import Event, Trace
 from ppsd.executors.kinds import KINDS, ExecutorKind
 
+from .. import kind_words
 from ..components import Plot
 from ..page_text import TIMELINE_CAPTION
 from ..plots import CORRECTION_COLOR, KIND_COLORS, KIND_LABELS, describe, empty_figure, style
@@ -75,7 +76,7 @@ def timeline_title(trace: Trace, num_stages: int, on: ExecutorKind | None = None
     if trace.clock == "projected":
         return f"Pipeline timeline · {PROJECTED_NOTE} (K={num_stages}, {device})"
     if trace.concurrent:
-        where = on.where if on is not None else "the K stages at once"
+        where = kind_words.of(on).where if on is not None else "the K stages at once"
         return f"Pipeline timeline · {CONCURRENT_NOTE.format(where=where)} (K={num_stages}, {device})"
     return f"Pipeline timeline · measured clock ({device})"
 

@@ -14,8 +14,8 @@ import transformers
 from . import options
 from .values import check_output_file, thread_count, write_result
 from .. import compile_cache, recording
+from ..choice import choose_measured
 from ..executors.background import ticking
-from ..executors.choice import choose_measured
 from ..executors.kinds import ALIASES, AUTO, KINDS, ExecutorKind, concurrent_kinds
 from ..executors import PipelineError
 from ..generate import Result, decode, warm_up
@@ -33,7 +33,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--executor", default="in-process", type=_kind_name, choices=(AUTO, *KINDS),
                         help="auto: the fastest PPSD measured on this machine (on a CPU: the captured steps, "
                              "compiled once and kept under PPSD_CACHE, until the page measures otherwise); "
-                             + "; ".join(f"{kind.name}: {kind.choice}, "
+                             + "; ".join(f"{kind.name}: {kind.noun}, "
                                        + ("measured" if kind.concurrent else "PPSD's overlap projected")
                                        for kind in KINDS.values()) + " (default in-process)")
     parser.add_argument("--chrome-trace", default=None, help="also write the trace here (Chrome JSON)")
@@ -100,7 +100,7 @@ def _auto(setup) -> ExecutorKind:
     compiled = tuple(k.name for k in concurrent_kinds() if k.compiles_on(device) and k.unavailable(device, stages) is None)
     choice = choose_measured(stages, device, compiled, compile_cache.speeds(setup.model.info.name),
                              measures=False, load=os.getloadavg()[0])
-    _tell(f"--executor auto: the {choice.kind.choice.split(',')[0]}, chosen: {choice.why}")
+    _tell(f"--executor auto: the {choice.kind.noun}, chosen: {choice.why}")
     return choice.kind
 
 

@@ -1,31 +1,31 @@
-"""The executor kinds a front end can choose: their names, their words, whether they can run
-here, and how to get one ready and let it go. The CLI's `--executor`, the page's "at once"
-choice and its summary, and `bench-pipeline`'s rows all read `KINDS`, so a kind is named and
-described once.
+"""The executor kinds: what each is, as facts (its name, whether its stages run at once, why it
+cannot run somewhere, what it compiles or prepares, whether it is shared, the measured case it is
+kept for) and how to get one ready and let it go. The CLI's `--executor`, bench-pipeline's rows,
+the page and `ppsd.choice` all read `KINDS`, so a kind is defined once.
 
-Boundary: the registry and readying executors (which kind "auto" runs on is `choice`'s); the executors themselves live in `local`,
-`threads`, `pipeline` (with `pool`, the process's shared pipeline). Those that bring
-torch.distributed are imported only when a kind needs them.
+Boundary: the registry and readying executors. Which kind a run takes ("auto" among them, what
+is ready in a process, what a run of a kind costs on a leased GPU) is `ppsd.choice`'s; the page's
+sentences on each kind are `app.kind_words`'; plain AR's ways are `ppsd.plain_ar`'s. The
+executors themselves live in `runtime`, `stacked` and `distributed` (the K-process pipeline,
+imported only when a kind needs it).
 
 Adding a kind: write its executor in a module of its own (the `Executor` protocol of `base`,
-with `close()`), then add one `ExecutorKind` to `KINDS`: its name and words (a concurrent kind
-also says how a run of it ran, for the page's headline), whether its stages run at once, why it cannot run somewhere (`unavailable`), and `build`, which constructs it and
-warms it up untimed with the warm-up its caller gives (`ready` checks `unavailable` before it calls
-`build`; the warm-up decodes, so it comes from above, `ppsd.generate.warm_up`: the kinds sit
-below the decoding entry points and import none of them), and, when it runs faster than eager on
-a GPU, what a token costs there (`gpu_token_seconds`, which sizes a ZeroGPU lease) and whether it
-captures each length bucket first (`gpu_captures`). "stacked" is the newest such entry:
-`_stacked_unavailable`, `_stacked` and one line in `KINDS`.
+with `close()`), then add one `ExecutorKind` to `KINDS`: its name and the library's words for it,
+whether its stages run at once, why it cannot run somewhere (`unavailable`), and `build`, which
+constructs it and warms it up untimed with the warm-up its caller gives (`ready` checks
+`unavailable` before it calls `build`; the warm-up decodes, so it comes from above,
+`ppsd.generate.warm_up`: the kinds sit below the decoding entry points and import none of them);
+whether it captures each length bucket on a GPU (`gpu_captures`, which `ppsd.choice` prices at the
+captured rate) and takes `prepare(length)` (`prepares`); and `fastest` or `earns`, the measured
+case it is kept for (docs/benchmarks.md, "Why each kind exists"). The page offers a kind on its
+radio only where `fastest` names a case (`app.ui`); its words there are one entry of
+`app.kind_words.WORDS`. "stacked" is the newest such entry: `_stacked_unavailable`, `_stacked`
+and one line in `KINDS`.
 
 A kind whose steps compile before first use on a CPU names what compiles in `compiles`: the page
-builds it in the background at start-up (`ppsd.ready_here`, from `app.runner.prestart`), and
-"auto" moves to it once it is ready where this machine measured it fastest (`ppsd.executors.choice`; the compile
-is kept by `ppsd.compile_cache`).
-
-Every front end then offers it: the CLI's `--executor` by name; the page, when it is
-concurrent, as a choice under "The stages at once on" ("auto" keeps today's rule); and
-bench-pipeline, when it is concurrent and can run here, as an AR and a PPSD row.
-`tests/test_kinds.py` then wants a case where it cannot run.
+builds it in the background at start-up (`ppsd.choice.ReadyKinds.start`), and "auto" moves to it
+once it is ready where this machine measured it fastest (the compile is kept by
+`ppsd.compile_cache`). `tests/test_kinds.py` then wants a case where it cannot run.
 """
 
 from __future__ import annotations
@@ -35,24 +35,14 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Protocol
 
-import torch
-
 from ..config import DecodeConfig
 from ..model import StagedModel
 from .base import Executor
 
 
-__all__ = ["AUTO", "AUTO_CHOICE", "ExecutorKind", "IN_TURN", "KINDS", "PlainAR", "WorkerOptions", "concurrent_kinds",
-           "fastest_ar", "kind_named"]
+__all__ = ["AUTO", "ExecutorKind", "IN_TURN", "KINDS", "WorkerOptions", "concurrent_kinds", "kind_named", "reach"]
 
 Progress = Callable[[str], None]
-
-# A token on a whole NVIDIA H200 (docs/benchmarks.md, "The captured-step engine"): eager, the
-# stages in turn in one process (21.38 ms), and graphed PPSD at acceptance 0, the slower of the
-# two captured methods (4.93 ms; graphed AR 3.74 ms).
-EAGER_GPU_TOKEN_SECONDS = 0.0214
-CAPTURED_GPU_TOKEN_SECONDS = 0.00493
-
 
 class Setup(Protocol):
     """What readying an executor reads of a run's setup (`ppsd.setup.RunSetup` is one)."""
@@ -85,29 +75,27 @@ class WorkerOptions:
 
 @dataclass(frozen=True)
 class ExecutorKind:
-    """One way to run the K stages. Its words are the ones the page and the summaries show."""
+    """One way to run the K stages: facts about it, and the few words the library's own output
+    (the CLI, bench-pipeline's rows, a comparison's status) names it by. The page's sentences on a
+    kind are the page's (`app.kind_words`)."""
 
     name: str  # what the CLI takes, the page's choice sends and a bench row records
-    label: str  # the summary's "executor": "K worker processes"
-    choice: str  # the page's radio button: "worker processes, one per stage"
-    where: str  # where its measured clock ran: "each stage in its own worker process, at once"
+    label: str  # the CLI's summary, bench-pipeline's progress and a record's "executor": "K worker processes"
+    noun: str  # what the library's sentences call it, after "the": "worker processes"
     row: str  # a bench-pipeline row after the method, "{k}" for K: "{k}-worker pipeline"
     concurrent: bool  # the stages at once, so the measured clock shows the overlap (else projected)
     unavailable: Callable[[str, int], str | None]  # (model device, K) -> None, or why it cannot run here
     build: Callable[[Setup, WarmUp, Progress, WorkerOptions], Executor | None]  # warmed up; None: in-process, one per run
+    # Why it is kept: the measured case where it is the fastest way to run PPSD
+    # (docs/benchmarks.md, "Why each kind exists"), "" where it is the fastest nowhere measured; and
+    # what it is for otherwise.
+    fastest: str = ""
+    earns: str = ""
     shared: bool = False  # one per process, reused run after run: a run leaves it open, a command closes it
-    # The page's words for a run of K stages on it ({k}: K; {each}: "a core" or "a CUDA stream"; {where}):
-    ran: str = ""  # how the stages and AR ran, after "Measured: "
-    stages: str = ""  # the stages as one thing, after "PPSD on "
-    # What the measured clock pays that the projected one (the same stage costs replayed) does not:
-    # "" when there is nothing to name; None when a projection says nothing of this kind.
-    overhead: str | None = ""
     # What compiles before its first use on a CPU ("the captured steps": minutes cold, seconds once
     # kept by `ppsd.compile_cache`), so a front end builds it in the background; "" for none.
     compiles: str = ""
-    # What a token of any method costs on a whole GPU, in seconds, for a front end that leases GPU
-    # time by the token (ZeroGPU: `app.lease`): the stages in turn, eager, unless a kind says less.
-    gpu_token_seconds: float = EAGER_GPU_TOKEN_SECONDS
+    prepares: bool = False  # its executor takes `prepare(length)`: room (and captures) for a run's length
     gpu_captures: bool = False  # on a GPU, each length bucket a run reaches is captured (a CUDA graph) first
 
     @property
@@ -119,11 +107,6 @@ class ExecutorKind:
     def compiles_on(self, device: str) -> bool:
         """Does this kind compile before its first use on `device` (a CPU; a GPU captures in seconds)?"""
         return bool(self.compiles) and not device.startswith("cuda")
-
-    def words(self, text: str, num_stages: int, device: str) -> str:
-        """`text` (`ran` or `stages`) for K = `num_stages` stages on `device`."""
-        each = "a CUDA stream" if device.startswith("cuda") else "a core"
-        return text.format(k=num_stages, each=each, where=self.where)
 
     def ready(self, setup: Setup, *, warm_up: WarmUp, progress: Progress | None = None,
               options: WorkerOptions = WorkerOptions()) -> Executor | None:
@@ -233,45 +216,35 @@ def _processes(setup: Setup, warm_up: WarmUp, tell: Progress, options: WorkerOpt
 
 
 KINDS: dict[str, ExecutorKind] = {kind.name: kind for kind in (
-    ExecutorKind("in-process", "one process", "one process, the stages in turn", "stages in turn on one device",
-                 "1 process", concurrent=False, unavailable=_nowhere, build=_in_process),
-    ExecutorKind("processes", "K worker processes", "worker processes, one per stage",
-                 "each stage in its own worker process, at once", "{k}-worker pipeline", concurrent=True,
+    ExecutorKind("in-process", "one process", "one process", "1 process", concurrent=False, unavailable=_nowhere,
+                 build=_in_process,
+                 earns="runs anywhere, any K on any device: the stages in turn, their overlap projected"),
+    ExecutorKind("processes", "K worker processes", "worker processes", "{k}-worker pipeline", concurrent=True,
                  unavailable=_processes_unavailable, build=_processes, shared=True,
-                 ran="each of the K={k} stages ran in its own worker process (pinned to its own cores or GPU), at the "
-                     "same time; AR ran on the same pipeline",
-                 stages="the {k} worker processes",
-                 overhead="the cost of moving hidden states and logits between processes"),
-    ExecutorKind("threads", "K threads in one process", "threads in this process",
-                 "each stage on its own thread in one process, at once", "{k} threads in 1 process", concurrent=True,
-                 unavailable=_threads_unavailable, build=_threads,
-                 ran="each of the K={k} stages ran on its own thread in this one process ({each} each), at the same "
-                     "time, sharing the weights and the KV cache; AR ran on the same threads",
-                 stages="the {k} stage threads",
-                 overhead="what the threads lose to each other (on a CPU, Python's lock between short kernels)"),
-    ExecutorKind("graphed", "K captured steps in one process", "captured steps, one per stage",
-                 "each stage a captured step (a CUDA graph on its stream, or a compiled step on its thread), at once",
-                 "{k} captured steps", concurrent=True, unavailable=_graphed_unavailable, build=_graphed,
-                 ran="each of the K={k} stages ran as one captured step in this one process ({where}), sharing the "
-                     "weights and a static KV cache; AR ran on the same steps",
-                 stages="the {k}-stage pipeline ({where})", compiles="the captured steps",
-                 gpu_token_seconds=CAPTURED_GPU_TOKEN_SECONDS, gpu_captures=True),
-    ExecutorKind("stacked", "K stages stacked in one chain",
-                 "stacked stages, one chain a slot (experimental: slower on every CPU measured, not yet run on a GPU)",
-                 "every stage at once in one chain of stacked layers (a CUDA graph a slot, or eager on a CPU)",
-                 "{k} stacked stages", concurrent=True, unavailable=_stacked_unavailable, build=_stacked,
-                 ran="the K={k} stages ran as one stacked chain in this one process ({where}): each slot runs layer "
-                     "j of every stage as one batched step over the K stages' tokens, on one KV cache; AR ran on the "
-                     "same engine",
-                 stages="the {k}-stage pipeline ({where})", overhead=None,
-                 # Not measured on a GPU yet: its slot dispatches a quarter of graphed PPSD's ops
-                 # (docs/benchmarks.md, "The stacked engine"), so graphed PPSD's token bounds it.
-                 gpu_token_seconds=CAPTURED_GPU_TOKEN_SECONDS, gpu_captures=True),
+                 fastest="PPSD with no compile on a CPU (26.4 tokens/s against 25.2 on threads, 2 stages), and "
+                         "decoding of any kind on a host where a second thread gives AR nothing (PPSD 17.4 against "
+                         "AR's best 16.8)",
+                 earns="the stages at once with nothing to compile: what a CPU runs until the captured steps are"),
+    ExecutorKind("threads", "K threads in one process", "threads in this process", "{k} threads in 1 process",
+                 concurrent=True, unavailable=_threads_unavailable, build=_threads, prepares=True,
+                 earns="the stages at once where worker processes cannot start: in a daemonic process (a ZeroGPU "
+                       "call) or with fewer cores than stages (PPSD 25.2 tokens/s, 2 stages)"),
+    ExecutorKind("graphed", "K captured steps in one process", "captured steps", "{k} captured steps",
+                 concurrent=True, unavailable=_graphed_unavailable, build=_graphed, compiles="the captured steps",
+                 prepares=True, gpu_captures=True,
+                 fastest="PPSD on a quiet 2-core CPU (32.1 tokens/s against 26.4 on worker processes), and on a "
+                         "GPU, the one kind measured there (an H200: AR 3.74 ms a token, 5.71x eager AR; PPSD 2.76 ms "
+                         "with every draft accepted)",
+                 earns="the fastest PPSD measured, once compiled (on a CPU) or captured (on a GPU)"),
+    ExecutorKind("stacked", "K stages stacked in one chain", "stacked stages", "{k} stacked stages", concurrent=True,
+                 unavailable=_stacked_unavailable, build=_stacked, prepares=True, gpu_captures=True,
+                 earns="experimental: a slot dispatches a quarter of graphed PPSD's ops (312 against 1,245), which a "
+                       "GPU may turn into time; slower on every CPU measured (PPSD 11.7 tokens/s), not yet run on a "
+                       "GPU"),
 )}
 IN_TURN = KINDS["in-process"]  # the stages in turn in one process: a run that is not "at once"
 ALIASES = {"distributed": "processes"}  # the CLI's earlier name
 AUTO = "auto"
-AUTO_CHOICE = "auto: the fastest PPSD measured here"  # the page's radio button for AUTO (`choice.choose_measured`)
 
 
 def concurrent_kinds() -> tuple[ExecutorKind, ...]:
@@ -285,41 +258,3 @@ def kind_named(name: str) -> ExecutorKind:
     if kind is None:
         raise ValueError(f"executor {name!r} is unknown; choose one of: {', '.join((AUTO, *KINDS))}")
     return kind
-
-
-@dataclass(frozen=True)
-class PlainAR:
-    """One way to run plain AR here: on `executor` (None: in process), on `threads` torch threads,
-    described in `words` ("in this one process on 1 thread with no pipeline")."""
-
-    executor: Executor | None
-    threads: int
-    words: str
-
-
-def fastest_ar(setup: Setup, kind: str, pipeline: Executor | None, *, warm_up: WarmUp) -> tuple[PlainAR, ...]:
-    """The ways the fastest plain AR here may run, beside a pipeline of `kind` (`pipeline`,
-    reused where it serves; one built here is warmed up by `warm_up`): the caller times each and
-    keeps the faster, as which is faster is the machine's to say. On a GPU: the captured steps
-    (eager AR there pays about 1,300 kernel launches a token and runs 5-6x slower:
-    docs/benchmarks.md). On a CPU, whatever kind PPSD runs on: in-process AR on 1 thread and on
-    every core, each warmed up at its thread count. On a busy 2-core machine torch on 2 threads
-    ran 3.5x slower than on 1 (issue 34), on a quiet one faster; plain AR on the captured steps
-    had no 1-thread trial (a second thread count compiles again, for minutes) and was timed 3-10x
-    too slow beside them (issue 56). The caller closes what it did not pass in, and gives the
-    process its threads back."""
-    from .host import usable_cores
-
-    graphed, cores = KINDS["graphed"], usable_cores()
-    if setup.model.info.device.startswith("cuda"):
-        executor = pipeline if kind == graphed.name else graphed.ready(setup, warm_up=warm_up)
-        return (PlainAR(executor, 1, f"on the captured steps in this one process ({graphed.where})"),)
-    ways, threads = [], torch.get_num_threads()
-    try:
-        for n in sorted({1, cores}):
-            torch.set_num_threads(n)
-            warm_up(setup.model, [0], setup.config)  # first calls at this thread count stay out of the timed rounds
-            ways.append(PlainAR(None, n, f"in this one process on {n} thread{'s' * (n != 1)} with no pipeline"))
-    finally:
-        torch.set_num_threads(threads)
-    return tuple(ways)

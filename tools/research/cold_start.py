@@ -46,7 +46,7 @@ def main() -> None:
     print(f"{since():6.1f} s  loaded ({loaded.load_seconds:.1f} s in the loader)", flush=True)
     state.cache.get(ppsd.DEFAULT_MODEL, warm=True)
     print(f"{since():6.1f} s  warmed up", flush=True)
-    from ppsd.executors.choice import choose, concurrent_by_default
+    from ppsd.choice import choose, concurrent_by_default
 
     device, k = loaded.model.info.device, 2
     request = RunRequest(prompt="Write a Python function that checks whether a word is a palindrome. Code only.",
