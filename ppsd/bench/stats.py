@@ -57,8 +57,11 @@ class Speed:
 
 
 def speed(cells: Sequence[Cell], *, projected: bool = False) -> Speed:
-    walls = [c.projected_walls if projected else c.walls for c in cells]
-    tokens = sum(c.tokens for c in cells)
+    return walls_speed(sum(c.tokens for c in cells), [c.projected_walls if projected else c.walls for c in cells])
+
+
+def walls_speed(tokens: int, walls: Sequence[Sequence[float]]) -> Speed:
+    """`Speed` of `tokens` generated over every prompt's repeats, `walls[p]` the seconds of prompt p's."""
     rate = lambda seconds: tokens / seconds if seconds > 0 else float("nan")  # noqa: E731
     return Speed(tokens, rate(sum(statistics.median(w) for w in walls)),
                  rate(sum(max(w) for w in walls)), rate(sum(min(w) for w in walls)))

@@ -23,10 +23,11 @@ from pathlib import Path
 from typing import Callable
 
 from ..chat import use_chat
+from ..cli import options
 from ..cli.values import check_output_folder, thread_count, whole, write_result
 from ..config import DecodeConfig
 from ..heads import default_exit_layer
-from ..model import DEFAULT_MODEL, StagedModel
+from ..model import StagedModel
 from . import report as bench_report
 from .machine import machine_info
 from .prompts import CHAT_PROMPTS_FILE, load_prompts, prompt_ids, quick_subset
@@ -35,13 +36,7 @@ from .settings import FULL, QUICK, Setting, preset_exit_layers, sweep
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", default=DEFAULT_MODEL,
-                        help=f"{DEFAULT_MODEL} (default), a local directory, a .gguf file or a hub id")
-    parser.add_argument("--exit-head", default="auto",
-                        help="per E: auto (the shipped head when one fits, else shared; default), shared, or a "
-                             "train-head directory")
-    parser.add_argument("--chat", action=argparse.BooleanOptionalAction, default=None,
-                        help="prompts through the chat template (default: on when the model has one)")
+    options.add_model(parser)  # --model, --exit-head (a head per E) and --chat, as every decoding command's
     parser.add_argument("--quick", action="store_true",
                         help="a smoke check: 1 prompt, greedy, K = 2 at its default E, 16 tokens, one warm-up "
                              "and one timed round, our decoders' tokens checked against HF generate(), no HF "

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from dataclasses import fields
 from pathlib import Path
 
 import torch
@@ -115,9 +116,10 @@ def run(args: argparse.Namespace) -> int:
     resolve_device(args.device)
     layers = model_shape(args.model).num_layers  # the config alone: no weights read or hashed
     config = _config(args, layers)
+    stages = args.stages or pipeline_stages(layers, config.exit_layer)
     # The card's prompt decodes: K must fit E on this model, and N be a length a run may ask for.
     DecodeConfig(method="ppsd", exit_layer=config.exit_layer, max_new_tokens=args.decode_tokens,
-                 num_stages=args.stages or pipeline_stages(layers, config.exit_layer)).resolved(layers)
+                 num_stages=stages).resolved(layers)
     model, tokenizer = load_model(args.model, device=args.device)
     data = _data(args, tokenizer)
     began = time.perf_counter()
@@ -129,7 +131,6 @@ def run(args: argparse.Namespace) -> int:
             for parameter in result.head.adapter.parameters():
                 parameter.copy_(parameter.to(save_dtype).float())
         result.after = acceptance(model, result.head, eval_windows(data.heldout, config), config.exit_layer)
-    stages = args.stages or pipeline_stages(model.num_layers, config.exit_layer)
     evaluation = _evaluation(args, model, tokenizer, result, config, stages)
     head_config = HeadConfig(
         head_type=config.head_type, exit_layer=config.exit_layer, base_model=model.info.name,
@@ -169,14 +170,11 @@ def _check_data(args: argparse.Namespace) -> None:
 
 
 def _config(args: argparse.Namespace, num_layers: int) -> TrainConfig:
-    exit_layer = args.exit_layer if args.exit_layer is not None else max(1, num_layers // 2)
-    return TrainConfig(
-        exit_layer=exit_layer, head_type=args.head_type, rank=args.rank, draft_vocab=args.draft_vocab,
-        steps=args.steps, lr=args.lr, lr_schedule=args.lr_schedule, ce_weight=args.ce_weight,
-        cache_features=args.cache_features,
-        batch_size=args.batch_size, seq_len=args.seq_len, seed=args.seed, eval_every=args.eval_every,
-        eval_tokens=args.eval_tokens, checkpoint_every=args.checkpoint_every,
-    ).validated(num_layers)
+    """Every `TrainConfig` field from its flag of the same name; E defaults to L/2."""
+    settings = {f.name: getattr(args, f.name) for f in fields(TrainConfig)}
+    if args.exit_layer is None:
+        settings["exit_layer"] = max(1, num_layers // 2)
+    return TrainConfig(**settings).validated(num_layers)
 
 
 def _data(args: argparse.Namespace, tokenizer) -> TokenData:

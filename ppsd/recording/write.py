@@ -27,7 +27,8 @@ def this_machine(device: str) -> Machine:
 
         name = torch.cuda.get_device_name(torch.device(device))
     else:
-        name = _cpu_name()
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        name = f"CPU {cpu_model()} ({cores} core{'s' * (cores != 1)})"
     try:
         load = tuple(round(x, 2) for x in os.getloadavg())
     except OSError:  # no load average on this system
@@ -35,18 +36,13 @@ def this_machine(device: str) -> Machine:
     return Machine(device, name, load)
 
 
-def _cpu_name() -> str:
-    model = platform.processor() or platform.machine()
+def cpu_model() -> str:
+    """The CPU's model name as /proc/cpuinfo gives it, else the platform's words (not Linux)."""
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    model = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return f"CPU {model} ({cores} core{'s' * (cores != 1)})"
+            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return platform.processor() or platform.machine()
 
 
 def weights_sha256(module) -> str:
