@@ -117,7 +117,9 @@ class StagedModel:
         position are masked (stale entries after a rollback, the bucket's unwritten tail)."""
         position_ids = positions.unsqueeze(0)
         rotary = self._decoder.rotary_emb(hidden, position_ids)
-        mask = self._as_mask((cache.key_index[None, :] <= positions[:, None])[None, None], hidden.dtype)
+        mask = (cache.key_index[None, :] <= positions[:, None])[None, None]  # (1, 1, T, bucket): allowed keys
+        if not self._bool_mask:  # eager attention takes an additive mask
+            mask = torch.zeros_like(mask, dtype=hidden.dtype).masked_fill(~mask, torch.finfo(hidden.dtype).min)
         for index in layers:
             hidden = self.layers[index](hidden, attention_mask=mask, position_ids=position_ids,
                                         past_key_values=cache, use_cache=True, position_embeddings=rotary)
@@ -130,14 +132,6 @@ class StagedModel:
     def final_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """(T, V) float32 logits of the full model for every token of `hidden` (after layer L)."""
         return self.hf_model.lm_head(self._decoder.norm(hidden))[0].float()
-
-    def _as_mask(self, allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-        """`allowed` as the attention implementation takes it: boolean, or additive for eager."""
-        if self._bool_mask:
-            return allowed
-        return torch.zeros(allowed.shape, dtype=dtype, device=self._device).masked_fill(
-            ~allowed, torch.finfo(dtype).min
-        )
 
 
 def _max_context(config) -> int:
@@ -275,7 +269,8 @@ def _loaded(name: str, source: str, load):
     try:
         return load()
     except Exception as error:  # noqa: BLE001 - every loader failure becomes one clear message
-        raise _load_error(name, source, error) from None
+        reason = UNREACHABLE if _hub_options(source) else _first_line(error)
+        raise ValueError(f"cannot load model {name!r}: {reason}") from None
 
 
 def _supported(name: str, model_type: str) -> None:
@@ -292,12 +287,6 @@ def _hub_options(source: str) -> dict:
     if Path(source).is_dir() or hub_reachable():
         return {}
     return {"local_files_only": True}
-
-
-def _load_error(name: str, source: str, error: Exception) -> ValueError:
-    if _hub_options(source):
-        return ValueError(f"cannot load model {name!r}: {UNREACHABLE}")
-    return ValueError(f"cannot load model {name!r}: {_first_line(error)}")
 
 
 def _first_line(error: Exception) -> str:

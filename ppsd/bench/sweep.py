@@ -30,7 +30,7 @@ from ..heads import default_exit_layer
 from ..model import StagedModel
 from . import report as bench_report
 from .machine import machine_info
-from .prompts import CHAT_PROMPTS_FILE, load_prompts, prompt_ids, quick_subset
+from .prompts import CHAT_PROMPTS_FILE, load_prompts, prompt_ids, spread
 from .run import Run, fixed_length
 from .settings import FULL, QUICK, Setting, preset_exit_layers, sweep
 
@@ -149,7 +149,7 @@ def _plan(args: argparse.Namespace) -> Plan:
     chat = use_chat(tokenizer, args.chat)
     prompts, source = load_prompts(args.prompts or (CHAT_PROMPTS_FILE if chat else None))
     if args.quick:
-        prompts = quick_subset(prompts, preset["prompts"])
+        prompts = spread(prompts, preset["prompts"])  # the smoke check: each from another category
     model = fixed_length(loaded)
     for p in prompts:
         p["ids"] = prompt_ids(tokenizer, p["prompt"], model.info.max_context - new_tokens, chat=chat)

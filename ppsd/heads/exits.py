@@ -17,6 +17,7 @@ import copy
 import torch
 import torch.nn.functional as F
 from torch import nn
+from transformers.models.llama.modeling_llama import rotate_half
 
 from ..model import SharedExitHead, StagedModel
 
@@ -224,11 +225,9 @@ class LayerExitHead(TrainedExitHead):
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotary embedding of (B, heads, T, d) `x`; cos/sin (B, T, d) as the models' rotary_emb gives."""
-    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + rotated * sin
+    """Rotary embedding of (B, heads, T, d) `x`, as Hugging Face's attention applies it; cos/sin
+    (B, T, d) as the models' rotary_emb gives."""
+    return x * cos.unsqueeze(1) + rotate_half(x) * sin.unsqueeze(1)
 
 
 def shared_head(model: StagedModel) -> SharedExitHead:

@@ -159,7 +159,7 @@ def record(state: State, *, settings: Mapping[str, Any], model: ModelFacts, mach
         raise ValueError("the comparison has no finished round to record")
     from .. import __version__
 
-    state = _replace_rounds(state, whole)
+    state = replace(state, rounds=whole, active=None, status="", aborted=False)
     first = next(iter(whole[0].values()))
     return RunRecord(state, dict(settings), tuple(first.prompt_ids), model, machine, recorded_at or now_utc(),
                      __version__, dict(pieces), dict(texts), note)
@@ -180,7 +180,3 @@ def of_result(result: Result, setup, tokenizer, *, kind: str, settings: Mapping[
     texts = {tuple(result.token_ids): tokenizer.decode(result.token_ids, skip_special_tokens=True)}
     return record(state, settings=settings, model=model_facts(setup.model, head=setup.head, chat=setup.chat),
                   machine=this_machine(setup.model.info.device), pieces=pieces, texts=texts)
-
-
-def _replace_rounds(state: State, rounds: tuple) -> State:
-    return replace(state, rounds=rounds, active=None, status="", aborted=False)
