@@ -35,8 +35,8 @@ def repeat(fn: Callable[[], T], *, warmup: int, repeats: int, tick: Callable[[],
 def fixed_length(model: StagedModel) -> StagedModel:
     """The same weights with EOS treated as an ordinary token: every run then generates exactly
     max_new_tokens, so AR, EESD, PPSD and Hugging Face time the same amount of work."""
-    bench = StagedModel(model.hf_model, name=model.info.name, exit_head=model.exit_head)
-    bench.info = replace(bench.info, eos_token_ids=())
+    bench = model.with_exit_head(model.exit_head)
+    bench.info = replace(model.info, eos_token_ids=())
     return bench
 
 

@@ -96,8 +96,6 @@ def run(args: argparse.Namespace) -> int:
     import torch
     import transformers
 
-    if args.threads < 1:
-        raise ValueError(f"threads={args.threads} must be >= 1")
     check_output_folder(args.out, "--out")  # before the minutes of measuring, whose record goes there
     torch.set_num_threads(args.threads)
     # HF warns on every assisted call about its own internal arguments; the table is the output.
@@ -135,9 +133,7 @@ def _plan(args: argparse.Namespace) -> Plan:
 
     preset = QUICK if args.quick else FULL
     pick = lambda name: _pick(args, preset, name)  # noqa: E731
-    repeats, warmup, new_tokens = pick("repeats"), pick("warmup"), pick("max_new_tokens")
-    if repeats < 1 or warmup < 0:
-        raise ValueError(f"repeats={repeats} must be >= 1 and warmup={warmup} >= 0")
+    repeats, warmup, new_tokens = pick("repeats"), pick("warmup"), pick("max_new_tokens")  # flags typed by `whole`
     resolve_device(args.device)
     if args.prompts:
         load_prompts(args.prompts)  # a FIFO, /dev/full or a folder: refused before the load
