@@ -21,7 +21,8 @@ from torch import nn
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PretrainedConfig
 
 from .assets import ASSETS
-from .model_source import DEFAULT_MODEL, UNREACHABLE, Progress, config_source, gguf_shape, hub_reachable, resolve
+from .model_source import (DEFAULT_MODEL, UNREACHABLE, Progress, config_source, first_line, gguf_shape, hub_reachable,
+                           resolve)
 
 # Architectures whose decoder stacks expose model.model.{embed_tokens, layers, norm, rotary_emb}
 # and whose layers only need (hidden, mask, position_embeddings, cache): verified exact in tests.
@@ -269,7 +270,7 @@ def _loaded(name: str, source: str, load):
     try:
         return load()
     except Exception as error:  # noqa: BLE001 - every loader failure becomes one clear message
-        reason = UNREACHABLE if _hub_options(source) else _first_line(error)
+        reason = UNREACHABLE if _hub_options(source) else first_line(error, 300)
         raise ValueError(f"cannot load model {name!r}: {reason}") from None
 
 
@@ -287,8 +288,3 @@ def _hub_options(source: str) -> dict:
     if Path(source).is_dir() or hub_reachable():
         return {}
     return {"local_files_only": True}
-
-
-def _first_line(error: Exception) -> str:
-    text = str(error).strip() or type(error).__name__
-    return text.splitlines()[0][:300]

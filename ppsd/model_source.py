@@ -166,6 +166,11 @@ def gguf_shape(path: str | Path) -> tuple[str, int, int]:
                      "and context length")
 
 
+def first_line(error: BaseException, limit: int = 200) -> str:
+    """An error in one line of at most `limit` characters (its type's name when it says nothing)."""
+    return (str(error).strip() or type(error).__name__).splitlines()[0][:limit]
+
+
 def shown(name: str, limit: int = 80) -> str:
     """`name` quoted for a message, cut to `limit` characters (a visitor may type 10,000)."""
     return repr(name) if len(name) <= limit else repr(name[:limit]) + f"... ({len(name)} characters)"
@@ -370,7 +375,7 @@ def _convert(gguf: Path, out: Path, progress: Progress | None) -> None:
         _say(progress, "Dequantizing the GGUF weights")
         model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
     except Exception as error:  # noqa: BLE001 - a bad file is one clear message
-        raise ValueError(f"cannot read GGUF {gguf.name!r}: {str(error).strip().splitlines()[0][:200]}") from None
+        raise ValueError(f"cannot read GGUF {gguf.name!r}: {first_line(error)}") from None
     # Dequantized weights are plain tensors; the quantizer marker only blocks save_pretrained.
     model.hf_quantizer = None
     model.is_quantized = False
