@@ -50,18 +50,6 @@ def ppsd_acceptance(model: StagedModel, prompts: list[list[int]], config: Decode
     return accepted / verified if verified else None
 
 
-def decode_acceptance(model: StagedModel, head, prompts: list[list[int]], exit_layer: int, *,
-                      max_new_tokens: int = 64, stages: int | None = None) -> dict:
-    """`ppsd_acceptance` with the shared head and with `head`, on K = `stages` (default: the K
-    whose balanced exit is E)."""
-    stages = stages or pipeline_stages(model.num_layers, exit_layer)
-    config = DecodeConfig(method="ppsd", exit_layer=exit_layer, num_stages=stages, max_new_tokens=max_new_tokens)
-    rates = {"stages": stages, "prompts": len(prompts), "max_new_tokens": max_new_tokens}
-    for name, staged in (("shared", model.with_exit_head(shared_head(model))), ("head", model.with_exit_head(head))):
-        rates[name] = ppsd_acceptance(staged, prompts, config)
-    return rates
-
-
 # --- command line ---------------------------------------------------------------------------------
 
 
@@ -207,13 +195,16 @@ def _evaluation(args: argparse.Namespace, model: StagedModel, tokenizer, result:
 
 def _prompt_evaluation(model, tokenizer, head, path: Path, exit_layer: int, max_new_tokens: int, *,
                        chat: bool, stages: int) -> dict:
+    """`ppsd_acceptance` on the prompts in `path` with the shared head and with `head`, on K = `stages`."""
     try:
         entries = json.loads(path.read_text())
-        prompts = [encode_prompt(tokenizer, e["prompt"], chat=chat) for e in entries]
+        prompts = [ids for e in entries if (ids := encode_prompt(tokenizer, e["prompt"], chat=chat))]
     except (OSError, json.JSONDecodeError, KeyError, TypeError) as error:
         raise ValueError(f"prompts {str(path)!r} unreadable: {error}") from None
-    rates = decode_acceptance(model, head, [p for p in prompts if p], exit_layer, max_new_tokens=max_new_tokens,
-                              stages=stages)
+    config = DecodeConfig(method="ppsd", exit_layer=exit_layer, num_stages=stages, max_new_tokens=max_new_tokens)
+    rates = {"stages": stages, "prompts": len(prompts), "max_new_tokens": max_new_tokens}
+    for name, staged in (("shared", model.with_exit_head(shared_head(model))), ("head", model.with_exit_head(head))):
+        rates[name] = ppsd_acceptance(staged, prompts, config)
     how = "through the chat template" if chat else "as raw text"
     note = (f"Greedy PPSD decodes (in process, K={rates['stages']}, {rates['max_new_tokens']} new tokens) of the "
             f"{rates['prompts']} prompts in {path.name} ({how}): acceptance rate (accepted / verified drafts) "
