@@ -6,7 +6,7 @@ Only entry points (CLI, app) build it from user input; everything below receives
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 METHODS = ("ar", "eesd", "ppsd")
@@ -101,16 +101,7 @@ class DecodeConfig:
             raise ValueError(f"top_p={self.top_p} is out of range: 0 < P <= 1")
         if not 0 <= self.seed <= SEED_MAX:
             raise ValueError(f"seed={self.seed} is out of range: 0 <= seed <= 2^63 - 1 ({SEED_MAX})")
-        return DecodeConfig(
-            method=self.method,
-            exit_layer=exit_layer,
-            num_stages=self.num_stages,
-            draft_len=self.draft_len,
-            max_new_tokens=self.max_new_tokens,
-            temperature=float(self.temperature),
-            top_p=float(self.top_p),
-            seed=self.seed,
-        )
+        return replace(self, exit_layer=exit_layer, temperature=float(self.temperature), top_p=float(self.top_p))
 
 
 DEFAULTS = DecodeConfig()  # every entry point's defaults (CLI flags, the page's form and sliders)
@@ -148,10 +139,6 @@ def balanced_exit_layer(num_layers: int, num_stages: int) -> int:
 
 def stage_layers(num_layers: int, exit_layer: int, num_stages: int) -> tuple[range, ...]:
     """Stage 1 is layers [0, E); stages 2..K split [E, L) as evenly as possible (spec: Words)."""
-    rest = num_layers - exit_layer
-    sizes = [rest // (num_stages - 1) + (1 if i < rest % (num_stages - 1) else 0) for i in range(num_stages - 1)]
-    ranges = [range(0, exit_layer)]
-    for size in sizes:
-        start = ranges[-1].stop
-        ranges.append(range(start, start + size))
-    return tuple(ranges)
+    size, extra = divmod(num_layers - exit_layer, num_stages - 1)  # the first `extra` stages get a layer more
+    cuts = [exit_layer + i * size + min(i, extra) for i in range(num_stages)]
+    return (range(0, exit_layer), *(range(a, b) for a, b in zip(cuts, cuts[1:])))

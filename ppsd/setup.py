@@ -117,7 +117,7 @@ def set_up(model: StagedModel, config: DecodeConfig | None = None, *, exit_head:
         model, head = model.with_exit_head(choice.head), choice.label
     ids = tuple(prompt_ids) if prompt_ids is not None else ()
     if prompt_ids is not None:
-        check_prompt(model, ids, resolved)
+        check_prompt_length(len(ids), model.info.max_context, resolved.max_new_tokens)
     return RunSetup(model, resolved, head, ids, chat)
 
 
@@ -130,14 +130,9 @@ def set_up_text(model: StagedModel, tokenizer, text: str, config: DecodeConfig |
     return set_up(model, config, exit_head=exit_head, prompt_ids=ids, chat=chat)
 
 
-def check_prompt(model: StagedModel, prompt_ids: tuple[int, ...], config: DecodeConfig) -> None:
-    """Raise ValueError when the prompt is empty or prompt plus output exceeds the context."""
-    check_prompt_length(len(prompt_ids), model.info.max_context, config.max_new_tokens)
-
-
 def check_prompt_length(tokens: int, max_context: int, max_new_tokens: int) -> None:
-    """`check_prompt` by numbers alone: an entry point checks a prompt against the model's config
-    before its weights load."""
+    """ValueError when the prompt is empty or prompt plus output exceeds the context, by numbers
+    alone: an entry point checks a prompt against the model's config before its weights load."""
     if not tokens:
         raise ValueError(EMPTY_PROMPT)
     room = max_context - max_new_tokens

@@ -42,8 +42,8 @@ class StaticKVCache:
     only by `reserve`, which is why a captured step must be captured again after it grows."""
 
     def __init__(self, num_layers: int, kv_heads: int, head_dim: int, *, dtype: torch.dtype,
-                 device: torch.device | str, layers: range | None = None) -> None:
-        self.num_layers, self.kv_heads, self.head_dim = num_layers, kv_heads, head_dim
+                 device: torch.device | str, layers: range | None = None, batch: int = 1) -> None:
+        self.num_layers, self.kv_heads, self.head_dim, self.batch = num_layers, kv_heads, head_dim, batch
         self.dtype, self.device = dtype, torch.device(device)
         self.layers = range(num_layers) if layers is None else layers  # those with buffers (a worker's own)
         self.capacity = 0
@@ -53,13 +53,14 @@ class StaticKVCache:
         self._lengths = [0] * num_layers
 
     @classmethod
-    def for_model(cls, hf_model, layers: range | None = None) -> "StaticKVCache":
-        """The cache of `hf_model`'s decoder layers (only `layers`' buffers, when given)."""
+    def for_model(cls, hf_model, layers: range | None = None, *, batch: int = 1) -> "StaticKVCache":
+        """The cache of `hf_model`'s decoder layers (only `layers`' buffers, when given); `batch`
+        rows of each (a research tool times top-2 drafting; every executor runs one)."""
         config = hf_model.config
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         weight = next(hf_model.parameters())
         return cls(config.num_hidden_layers, config.num_key_value_heads, head_dim, dtype=weight.dtype,
-                   device=weight.device, layers=layers)
+                   device=weight.device, layers=layers, batch=batch)
 
     def reserve(self, length: int) -> bool:
         """Room for positions [0, length), in whole buckets. True when the buffers were reallocated
@@ -68,17 +69,21 @@ class StaticKVCache:
             return False
         capacity = bucket_for(length)
         with torch.inference_mode(False):  # plain tensors: runs update them in and out of inference mode
-            self.keys = [self._grown(old, i, capacity) for i, old in enumerate(self.keys)]
-            self.values = [self._grown(old, i, capacity) for i, old in enumerate(self.values)]
+            self._allocate(capacity)
             self.key_index = torch.arange(capacity, device=self.device)
         self.capacity = capacity
         return True
+
+    def _allocate(self, capacity: int) -> None:
+        """New buffers of `capacity` positions holding what the old ones held."""
+        self.keys = [self._grown(old, i, capacity) for i, old in enumerate(self.keys)]
+        self.values = [self._grown(old, i, capacity) for i, old in enumerate(self.values)]
 
     def _grown(self, old: torch.Tensor | None, index: int, capacity: int) -> torch.Tensor | None:
         if index not in self.layers:
             return None
         # Zeros, not garbage: a masked score multiplies its value by 0, and 0 x NaN is NaN.
-        new = torch.zeros((1, self.kv_heads, capacity, self.head_dim), dtype=self.dtype, device=self.device)
+        new = torch.zeros((self.batch, self.kv_heads, capacity, self.head_dim), dtype=self.dtype, device=self.device)
         if old is not None:
             new[:, :, :self.capacity] = old
         return new

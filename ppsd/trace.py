@@ -50,10 +50,6 @@ class Trace:
         (`measured_wall_seconds`, set-up and host work included), on the projected one the makespan."""
         return measured_wall_seconds if self.clock == "measured" else self.makespan
 
-    def busy(self, stage: int) -> float:
-        """Seconds `stage` (1-based) spent working."""
-        return sum(e.duration for e in self.events if e.stage == stage)
-
     def utilization(self) -> list[float]:
         """Per stage: busy time / makespan."""
         span = self.makespan

@@ -32,6 +32,14 @@ def tiny_llama(*, vocab: int = 64, layers: int = 8, seed: int = 0, **overrides) 
     return LlamaForCausalLM(config).eval()
 
 
+def run_layers(model: StagedModel, ids: list[int], layers: range, cache, position: int = 0):
+    """Hugging Face's own decoder `layers` on `ids` at [position, position + len(ids)) through the
+    one forward (`StagedModel.run_static`) on a `StaticKVCache` (reserved and advanced here):
+    (hidden, the step's `CacheView`), to call an exit head or `exit_logits` with."""
+    view = cache.at(layers, position, len(ids))
+    return model.run_static(model.embed(ids), layers, positions=view.write, cache=view), view
+
+
 def tiny_tokenizer(vocab: int = 300) -> PreTrainedTokenizerFast:
     """A byte-level BPE trained in memory on a few lines: real tokenization, no files."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers

@@ -15,13 +15,14 @@ from ppsd import DecodeConfig, Draft, Event, Result, Token, Trace
 from ppsd.bench import prompts as bench_prompts
 from ppsd.bench import report as bench_report
 from ppsd.bench.baselines import same_output
-from ppsd.bench.prompts import load_prompts, quick_subset
+from ppsd.bench.prompts import load_prompts, spread
 from ppsd.bench.rows import central_point, make_row
 from ppsd.bench.run import Run, repeat
-from ppsd.bench.stats import Cell, cell_from_results, partition_slot_fraction, speed
+from ppsd.bench.stats import Cell, cell_from_results, speed
 from ppsd.bench.settings import Setting, sweep
 from ppsd.cli import main
-from ppsd.metrics import ideal_ppsd_speedup_slowest_stage
+from ppsd.config import stage_layers
+from ppsd.metrics import ideal_ppsd_speedup_slowest_stage, slot_fraction
 
 STAGES = (range(0, 1), range(1, 2))  # a 2-layer model, E = 1, K = 2: every stage takes 1 s below
 
@@ -165,7 +166,7 @@ def test_break_even_acceptance_is_the_ideals_inverse(target, fraction):
 @pytest.mark.parametrize("layers,exit_layer,num_stages,expected", [(8, 4, 2, 4 / 8), (8, 2, 4, 2 / 8), (8, 6, 2, 6 / 8),
                                                                (8, 2, 2, 6 / 8), (8, 3, 3, 3 / 8), (8, 1, 8, 1 / 8)])
 def test_slot_is_the_slowest_stage(layers, exit_layer, num_stages, expected):
-    assert partition_slot_fraction(layers, exit_layer, num_stages) == pytest.approx(expected)
+    assert slot_fraction(stage_layers(layers, exit_layer, num_stages)) == pytest.approx(expected)
 
 
 def test_repeat_drops_warmup_runs():
@@ -204,7 +205,7 @@ def test_prompts_fall_back_and_reject_bad_files(tmp_path, monkeypatch):
     monkeypatch.setattr(bench_prompts, "PROMPTS_FILE", tmp_path / "missing.json")
     prompts, source = load_prompts(None)
     assert "fallback" in source and {p["category"] for p in prompts} == {"code", "prose", "math"}
-    assert [p["category"] for p in quick_subset(prompts, 3)] == ["code", "prose", "math"]
+    assert [p["category"] for p in spread(prompts, 3)] == ["code", "prose", "math"]
     bad = tmp_path / "bad.json"
     bad.write_text('[{"name": "x"}]')
     with pytest.raises(ValueError, match="name.*category.*prompt"):

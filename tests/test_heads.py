@@ -9,14 +9,16 @@ import pytest
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from ppsd import DecodeConfig, KVCache, StagedModel, generate
+from ppsd import DecodeConfig, StagedModel, generate
 from ppsd.cli import main
 from ppsd.heads import HeadConfig, build_head, fingerprint, load_exit_head, save_exit_head
 from ppsd.heads.data import TokenData
 from ppsd.heads.distill import TrainConfig
 from ppsd.heads.train import train_head
 
-from conftest import tiny_llama
+from ppsd.static_cache import StaticKVCache
+
+from conftest import run_layers, tiny_llama
 
 EXIT = 2
 # Small enough to train in seconds on a CPU; 20 Adam steps at lr 1e-2 move either head well clear of
@@ -68,21 +70,19 @@ def config_for(model: StagedModel, head) -> HeadConfig:
 
 @pytest.mark.parametrize("head_type", ["lowrank", "layer"])
 def test_untrained_head_is_the_shared_head(model, head_type):
-    cache = KVCache()
-    hidden = model.run_layers(model.embed([1, 5, 9, 3, 7]), range(0, EXIT), position=0, cache=cache)
-    shared = model.exit_logits(hidden, position=0, cache=cache)
+    hidden, view = run_layers(model, [1, 5, 9, 3, 7], range(0, EXIT), StaticKVCache.for_model(model.hf_model))
+    shared = model.exit_logits(hidden, position=view.write, cache=view)
     head = build_head(head_type, model, EXIT, rank=8)
-    assert torch.equal(model.with_exit_head(head).exit_logits(hidden, position=0, cache=cache), shared)
+    assert torch.equal(model.with_exit_head(head).exit_logits(hidden, position=view.write, cache=view), shared)
 
 
 def test_layer_head_recomputes_exactly_the_keys_and_values_stage_1_cached(model):
     # Training recomputes layer E-1's keys/values from hidden_states[E-1]; decoding reads them
     # from the cache. Both must be the same tensors or the head would be trained on other inputs.
     ids = [1, 5, 9, 3, 7, 11]
-    cache = KVCache()
-    model.run_layers(model.embed(ids), range(0, EXIT), position=0, cache=cache)
-    empty = torch.empty(1, 2, 0, 8)
-    cached = cache.update(empty, empty, EXIT - 1)
+    cache = StaticKVCache.for_model(model.hf_model)
+    run_layers(model, ids, range(0, EXIT), cache)
+    cached = (cache.keys[EXIT - 1][:, :, :len(ids)], cache.values[EXIT - 1][:, :, :len(ids)])
     with torch.no_grad():
         states = model.hf_model(torch.tensor([ids]), output_hidden_states=True).hidden_states
         recomputed = build_head("layer", model, EXIT).shared_kv(states[EXIT - 1])
@@ -96,11 +96,11 @@ def test_batch_and_decoding_paths_agree(model, trained):
     with torch.no_grad():
         states = model.hf_model(torch.tensor([ids]), output_hidden_states=True).hidden_states
         batch = trained.head.batch_logits(states)[0]
-        cache = KVCache()
+        cache = StaticKVCache.for_model(model.hf_model)
         for position, token in enumerate(ids):
-            hidden = model.run_layers(model.embed([token]), range(0, EXIT), position=position, cache=cache)
+            hidden, view = run_layers(model, [token], range(0, EXIT), cache, position)
             full = trained.head.full_logits(batch[position])
-            torch.testing.assert_close(trained.head(hidden, position, cache), full, rtol=1e-4, atol=1e-5)
+            torch.testing.assert_close(trained.head(hidden, view.write, view), full, rtol=1e-4, atol=1e-5)
 
 
 def test_training_raises_acceptance_above_the_shared_head(trained):
@@ -113,10 +113,9 @@ def test_training_raises_acceptance_above_the_shared_head(trained):
 def test_save_load_round_trip_is_exact(model, trained, tmp_path):
     save_exit_head(trained.head, tmp_path, config_for(model, trained.head))
     loaded = load_exit_head(tmp_path, model, EXIT)
-    cache = KVCache()
-    hidden = model.run_layers(model.embed([3, 1, 4, 1, 5, 9, 2]), range(0, EXIT), position=0, cache=cache)
+    hidden, view = run_layers(model, [3, 1, 4, 1, 5, 9, 2], range(0, EXIT), StaticKVCache.for_model(model.hf_model))
     with torch.no_grad():
-        assert torch.equal(loaded(hidden, 0, cache), trained.head(hidden, 0, cache))
+        assert torch.equal(loaded(hidden, view.write, view), trained.head(hidden, view.write, view))
     saved = json.loads((tmp_path / "head_config.json").read_text())
     assert saved["exit_layer"] == EXIT and saved["base_fingerprint"]["sha256"] == fingerprint(model)["sha256"]
     assert f"E = {EXIT}" in (tmp_path / "README.md").read_text()
@@ -167,10 +166,10 @@ def test_another_architecture_round_trips(tmp_path):
     config = TrainConfig(exit_layer=2, rank=4, steps=2, batch_size=2, seq_len=16, eval_tokens=64)
     result = train_head(qwen, TokenData(tokens, tokens[:64], "random"), config, progress=False)
     save_exit_head(result.head, tmp_path, head_config(qwen, 2, rank=4))
-    cache = KVCache()
-    hidden = qwen.run_layers(qwen.embed([5, 6, 7]), range(0, 2), position=0, cache=cache)
+    hidden, view = run_layers(qwen, [5, 6, 7], range(0, 2), StaticKVCache.for_model(qwen.hf_model))
     with torch.no_grad():
-        assert torch.equal(load_exit_head(tmp_path, qwen, 2)(hidden, 0, cache), result.head(hidden, 0, cache))
+        assert torch.equal(load_exit_head(tmp_path, qwen, 2)(hidden, view.write, view),
+                           result.head(hidden, view.write, view))
 
 
 @pytest.mark.parametrize("method, num_stages", [("ppsd", 2), ("ppsd", 3), ("eesd", 2)])

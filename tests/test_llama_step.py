@@ -13,8 +13,8 @@ from ppsd import DecodeConfig
 from ppsd.config import stage_layers
 from ppsd.executors.stacked import StackedExecutor
 from ppsd.llama_step import StackedLlama
-from ppsd.model import KVCache
 from ppsd.model_source import default_available
+from ppsd.static_cache import StaticKVCache
 
 from conftest import tiny_llama
 from test_distributed import NEW_TOKENS, PROMPTS
@@ -34,14 +34,15 @@ def test_every_stage_matches_hugging_face_layers_in_fp32(model, num_stages, exit
     ids = torch.tensor([PROMPTS["long"]])
     positions = torch.arange(ids.shape[1])
     with torch.no_grad():
-        ours, theirs, cache = engine.embed(ids), model.embed(ids), KVCache()
+        ours, theirs, cache = engine.embed(ids), model.embed(ids), StaticKVCache.for_model(model.hf_model)
         torch.testing.assert_close(ours, theirs, atol=0, rtol=0)
         for k, layers in enumerate(partition):
             ours = engine.stage(ours, k, positions, 64)
-            theirs = model.run_layers(theirs, layers, position=0, cache=cache)
+            view = cache.at(layers, 0, ids.shape[1])
+            theirs = model.run_static(theirs, layers, positions=view.write, cache=view)
             torch.testing.assert_close(ours, theirs, atol=1e-5, rtol=1e-5)
             for layer in layers:  # the cache holds what Hugging Face's attention cached
-                keys, values = cache.keys_values(layer)
+                keys, values = (t[layer][:, :, :ids.shape[1]] for t in (cache.keys, cache.values))
                 torch.testing.assert_close(engine.cache.keys[layer][:, :, :ids.shape[1]], keys, atol=1e-5, rtol=1e-5)
                 torch.testing.assert_close(engine.cache.values[layer][:, :, :ids.shape[1]], values,
                                            atol=1e-5, rtol=1e-5)

@@ -7,7 +7,8 @@ from __future__ import annotations
 import time
 from typing import Sequence
 
-from ..model import StagedModel
+from ..model import StagedModel, eos_ids
+from ..setup import device_sync
 
 
 def hf_generate(model: StagedModel, prompt_ids: list[int], new_tokens: int, **kwargs) -> tuple[list[int], float]:
@@ -18,15 +19,15 @@ def hf_generate(model: StagedModel, prompt_ids: list[int], new_tokens: int, **kw
     import torch
 
     ids = torch.tensor([prompt_ids], device=model.hf_model.device)
-    eos = model.hf_model.generation_config.eos_token_id
-    pad = (eos[0] if isinstance(eos, list) else eos) if eos is not None else 0
-    _sync(model)
+    pad = (eos_ids(model.hf_model) or (0,))[0]  # one unpadded sequence: any id serves, HF only asks for one
+    sync = device_sync(model) or (lambda: None)
+    sync()
     started = time.perf_counter()
     with torch.inference_mode():
         out = model.hf_model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
                                       max_new_tokens=new_tokens, min_new_tokens=new_tokens,
                                       pad_token_id=pad, **kwargs)
-    _sync(model)
+    sync()
     return out[0, len(prompt_ids):].tolist(), time.perf_counter() - started
 
 
@@ -44,18 +45,3 @@ def same_output(ours: Sequence[int], theirs: Sequence[int], eos: Sequence[int]) 
     can only be compared on the common prefix before it."""
     cut = next((i for i, t in enumerate(ours) if t in eos), len(ours))
     return list(ours[:cut]) == list(theirs[:cut])
-
-
-def _sync(model: StagedModel) -> None:
-    if model.info.device.startswith("cuda"):
-        import torch
-
-        torch.cuda.synchronize()
-
-
-def hf_eos_ids(model: StagedModel) -> tuple[int, ...]:
-    """The EOS ids of HF's generation config (a fixed-length bench model has none of its own)."""
-    eos = model.hf_model.generation_config.eos_token_id
-    if eos is None:
-        return ()
-    return tuple(eos) if isinstance(eos, (list, tuple)) else (int(eos),)

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 from ..model import StagedModel
+from ..recording.write import cpu_model
 
 
 def machine_info(model: StagedModel) -> dict:
@@ -17,11 +18,9 @@ def machine_info(model: StagedModel) -> dict:
     import torch
     import transformers
 
-    cpu = next((line.split(":", 1)[1].strip() for line in _read("/proc/cpuinfo").splitlines()
-                if line.startswith("model name")), platform.processor() or "unknown")
     device = model.info.device
     return {
-        "cpu": cpu, "cores": os.cpu_count(),
+        "cpu": cpu_model(), "cores": os.cpu_count(),
         "cores_available": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
         "torch_threads": torch.get_num_threads(),
         "load_average_at_start": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
@@ -44,10 +43,3 @@ def weights_digest(name: str) -> str | None:
     for file in files:
         digest.update(file.read_bytes())
     return digest.hexdigest()
-
-
-def _read(path: str) -> str:
-    try:
-        return Path(path).read_text()
-    except OSError:
-        return ""

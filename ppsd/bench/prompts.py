@@ -50,11 +50,6 @@ def load_prompts(path: str | None) -> tuple[list[dict], str]:
     return prompts, str(file)
 
 
-def quick_subset(prompts: Sequence[dict], count: int = 2) -> list[dict]:
-    """`count` prompts from different categories: the quick run's smoke check."""
-    return spread(prompts, count)
-
-
 def spread(prompts: Sequence[dict], count: int) -> list[dict]:
     """Up to `count` prompts, taking categories in turn (in order of first appearance) so each
     is represented."""

@@ -8,8 +8,8 @@ import io
 import json
 import math
 
-from ..metrics import ideal_eesd_speedup, ideal_ppsd_speedup_slowest_stage
-from .stats import partition_slot_fraction
+from ..config import stage_layers
+from ..metrics import ideal_eesd_speedup, ideal_ppsd_speedup_slowest_stage, slot_fraction
 
 CSV_COLUMNS = (
     "method", "exit_layer", "stages", "draft_len", "temperature", "prompts", "tokens", "repeats",
@@ -162,7 +162,7 @@ def figures(report: dict) -> list:
     grid = [i / 100 for i in range(101)]
     fig = go.Figure()
     for e, k in sorted({(r["exit_layer"], r["stages"]) for r in rows if r["method"] == "ppsd"}):
-        s = partition_slot_fraction(layers, e, k)
+        s = slot_fraction(stage_layers(layers, e, k))
         fig.add_trace(go.Scatter(x=grid, y=[ideal_ppsd_speedup_slowest_stage(a, s) for a in grid], mode="lines",
                                  line={"dash": "dash"},
                                  name=f"ideal S_PPSD, E={e} K={k} (slot {round(s * layers)}/{layers} layers)"))

@@ -8,19 +8,18 @@ import itertools
 import statistics
 from typing import Sequence
 
-from ..config import stage_layers
+from ..config import DEFAULTS, stage_layers
 from ..metrics import exit_fraction, ideal_eesd_speedup, ideal_ppsd_speedup_slowest_stage, slot_fraction
 from .stats import Cell, acceptance_rate, round_speedups, speed
 from .settings import Setting
 
 
-def make_row(setting: Setting, cells: Sequence[Cell], ar_cells: Sequence[Cell], *, num_layers: int,
-             draft_len_for_ideal: int = 4) -> dict:
+def make_row(setting: Setting, cells: Sequence[Cell], ar_cells: Sequence[Cell], *, num_layers: int) -> dict:
     """The JSON object of one setting: its cells against the cells of its AR baseline."""
     rate = acceptance_rate(cells)
     partition = stage_layers(num_layers, setting.exit_layer, setting.num_stages)
     fraction = exit_fraction(partition)
-    g = setting.draft_len or draft_len_for_ideal
+    g = setting.draft_len or DEFAULTS.draft_len  # a row of another method: EESD's ideal at its default g
     measured, projected = speed(cells), speed(cells, projected=True)
     # Headline speedups are medians of the paired per-round ratios, so they sit inside their range.
     rounds_measured = round_speedups(cells, ar_cells)

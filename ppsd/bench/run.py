@@ -5,16 +5,15 @@ times lives in `stats` and `rows`; the writers in `report`."""
 
 from __future__ import annotations
 
-import statistics
 from dataclasses import dataclass, field, replace
 from typing import Callable, Sequence, TypeVar
 
 from ..config import balanced_exit_layer
-from ..model import StagedModel
-from .baselines import hf_assisted_early_exit, hf_eos_ids, hf_generate, same_output
+from ..model import StagedModel, eos_ids
+from .baselines import hf_assisted_early_exit, hf_generate, same_output
 from .machine import weights_digest
 from .rows import central_point, distributed_fields, make_row
-from .stats import Cell, cell_from_results
+from .stats import Cell, cell_from_results, walls_speed
 from .settings import Setting
 
 T = TypeVar("T")
@@ -36,8 +35,8 @@ def repeat(fn: Callable[[], T], *, warmup: int, repeats: int, tick: Callable[[],
 def fixed_length(model: StagedModel) -> StagedModel:
     """The same weights with EOS treated as an ordinary token: every run then generates exactly
     max_new_tokens, so AR, EESD, PPSD and Hugging Face time the same amount of work."""
-    bench = StagedModel(model.hf_model, name=model.info.name, exit_head=model.exit_head)
-    bench.info = replace(bench.info, eos_token_ids=())
+    bench = model.with_exit_head(model.exit_head)
+    bench.info = replace(model.info, eos_token_ids=())
     return bench
 
 
@@ -80,7 +79,7 @@ class Run:
         hits both alike. Keeps HF's tokens, against which `measure` checks every greedy setting."""
         from ..generate import generate
 
-        eos = hf_eos_ids(self.model)  # the bench's own model ignores EOS; HF's generation config knows it
+        eos = eos_ids(self.model.hf_model)  # the bench's own model ignores EOS; its weights' configs know it
         config = Setting("ar", balanced_exit_layer(self.model.num_layers, 2), 2, 0.0).config(self.max_new_tokens)
         ours, theirs, matches = [], [], True
         for p in self.prompts:
@@ -91,15 +90,13 @@ class Run:
             theirs.append([hf[1] for _, hf in pairs])
             matches &= same_output(pairs[0][0].token_ids, pairs[0][1][0], eos)
             self.hf_tokens.append(pairs[0][1][0])
-        tokens = self.max_new_tokens * len(self.prompts)
-        ar = tokens / sum(statistics.median(w) for w in ours)
-        hf = tokens / sum(statistics.median(w) for w in theirs)
-        return {"ar_tokens_per_second": ar, "hf_generate_tokens_per_second": hf, "ar_vs_hf_speed_ratio": ar / hf,
-                "ar_within_5_percent_or_faster": ar / hf >= 0.95, "ar_matches_hf_generate": matches,
-                "ar_tokens_per_second_min": tokens / sum(max(w) for w in ours),
-                "ar_tokens_per_second_max": tokens / sum(min(w) for w in ours),
-                "hf_generate_tokens_per_second_min": tokens / sum(max(w) for w in theirs),
-                "hf_generate_tokens_per_second_max": tokens / sum(min(w) for w in theirs),
+        ar, hf = (walls_speed(self.max_new_tokens * len(self.prompts), w) for w in (ours, theirs))
+        ratio = ar.median / hf.median
+        return {"ar_tokens_per_second": ar.median, "hf_generate_tokens_per_second": hf.median,
+                "ar_vs_hf_speed_ratio": ratio, "ar_within_5_percent_or_faster": ratio >= 0.95,
+                "ar_matches_hf_generate": matches, "ar_tokens_per_second_min": ar.low,
+                "ar_tokens_per_second_max": ar.high, "hf_generate_tokens_per_second_min": hf.low,
+                "hf_generate_tokens_per_second_max": hf.high,
                 "comparison": "same prompts, greedy, exactly max_new_tokens each; token match on the "
                               "prefix before our first EOS (HF's min_new_tokens bans EOS)"}
 
@@ -110,7 +107,7 @@ class Run:
         every greedy setting's must equal (greedy speculative decoding changes no token)."""
         from ..generate import generate
 
-        eos = hf_eos_ids(self.model)
+        eos = eos_ids(self.model.hf_model)
         model = self.staged(group[0].exit_layer)
         configs = [s.config(self.max_new_tokens) for s in group]
         checked = [self.hf_early_exit and s.method == "eesd" and s.temperature == 0.0
@@ -151,8 +148,7 @@ class Run:
         self.matches_generate.update(matches_generate)
         tokens = self.max_new_tokens * len(self.prompts)
         for s, walls in hf_walls.items():
-            self.hf_assisted[s] = {"tokens_per_second": tokens / sum(statistics.median(w) for w in walls),
-                                   "matches": matches[s]}
+            self.hf_assisted[s] = {"tokens_per_second": walls_speed(tokens, walls).median, "matches": matches[s]}
 
     def report(self, baselines: dict, *, machine: dict, interrupted: bool, prompts_source: str, quick: bool,
                command: str) -> dict:

@@ -1,7 +1,6 @@
 """The speedup math of the bench: a setting's kept repeats on one prompt (`Cell`), tokens per
-second with their spread, paired per-round speedups, acceptance, and the slot of a partition
-(the s of `ppsd.metrics.ideal_ppsd_speedup_slowest_stage`). Pure arithmetic on `Result`s and
-times; nothing here runs a model."""
+second with their spread, paired per-round speedups and acceptance. Pure arithmetic on
+`Result`s and times; nothing here runs a model."""
 
 from __future__ import annotations
 
@@ -9,9 +8,7 @@ import statistics
 from dataclasses import dataclass
 from typing import Sequence
 
-from ..config import stage_layers
 from ..compare_stats import speedup
-from ..metrics import slot_fraction
 
 
 @dataclass(frozen=True)
@@ -57,8 +54,11 @@ class Speed:
 
 
 def speed(cells: Sequence[Cell], *, projected: bool = False) -> Speed:
-    walls = [c.projected_walls if projected else c.walls for c in cells]
-    tokens = sum(c.tokens for c in cells)
+    return walls_speed(sum(c.tokens for c in cells), [c.projected_walls if projected else c.walls for c in cells])
+
+
+def walls_speed(tokens: int, walls: Sequence[Sequence[float]]) -> Speed:
+    """`Speed` of `tokens` generated over every prompt's repeats, `walls[p]` the seconds of prompt p's."""
     rate = lambda seconds: tokens / seconds if seconds > 0 else float("nan")  # noqa: E731
     return Speed(tokens, rate(sum(statistics.median(w) for w in walls)),
                  rate(sum(max(w) for w in walls)), rate(sum(min(w) for w in walls)))
@@ -77,8 +77,3 @@ def acceptance_rate(cells: Sequence[Cell]) -> float | None:
     """Accepted drafts over verified drafts; None when nothing was drafted (AR)."""
     accepted, rejected = sum(c.accepted for c in cells), sum(c.rejected for c in cells)
     return accepted / (accepted + rejected) if accepted + rejected else None
-
-
-def partition_slot_fraction(num_layers: int, exit_layer: int, num_stages: int) -> float:
-    """Layers of the largest stage of the (L, E, K) partition, over all layers."""
-    return slot_fraction(stage_layers(num_layers, exit_layer, num_stages))

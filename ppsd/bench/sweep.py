@@ -23,25 +23,20 @@ from pathlib import Path
 from typing import Callable
 
 from ..chat import use_chat
+from ..cli import options
 from ..cli.values import check_output_folder, thread_count, whole, write_result
 from ..config import DecodeConfig
 from ..heads import default_exit_layer
-from ..model import DEFAULT_MODEL, StagedModel
+from ..model import StagedModel
 from . import report as bench_report
 from .machine import machine_info
-from .prompts import CHAT_PROMPTS_FILE, load_prompts, prompt_ids, quick_subset
+from .prompts import CHAT_PROMPTS_FILE, load_prompts, prompt_ids, spread
 from .run import Run, fixed_length
 from .settings import FULL, QUICK, Setting, preset_exit_layers, sweep
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", default=DEFAULT_MODEL,
-                        help=f"{DEFAULT_MODEL} (default), a local directory, a .gguf file or a hub id")
-    parser.add_argument("--exit-head", default="auto",
-                        help="per E: auto (the shipped head when one fits, else shared; default), shared, or a "
-                             "train-head directory")
-    parser.add_argument("--chat", action=argparse.BooleanOptionalAction, default=None,
-                        help="prompts through the chat template (default: on when the model has one)")
+    options.add_model(parser)  # --model, --exit-head (a head per E) and --chat, as every decoding command's
     parser.add_argument("--quick", action="store_true",
                         help="a smoke check: 1 prompt, greedy, K = 2 at its default E, 16 tokens, one warm-up "
                              "and one timed round, our decoders' tokens checked against HF generate(), no HF "
@@ -101,8 +96,6 @@ def run(args: argparse.Namespace) -> int:
     import torch
     import transformers
 
-    if args.threads < 1:
-        raise ValueError(f"threads={args.threads} must be >= 1")
     check_output_folder(args.out, "--out")  # before the minutes of measuring, whose record goes there
     torch.set_num_threads(args.threads)
     # HF warns on every assisted call about its own internal arguments; the table is the output.
@@ -140,9 +133,7 @@ def _plan(args: argparse.Namespace) -> Plan:
 
     preset = QUICK if args.quick else FULL
     pick = lambda name: _pick(args, preset, name)  # noqa: E731
-    repeats, warmup, new_tokens = pick("repeats"), pick("warmup"), pick("max_new_tokens")
-    if repeats < 1 or warmup < 0:
-        raise ValueError(f"repeats={repeats} must be >= 1 and warmup={warmup} >= 0")
+    repeats, warmup, new_tokens = pick("repeats"), pick("warmup"), pick("max_new_tokens")  # flags typed by `whole`
     resolve_device(args.device)
     if args.prompts:
         load_prompts(args.prompts)  # a FIFO, /dev/full or a folder: refused before the load
@@ -154,7 +145,7 @@ def _plan(args: argparse.Namespace) -> Plan:
     chat = use_chat(tokenizer, args.chat)
     prompts, source = load_prompts(args.prompts or (CHAT_PROMPTS_FILE if chat else None))
     if args.quick:
-        prompts = quick_subset(prompts, preset["prompts"])
+        prompts = spread(prompts, preset["prompts"])  # the smoke check: each from another category
     model = fixed_length(loaded)
     for p in prompts:
         p["ids"] = prompt_ids(tokenizer, p["prompt"], model.info.max_context - new_tokens, chat=chat)

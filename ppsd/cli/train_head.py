@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from dataclasses import fields
 from pathlib import Path
 
 import torch
@@ -47,18 +48,6 @@ def ppsd_acceptance(model: StagedModel, prompts: list[list[int]], config: Decode
         accepted += m.accepted
         verified += m.accepted + m.rejected
     return accepted / verified if verified else None
-
-
-def decode_acceptance(model: StagedModel, head, prompts: list[list[int]], exit_layer: int, *,
-                      max_new_tokens: int = 64, stages: int | None = None) -> dict:
-    """`ppsd_acceptance` with the shared head and with `head`, on K = `stages` (default: the K
-    whose balanced exit is E)."""
-    stages = stages or pipeline_stages(model.num_layers, exit_layer)
-    config = DecodeConfig(method="ppsd", exit_layer=exit_layer, num_stages=stages, max_new_tokens=max_new_tokens)
-    rates = {"stages": stages, "prompts": len(prompts), "max_new_tokens": max_new_tokens}
-    for name, staged in (("shared", model.with_exit_head(shared_head(model))), ("head", model.with_exit_head(head))):
-        rates[name] = ppsd_acceptance(staged, prompts, config)
-    return rates
 
 
 # --- command line ---------------------------------------------------------------------------------
@@ -115,9 +104,10 @@ def run(args: argparse.Namespace) -> int:
     resolve_device(args.device)
     layers = model_shape(args.model).num_layers  # the config alone: no weights read or hashed
     config = _config(args, layers)
+    stages = args.stages or pipeline_stages(layers, config.exit_layer)
     # The card's prompt decodes: K must fit E on this model, and N be a length a run may ask for.
     DecodeConfig(method="ppsd", exit_layer=config.exit_layer, max_new_tokens=args.decode_tokens,
-                 num_stages=args.stages or pipeline_stages(layers, config.exit_layer)).resolved(layers)
+                 num_stages=stages).resolved(layers)
     model, tokenizer = load_model(args.model, device=args.device)
     data = _data(args, tokenizer)
     began = time.perf_counter()
@@ -129,7 +119,6 @@ def run(args: argparse.Namespace) -> int:
             for parameter in result.head.adapter.parameters():
                 parameter.copy_(parameter.to(save_dtype).float())
         result.after = acceptance(model, result.head, eval_windows(data.heldout, config), config.exit_layer)
-    stages = args.stages or pipeline_stages(model.num_layers, config.exit_layer)
     evaluation = _evaluation(args, model, tokenizer, result, config, stages)
     head_config = HeadConfig(
         head_type=config.head_type, exit_layer=config.exit_layer, base_model=model.info.name,
@@ -169,14 +158,11 @@ def _check_data(args: argparse.Namespace) -> None:
 
 
 def _config(args: argparse.Namespace, num_layers: int) -> TrainConfig:
-    exit_layer = args.exit_layer if args.exit_layer is not None else max(1, num_layers // 2)
-    return TrainConfig(
-        exit_layer=exit_layer, head_type=args.head_type, rank=args.rank, draft_vocab=args.draft_vocab,
-        steps=args.steps, lr=args.lr, lr_schedule=args.lr_schedule, ce_weight=args.ce_weight,
-        cache_features=args.cache_features,
-        batch_size=args.batch_size, seq_len=args.seq_len, seed=args.seed, eval_every=args.eval_every,
-        eval_tokens=args.eval_tokens, checkpoint_every=args.checkpoint_every,
-    ).validated(num_layers)
+    """Every `TrainConfig` field from its flag of the same name; E defaults to L/2."""
+    settings = {f.name: getattr(args, f.name) for f in fields(TrainConfig)}
+    if args.exit_layer is None:
+        settings["exit_layer"] = max(1, num_layers // 2)
+    return TrainConfig(**settings).validated(num_layers)
 
 
 def _data(args: argparse.Namespace, tokenizer) -> TokenData:
@@ -209,13 +195,16 @@ def _evaluation(args: argparse.Namespace, model: StagedModel, tokenizer, result:
 
 def _prompt_evaluation(model, tokenizer, head, path: Path, exit_layer: int, max_new_tokens: int, *,
                        chat: bool, stages: int) -> dict:
+    """`ppsd_acceptance` on the prompts in `path` with the shared head and with `head`, on K = `stages`."""
     try:
         entries = json.loads(path.read_text())
-        prompts = [encode_prompt(tokenizer, e["prompt"], chat=chat) for e in entries]
+        prompts = [ids for e in entries if (ids := encode_prompt(tokenizer, e["prompt"], chat=chat))]
     except (OSError, json.JSONDecodeError, KeyError, TypeError) as error:
         raise ValueError(f"prompts {str(path)!r} unreadable: {error}") from None
-    rates = decode_acceptance(model, head, [p for p in prompts if p], exit_layer, max_new_tokens=max_new_tokens,
-                              stages=stages)
+    config = DecodeConfig(method="ppsd", exit_layer=exit_layer, num_stages=stages, max_new_tokens=max_new_tokens)
+    rates = {"stages": stages, "prompts": len(prompts), "max_new_tokens": max_new_tokens}
+    for name, staged in (("shared", model.with_exit_head(shared_head(model))), ("head", model.with_exit_head(head))):
+        rates[name] = ppsd_acceptance(staged, prompts, config)
     how = "through the chat template" if chat else "as raw text"
     note = (f"Greedy PPSD decodes (in process, K={rates['stages']}, {rates['max_new_tokens']} new tokens) of the "
             f"{rates['prompts']} prompts in {path.name} ({how}): acceptance rate (accepted / verified drafts) "

@@ -75,9 +75,13 @@ def batch_at(ids: torch.Tensor, step: int, config: TrainConfig) -> torch.Tensor:
     """(B, T) random windows for step `step`: a function of (seed, step) alone, so resumable."""
     if ids.numel() < config.seq_len + 1:
         raise ValueError(f"training data has {ids.numel()} tokens, fewer than seq_len={config.seq_len}")
+    return torch.stack([ids[s: s + config.seq_len] for s in _picks(config, step, ids.numel() - config.seq_len + 1)])
+
+
+def _picks(config: TrainConfig, step: int, count: int) -> list[int]:
+    """`batch_size` draws from [0, count) for step `step`, a function of (seed, step) alone."""
     generator = torch.Generator().manual_seed(config.seed * 1_000_003 + step)
-    starts = torch.randint(0, ids.numel() - config.seq_len + 1, (config.batch_size,), generator=generator)
-    return torch.stack([ids[s: s + config.seq_len] for s in starts.tolist()])
+    return torch.randint(0, count, (config.batch_size,), generator=generator).tolist()
 
 
 def eval_windows(ids: torch.Tensor, config: TrainConfig) -> torch.Tensor:
@@ -113,8 +117,7 @@ class CachedTeacher:
 
     def batch(self, step: int, config: TrainConfig, vocab: torch.Tensor | None) -> tuple[dict, torch.Tensor]:
         """(states by layer index, -1 the final one; teacher logits) of step `step`'s windows."""
-        generator = torch.Generator().manual_seed(config.seed * 1_000_003 + step)
-        picked = torch.randint(0, len(self.states[-1]), (config.batch_size,), generator=generator)
+        picked = _picks(config, step, len(self.states[-1]))
         weight = self.model.hf_model.lm_head.weight
         states = {k: v[picked].to(device=weight.device, dtype=weight.dtype) for k, v in self.states.items()}
         return states, teacher_logits(self.model, states[-1], vocab)

@@ -17,8 +17,9 @@ import copy
 import torch
 import torch.nn.functional as F
 from torch import nn
+from transformers.models.llama.modeling_llama import rotate_half
 
-from ..model import KVCache, SharedExitHead, StagedModel
+from ..model import SharedExitHead, StagedModel
 
 HEAD_TYPES = ("shared", "lowrank", "layer")
 TRAINED_HEAD_TYPES = ("lowrank", "layer")
@@ -141,7 +142,7 @@ class LowRankExitHead(TrainedExitHead):
         """(B, T, D) logits from a full pass's `hidden_states` (embeddings first): training."""
         return self.logits(hidden_states[self.exit_layer])
 
-    def forward(self, hidden: torch.Tensor, position: int, cache: KVCache) -> torch.Tensor:
+    def forward(self, hidden: torch.Tensor, position: torch.Tensor, cache) -> torch.Tensor:
         return self.full_logits(self.logits(hidden[:, -1:])[0, -1])
 
 
@@ -217,26 +218,16 @@ class LayerExitHead(TrainedExitHead):
         above = hidden_states[self.exit_layer]
         return self._attend(above, keys, values, torch.arange(above.shape[1], device=above.device))
 
-    def forward(self, hidden: torch.Tensor, position: int | torch.Tensor, cache: KVCache) -> torch.Tensor:
-        """`position`: the first position of `hidden`, or in a captured step (a `CacheView`) the
-        (T,) device tensor of its positions."""
+    def forward(self, hidden: torch.Tensor, position: torch.Tensor, cache) -> torch.Tensor:
+        """`position`: the (T,) device tensor of `hidden`'s positions; `cache` the step's `CacheView`."""
         keys, values = cache.keys_values(self.exit_layer - 1)
-        width = hidden.shape[1]
-        if isinstance(position, torch.Tensor):
-            last = position[-1:]
-        elif keys.shape[2] != position + width:
-            raise RuntimeError(f"layer {self.exit_layer - 1} caches {keys.shape[2]} tokens, expected {position + width}")
-        else:
-            last = torch.tensor([position + width - 1], device=hidden.device)
-        return self.full_logits(self._attend(hidden[:, -1:], keys, values, last)[0, -1])
+        return self.full_logits(self._attend(hidden[:, -1:], keys, values, position[-1:])[0, -1])
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotary embedding of (B, heads, T, d) `x`; cos/sin (B, T, d) as the models' rotary_emb gives."""
-    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + rotated * sin
+    """Rotary embedding of (B, heads, T, d) `x`, as Hugging Face's attention applies it; cos/sin
+    (B, T, d) as the models' rotary_emb gives."""
+    return x * cos.unsqueeze(1) + rotate_half(x) * sin.unsqueeze(1)
 
 
 def shared_head(model: StagedModel) -> SharedExitHead:

@@ -18,7 +18,7 @@ PPSD measurement, which decodes, are `ppsd.cli.train_head`, above the decoders.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
@@ -115,12 +115,13 @@ def train_head(
     return TrainResult(head=head, steps=max(start, config.steps), before=before, after=after, history=history)
 
 
+# Settings a resumed run may change: how long it trains, its step size and how it reports.
+RESUMABLE = ("steps", "lr", "eval_every", "eval_tokens", "checkpoint_every")
+
+
 def _identity(model: StagedModel, config: TrainConfig) -> dict:
-    return {"fingerprint": fingerprint(model)["sha256"], "exit_layer": config.exit_layer,
-            "head_type": config.head_type, "rank": config.rank, "draft_vocab": config.draft_vocab,
-            "lr_schedule": config.lr_schedule, "ce_weight": config.ce_weight, "cache_features": config.cache_features,
-            "seed": config.seed,
-            "batch_size": config.batch_size, "seq_len": config.seq_len}
+    return {"fingerprint": fingerprint(model)["sha256"],
+            **{k: v for k, v in asdict(config).items() if k not in RESUMABLE}}
 
 
 def _save_checkpoint(path: Path, head, optimizer, model, config, step: int, history: list[dict]) -> None:

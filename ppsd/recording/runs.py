@@ -11,9 +11,7 @@ from typing import Any, Mapping
 
 from ..compare import PLAIN
 from ..config import MAX_NEW_TOKENS_CAP, DecodeConfig
-from ..generate import Result
 from ..steps import Draft, Event, Recorder, Token
-from ..trace import Trace
 from .fields import Reader, as_choice, as_flag, as_number, as_whole, cut
 from .format import (CLOCKS, DECISIONS, FATES, KINDS, MAX_EVENTS, MAX_RUN_WORK, MAX_STAGES, MAX_TRACE_WORK, STATUSES,
                      WIDTH_SLACK, BadRecording, ModelFacts, RecordedRun)
@@ -80,10 +78,10 @@ def read_run(raw: Any, where: str, method: str, ctx: RunContext) -> tuple[Record
                      prompt_len + len(tokens) + len(drafts) + WIDTH_SLACK, ctx.budget)
     device = r.text("device", 40)
     text = r.text("text", kind="output")
-    trace = Trace(events=tuple(events), partition=partition, prompt_len=prompt_len, length=prompt_len + len(tokens),
-                  clock="measured", device=device, concurrent=trace_concurrent)
+    run = RecordedRun(ctx.prompt_ids, config, partition, device, concurrent=trace_concurrent,
+                      recorder=Recorder(tokens, drafts, events), setup=None, clock=clock)  # no model behind it
     try:
-        trace.validate()
+        run.result = run.finish(wall)  # its trace validated, as a live run's
     except ValueError as error:
         raise BadRecording(f"{where}: the trace breaks its own rules ({error})") from None
     if events and max(e.end for e in events) > wall + 1e-6 and clock == "measured":
@@ -91,10 +89,6 @@ def read_run(raw: Any, where: str, method: str, ctx: RunContext) -> tuple[Record
     missing = sorted({t.id for t in tokens} - set(ctx.pieces))
     if missing:
         raise BadRecording(f"{where}: token {missing[0]} has no text in pieces")
-    result = Result(ctx.prompt_ids, tuple(tokens), tuple(drafts), trace, config, wall)
-    recorder = Recorder(list(tokens), list(drafts), list(events))
-    run = RecordedRun(ctx.prompt_ids, config, partition, device, concurrent=trace_concurrent, recorder=recorder,
-                      setup=None, clock=clock, result=result)  # no model behind a recorded run
     return run, text
 
 

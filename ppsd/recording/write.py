@@ -27,7 +27,8 @@ def this_machine(device: str) -> Machine:
 
         name = torch.cuda.get_device_name(torch.device(device))
     else:
-        name = _cpu_name()
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        name = f"CPU {cpu_model()} ({cores} core{'s' * (cores != 1)})"
     try:
         load = tuple(round(x, 2) for x in os.getloadavg())
     except OSError:  # no load average on this system
@@ -35,18 +36,13 @@ def this_machine(device: str) -> Machine:
     return Machine(device, name, load)
 
 
-def _cpu_name() -> str:
-    model = platform.processor() or platform.machine()
+def cpu_model() -> str:
+    """The CPU's model name as /proc/cpuinfo gives it, else the platform's words (not Linux)."""
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    model = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return f"CPU {model} ({cores} core{'s' * (cores != 1)})"
+            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return platform.processor() or platform.machine()
 
 
 def weights_sha256(module) -> str:
@@ -163,7 +159,7 @@ def record(state: State, *, settings: Mapping[str, Any], model: ModelFacts, mach
         raise ValueError("the comparison has no finished round to record")
     from .. import __version__
 
-    state = _replace_rounds(state, whole)
+    state = replace(state, rounds=whole, active=None, status="", aborted=False)
     first = next(iter(whole[0].values()))
     return RunRecord(state, dict(settings), tuple(first.prompt_ids), model, machine, recorded_at or now_utc(),
                      __version__, dict(pieces), dict(texts), note)
@@ -184,7 +180,3 @@ def of_result(result: Result, setup, tokenizer, *, kind: str, settings: Mapping[
     texts = {tuple(result.token_ids): tokenizer.decode(result.token_ids, skip_special_tokens=True)}
     return record(state, settings=settings, model=model_facts(setup.model, head=setup.head, chat=setup.chat),
                   machine=this_machine(setup.model.info.device), pieces=pieces, texts=texts)
-
-
-def _replace_rounds(state: State, rounds: tuple) -> State:
-    return replace(state, rounds=rounds, active=None, status="", aborted=False)

@@ -64,7 +64,8 @@ sys.path.insert(0, str(ROOT))
 from ppsd.chat import encode_prompt  # noqa: E402
 from ppsd.heads import load_exit_head  # noqa: E402
 from ppsd.heads.data import open_jsonl  # noqa: E402
-from ppsd.model import KVCache, load_model  # noqa: E402
+from ppsd.model import load_model  # noqa: E402
+from ppsd.static_cache import StaticKVCache  # noqa: E402
 
 SLOTS = ("base", "lag2", "lag1")
 INPUT_SETS = {"A": ("base",), "B": ("base", "lag2"), "C": ("base", "lag1"), "D": ("base", "lag2", "lag1")}
@@ -294,14 +295,16 @@ def stage1_cost(args: argparse.Namespace) -> dict:
     ids = encode_prompt(tokenizer, "Explain how rainbows form, in three short paragraphs.", chat=True)
     layers, caches, times = range(args.exit_layer), {}, {1: [], 2: []}
     for batch in times:
-        caches[batch] = KVCache()
-        model.run_layers(model.embed(ids).expand(batch, -1, -1), layers, position=0, cache=caches[batch])
+        caches[batch] = StaticKVCache.for_model(model.hf_model, batch=batch)
+        view = caches[batch].at(layers, 0, len(ids))
+        model.run_static(model.embed(ids).expand(batch, -1, -1), layers, positions=view.write, cache=view)
     step = model.embed([ids[-1]])
     for repeat in range(args.repeats + 20):
         for batch, cache in caches.items():
             start = time.perf_counter()
-            hidden = model.run_layers(step.expand(batch, -1, -1), layers, position=len(ids), cache=cache)
-            model.exit_logits(hidden, position=len(ids), cache=cache).argmax()
+            view = cache.at(layers, len(ids), 1)
+            hidden = model.run_static(step.expand(batch, -1, -1), layers, positions=view.write, cache=view)
+            model.exit_logits(hidden, position=view.write, cache=view).argmax()
             if repeat >= 20:  # the first 20 are the warm-up
                 times[batch].append(time.perf_counter() - start)
             cache.truncate(len(ids))

@@ -31,8 +31,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from ppsd import DEFAULT_MODEL, DecodeConfig, generate, load_model  # noqa: E402
 from ppsd.chat import encode_prompt  # noqa: E402
 from ppsd.executors.distributed.pool import shared_pipeline  # noqa: E402
-from ppsd.model import KVCache  # noqa: E402
 from ppsd.setup import set_up  # noqa: E402
+from ppsd.static_cache import StaticKVCache  # noqa: E402
 
 CONTEXT = 80  # positions cached before the timed token: about a chat prompt and a short answer
 
@@ -44,9 +44,10 @@ def token_times(model, parts: list[tuple[str, range | None]], *, repeats: int = 
     `skip` untimed ones, or, with `stop` (an Event), until it is set."""
     times: dict[str, list[float]] = {name: [] for name, _ in parts}
     with torch.inference_mode():
-        cache = KVCache()
-        model.run_layers(model.embed(list(range(100, 100 + CONTEXT))), range(model.num_layers), position=0,
-                         cache=cache)
+        cache = StaticKVCache.for_model(model.hf_model)
+        view = cache.at(range(model.num_layers), 0, CONTEXT)
+        model.run_static(model.embed(list(range(100, 100 + CONTEXT))), range(model.num_layers),
+                         positions=view.write, cache=view)
         token = model.embed([123])
         i = 0
         while (not stop.is_set()) if stop is not None else i < repeats + skip:
@@ -57,7 +58,8 @@ def token_times(model, parts: list[tuple[str, range | None]], *, repeats: int = 
                 if layers is None:
                     model.final_logits(hidden)
                 else:
-                    hidden = model.run_layers(hidden, layers, position=CONTEXT, cache=cache)
+                    view = cache.at(layers, CONTEXT, 1)
+                    hidden = model.run_static(hidden, layers, positions=view.write, cache=view)
                 if i >= skip:
                     times[name].append(time.perf_counter() - started)
             i += 1
