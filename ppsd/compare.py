@@ -19,7 +19,7 @@ import threading
 import time
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
-from typing import Callable, Iterator, Mapping, Protocol
+from typing import Callable, Iterator, Mapping
 
 import torch
 
@@ -30,7 +30,7 @@ from .executors.kinds import ExecutorKind
 from .generate import Recording, Result, warm_up
 from .plain_ar import PlainAR, fastest_ar
 from .setup import RunSetup, device_sync
-from .stop_guard import StopGuard
+from .stop_guard import Stop, StopGuard
 from .trace import Stopwatch, Trace
 
 __all__ = ["Comparison", "ExecutorSource", "MethodRun", "PLAIN", "PausableStopwatch", "PlainWay", "State", "Stats"]
@@ -50,10 +50,6 @@ def ready(kind: ExecutorKind, setup: RunSetup, progress: Callable[[str], None] |
     process (`_STARTING`)."""
     with _STARTING:
         return kind.ready(setup, warm_up=warm_up, progress=progress)
-
-
-class Stop(Protocol):
-    def is_set(self) -> bool: ...
 
 
 class PausableStopwatch(Stopwatch):
