@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -212,8 +211,9 @@ def _pipeline(args: argparse.Namespace) -> Callable | None:
     if mode == "off":
         return None
     from ..executors.distributed.pool import shared_pipeline
+    from ..executors.host import usable_cores  # cgroup quotas counted, as the workers' own check does
 
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    cores = usable_cores()
 
     def make(model: StagedModel, config: DecodeConfig):
         # K processes sharing fewer cores run in turn again: not a K-worker measurement.
