@@ -7,6 +7,7 @@ No Gradio and no decoding loop here; `app.runner` runs comparisons on what this 
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
 import threading
@@ -17,6 +18,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from contextlib import contextmanager
 from typing import Callable, Iterator
+
+import torch
 
 import ppsd
 from ppsd import DecodeConfig, StagedModel
@@ -269,10 +272,6 @@ def _neutral_head_errors(spec: str) -> Iterator[None]:
 
 def _free_memory() -> None:
     """Give an evicted model's memory back now (its tensors may sit in reference cycles)."""
-    import gc
-
     gc.collect()
-    import torch
-
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
