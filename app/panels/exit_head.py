@@ -86,7 +86,6 @@ def wire(made: ExitHeadPanel, page: Page) -> None:
     """Said as the model, E, K or the head box change (before any Run); the button moves E."""
     c = page.controls
     inputs = [c["model"], c["exit_layer"], c["exit_head"]]
-    for name in ("model", "exit_layer", "exit_head"):
-        c[name].change(on_change, inputs, [made.note, made.use], **QUIET)
+    gr.on([i.change for i in inputs], on_change, inputs, [made.note, made.use], **QUIET)
     made.use.click(on_use, [c["model"], c["exit_layer"], c["num_stages"], c["layers"], c["exit_head"]],
                    [c["exit_layer"], c["num_stages"]], **QUIET)

@@ -33,10 +33,8 @@ def create(num_layers: int) -> IntroPanel:
 
 def wire(made: IntroPanel, page: Page) -> None:
     """Redrawn as E, K or the model's layer count change."""
-    c = page.controls
-    inputs = [c["exit_layer"], c["num_stages"], c["layers"]]
-    for name in ("exit_layer", "num_stages", "layers"):
-        c[name].change(diagram, inputs, made.diagram, **QUIET)
+    inputs = [page.controls[name] for name in ("exit_layer", "num_stages", "layers")]
+    gr.on([i.change for i in inputs], diagram, inputs, made.diagram, **QUIET)
 
 
 def diagram(exit_layer: float, num_stages: float, num_layers: int) -> str:
