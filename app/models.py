@@ -102,12 +102,8 @@ class ModelCache:
                  warm: bool = True) -> None:
         if capacity < 1:
             raise ValueError(f"capacity={capacity}: the cache must hold at least one model")
-        self._device = device
-        self._loader = loader
-        self._key = key
-        self.capacity = capacity
-        self.allowed = allowed
-        self.allowed_heads = allowed_heads
+        self._device, self._loader, self._key = device, loader, key
+        self.capacity, self.allowed, self.allowed_heads = capacity, allowed, allowed_heads
         self._models: OrderedDict[str, Loaded] = OrderedDict()  # key -> model, least recent first
         self._aliases: dict[str, str] = {}  # name as typed -> key
         self._heads: dict[tuple[str, str, int], HeadChoice] = {}
