@@ -7,6 +7,7 @@ No Gradio and no decoding loop here; `app.runner` runs comparisons on what this 
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
 import threading
@@ -17,6 +18,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from contextlib import contextmanager
 from typing import Callable, Iterator
+
+import torch
 
 import ppsd
 from ppsd import DecodeConfig, StagedModel
@@ -99,12 +102,8 @@ class ModelCache:
                  warm: bool = True) -> None:
         if capacity < 1:
             raise ValueError(f"capacity={capacity}: the cache must hold at least one model")
-        self._device = device
-        self._loader = loader
-        self._key = key
-        self.capacity = capacity
-        self.allowed = allowed
-        self.allowed_heads = allowed_heads
+        self._device, self._loader, self._key = device, loader, key
+        self.capacity, self.allowed, self.allowed_heads = capacity, allowed, allowed_heads
         self._models: OrderedDict[str, Loaded] = OrderedDict()  # key -> model, least recent first
         self._aliases: dict[str, str] = {}  # name as typed -> key
         self._heads: dict[tuple[str, str, int], HeadChoice] = {}
@@ -269,10 +268,6 @@ def _neutral_head_errors(spec: str) -> Iterator[None]:
 
 def _free_memory() -> None:
     """Give an evicted model's memory back now (its tensors may sit in reference cycles)."""
-    import gc
-
     gc.collect()
-    import torch
-
     if torch.cuda.is_available():
         torch.cuda.empty_cache()

@@ -5,6 +5,7 @@ other words name (a warning names the control to change). Text only; no events.
 from __future__ import annotations
 
 import json
+from collections import Counter
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -69,13 +70,11 @@ def load_examples(path: Path = PROMPTS) -> list[dict]:
         examples = [dict(name=str(i["name"]), category=str(i["category"]), prompt=str(i["prompt"]))
                     for i in items if str(i.get("prompt", "")).strip()]
     except (OSError, ValueError, KeyError, TypeError):
-        return list(BUILTIN_EXAMPLES)
-    if not examples:
-        return list(BUILTIN_EXAMPLES)
+        examples = []
     # A few per category keeps the list short enough to present.
-    chosen, per_category = [], {}
+    chosen, per_category = [], Counter()
     for item in examples:
-        if per_category.get(item["category"], 0) < 3:
-            per_category[item["category"]] = per_category.get(item["category"], 0) + 1
+        per_category[item["category"]] += 1
+        if per_category[item["category"]] <= 3:
             chosen.append(item)
-    return chosen
+    return chosen or list(BUILTIN_EXAMPLES)

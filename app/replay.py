@@ -15,6 +15,8 @@ from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
 from typing import Callable, Mapping
 
+from gradio import utils as gradio_utils
+
 from ppsd.model import ModelInfo
 from ppsd.recording import (MAX_BYTES, BadRecording, Machine, Preamble, RunRecord, loads, model_facts,
                             record as record_state, this_machine)
@@ -71,11 +73,6 @@ class Replayed(Snapshot):
     load_average: tuple[float, ...] = ()  # the recording host's (1, 5, 15 min)
 
 
-def label(rec: RunRecord) -> str:
-    """What every panel of a replay says: "recorded on <device>, <date>; not run now"."""
-    return f"Recorded on {rec.machine.name}, {rec.date}; not run now"
-
-
 def snapshot(rec: RunRecord) -> Replayed:
     """The finished snapshot of `rec`, as the live run's last one (BadRecording when its settings
     are not the page's)."""
@@ -89,7 +86,8 @@ def snapshot(rec: RunRecord) -> Replayed:
     loaded = RecordedLoaded(m.name, RecordedModel(info), None, 0.0, key=f"recording:{m.sha256}", pieces=rec.pieces,
                             texts=rec.texts, has_chat=m.chat)
     first = rec.state.rounds[0]["ppsd"]
-    said = label(rec)  # also in the note, which the message beside Run and the API's summary show
+    # What every panel of a replay says, in the note too (the message beside Run, the API's summary).
+    said = f"Recorded on {rec.machine.name}, {rec.date}; not run now"
     return Replayed(request, loaded, rec.state, first.config.num_stages, head=m.head,
                     note=f"{said}. {rec.note}" if rec.note else f"{said}.", recorded=said,
                     load_average=rec.machine.load_average)
@@ -156,22 +154,16 @@ def open_bytes(data: bytes) -> Replayed:
 def read_upload(path: str | Path) -> bytes:
     """At most MAX_BYTES + 1 bytes of the file at `path` (an upload in Gradio's temporary folder):
     a larger file is refused by `loads` without reading the rest. The upload is then deleted:
-    Gradio would otherwise serve it by its path for an hour, to anyone who has the link."""
+    Gradio would otherwise serve it by its path for an hour, to anyone who has the link. Only a
+    file in Gradio's upload folder is (never one outside it), and only the upload's own copy
+    (`app.server.uploads`), so another visitor's upload of the same file stays."""
     try:
         with open(path, "rb") as f:
             return f.read(MAX_BYTES + 1)
     except OSError as error:
         raise BadRecording(f"the file could not be read: {error.strerror or error}") from None
     finally:
-        _discard(Path(path))
-
-
-def _discard(path: Path) -> None:
-    """Delete `path` if it lies in Gradio's upload folder (never a file outside it): the upload's
-    own copy (`app.server.uploads`), so another visitor's upload of the same file stays."""
-    from gradio.utils import get_upload_folder
-
-    discard(path, get_upload_folder())
+        discard(path, gradio_utils.get_upload_folder())
 
 
 def shipped() -> dict[str, Path]:
@@ -208,5 +200,5 @@ def file_name(rec: RunRecord) -> str:
     return f"ppsd-{device}-{rec.state.kind}-{rec.recorded_at[:16].replace(':', '')}Z.json"
 
 
-__all__ = ["BadRecording", "RecordedLoaded", "Replayed", "admit", "file_name", "label", "open_bytes", "read_upload",
+__all__ = ["BadRecording", "RecordedLoaded", "Replayed", "admit", "file_name", "open_bytes", "read_upload",
            "record", "shipped", "snapshot"]

@@ -66,9 +66,7 @@ def _box(name: str, layers: range, role: str, cls: str) -> str:
 
 
 def _layers(layers: range) -> str:
-    if len(layers) == 1:
-        return f"layer {layers.start}"
-    return f"layers {layers.start}–{layers.stop - 1}"
+    return f"layer {layers.start}" if len(layers) == 1 else f"layers {layers.start}–{layers.stop - 1}"
 
 
 # --------------------------------------------------------------------------- slots

@@ -55,13 +55,14 @@ def render_tokens(
     for draft in sorted(pending, key=lambda d: d.position):
         if draft.position > committed:
             tip = f"position {draft.position} · draft {piece(draft.id)!r} · pending: still in the pipeline"
-            parts.append(f'<span class="tok tok-pending" title="{_attr(tip)}">{_token_text(piece(draft.id))}</span>')
+            parts.append(f'<span class="tok tok-pending" title="{html.escape(tip)}">'
+                         f'{_token_text(piece(draft.id))}</span>')
     if not tokens and not pending and placeholder:
         parts.append(f'<span class="tok-placeholder">{html.escape(placeholder)}</span>')
     if cut is not None:
         parts.append(f'<span class="tok-cut">✂ cut at {cut} tokens (Max new tokens): the model had not ended its '
                      'answer</span>')
-    return (f'<div class="ppsd-stream" role="region" tabindex="0" aria-label="{_attr(label)}">'
+    return (f'<div class="ppsd-stream" role="region" tabindex="0" aria-label="{html.escape(label)}">'
             f'{"".join(parts)}</div>')
 
 
@@ -71,12 +72,12 @@ def _token_span(token: Token, piece: Piece, decider: Event | None) -> str:
         f" · slot {decider.slot}" if decider.slot is not None else "")
     if token.draft is None:
         tip = f"position {token.position} · no draft · final {final!r}{where}"
-        return f'<span class="tok tok-verified" title="{_attr(tip)}">{_token_text(final)}</span>'
+        return f'<span class="tok tok-verified" title="{html.escape(tip)}">{_token_text(final)}</span>'
     drafted = piece(token.draft)
     tip = f"position {token.position} · draft {drafted!r} · final {final!r} · {token.status}{where}"
     if token.status == "accepted":
-        return f'<span class="tok tok-accepted" title="{_attr(tip)}">{_token_text(final)}</span>'
-    return (f'<span class="tok-pair" title="{_attr(tip)}"><span class="tok tok-rejected">{_token_text(drafted)}'
+        return f'<span class="tok tok-accepted" title="{html.escape(tip)}">{_token_text(final)}</span>'
+    return (f'<span class="tok-pair" title="{html.escape(tip)}"><span class="tok tok-rejected">{_token_text(drafted)}'
             f'</span><span class="tok tok-corrected">{_token_text(final)}</span></span>')
 
 
@@ -92,10 +93,6 @@ def _token_text(text: str) -> str:
     return _text(text).replace("\n", '<span class="ws">↵</span>\n')
 
 
-def _attr(text: str) -> str:
-    return html.escape(text, quote=True)
-
-
 def render_legend() -> str:
     """The key of the token stream, shown above it at all times."""
     # Each mark named by its shape as well as its colour: a student who cannot tell green from
@@ -106,7 +103,7 @@ def render_legend() -> str:
                                                 "drafts”, and in Present)"),
              ("tok-verified", "no draft", "plain: AR, or the first token after the prompt"),
              ("tok-pending", "pending", "dashed box: drafted, still in the pipeline (live only)")]
-    spans = "".join(f'<span class="legend-item" title="{_attr(tip)}"><span class="tok {cls}">{label}</span>'
+    spans = "".join(f'<span class="legend-item" title="{html.escape(tip)}"><span class="tok {cls}">{label}</span>'
                     f'<span class="legend-tip">{html.escape(tip)}</span></span>' for cls, label, tip in items)
     marks = [(_token_text(""), "the model's end token: its answer is complete"),
              (_token_text("\n"), "a line break")]  # drawn by `_token_text`, so the key matches the stream

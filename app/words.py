@@ -67,13 +67,12 @@ def ratio_text(ratio: float | None) -> str:
 
 def agreement_note(token_ids: Mapping[str, Sequence[int]], *, greedy: bool) -> str:
     """Whether every method produced the same tokens, and what that means here."""
-    names = " = ".join(METHOD_NAMES.get(m, m) for m in token_ids)
-    same = len({tuple(ids) for ids in token_ids.values()}) == 1
-    if same:
-        return f"✓ Identical output, token for token ({names}): speculation changed only the speed."
+    names = [METHOD_NAMES.get(m, m) for m in token_ids]
+    if len({tuple(ids) for ids in token_ids.values()}) == 1:
+        return f"✓ Identical output, token for token ({' = '.join(names)}): speculation changed only the speed."
     if greedy:
-        return (f"✗ Outputs differ ({', '.join(METHOD_NAMES.get(m, m) for m in token_ids)}) although decoding "
-                "is greedy: this should not happen, please report it.")
+        return (f"✗ Outputs differ ({', '.join(names)}) although decoding is greedy: this should not happen, "
+                "please report it.")
     return ("Outputs differ: with temperature > 0 each method draws its own sample. PPSD and EESD keep the "
             "full model's distribution (speculative sampling), not its exact draws.")
 

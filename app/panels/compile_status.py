@@ -6,13 +6,13 @@ Runs never wait for it: they say, at their end, which kind ran and why (`app.run
 
 from __future__ import annotations
 
-import html
 from typing import Callable
 
 import gradio as gr
 
 from ..runner import READY
 from . import Page, Single
+from .run_message import render as render_message
 
 NAME = "compile_status"  # not a run output: its timer alone refreshes it
 REFRESH_SECONDS = 5.0
@@ -25,9 +25,7 @@ def create() -> Single:
 
 def render(words: str) -> str:
     """`words` as one quiet status line, or an empty box."""
-    if not words:
-        return '<div class="run-message run-message-empty"></div>'
-    return f'<div class="run-message run-message-status" role="status">{html.escape(words[0].upper() + words[1:])}</div>'
+    return render_message(words[:1].upper() + words[1:], "status", title=False)
 
 
 def wire(made: Single, page: Page) -> None:

@@ -6,7 +6,6 @@ shipped heads' configs (`ppsd.heads.shipped_exit_layers`); no weights are read.
 
 from __future__ import annotations
 
-import html
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,6 +16,7 @@ from ppsd.config import fit_stages
 from ppsd.heads.shipped import AUTO_HEAD, shipped_exit_layers
 
 from . import QUIET, Page
+from .run_message import render as render_message
 
 
 @dataclass(frozen=True)
@@ -64,9 +64,7 @@ def create() -> ExitHeadPanel:
 
 
 def render(note: Note) -> str:
-    if not note.text:
-        return '<div class="run-message run-message-empty"></div>'
-    return f'<div class="run-message run-message-warning" role="status">⚠ {html.escape(note.text)}</div>'
+    return render_message(note.text and f"⚠ {note.text}", "warning", title=False)
 
 
 def on_change(model: str, exit_layer: Any, exit_head: str) -> tuple[str, Any]:
@@ -88,7 +86,6 @@ def wire(made: ExitHeadPanel, page: Page) -> None:
     """Said as the model, E, K or the head box change (before any Run); the button moves E."""
     c = page.controls
     inputs = [c["model"], c["exit_layer"], c["exit_head"]]
-    for name in ("model", "exit_layer", "exit_head"):
-        c[name].change(on_change, inputs, [made.note, made.use], **QUIET)
+    gr.on([i.change for i in inputs], on_change, inputs, [made.note, made.use], **QUIET)
     made.use.click(on_use, [c["model"], c["exit_layer"], c["num_stages"], c["layers"], c["exit_head"]],
                    [c["exit_layer"], c["num_stages"]], **QUIET)

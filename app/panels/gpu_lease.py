@@ -27,7 +27,5 @@ def wire(made: gr.HTML, page: Page) -> None:
         return
     say = lambda *form: gr.update(value=render(lease.note(page.lease(0, lease.of_form(*form))), "status"),  # noqa: E731
                                   visible=True)
-    form = [page.controls[name] for name in FORM]
-    page.demo.load(say, form, made, **QUIET)
-    for name in CHANGES:
-        page.controls[name].change(say, form, made, trigger_mode="always_last", **QUIET)
+    gr.on([page.demo.load, *(page.controls[name].change for name in CHANGES)], say,
+          [page.controls[name] for name in FORM], made, trigger_mode="always_last", **QUIET)

@@ -28,22 +28,16 @@ def create(num_layers: int) -> IntroPanel:
         gr.Markdown(INTRO, elem_id="intro")
         k = DEFAULTS.num_stages
         e = default_exit_layer(ppsd.DEFAULT_MODEL, num_layers, k)
-        return IntroPanel(gr.HTML(diagram(num_layers, e, k), elem_id="diagram"))
+        return IntroPanel(gr.HTML(diagram(e, k, num_layers), elem_id="diagram"))
 
 
 def wire(made: IntroPanel, page: Page) -> None:
     """Redrawn as E, K or the model's layer count change."""
-    c = page.controls
-    inputs = [c["exit_layer"], c["num_stages"], c["layers"]]
-    for name in ("exit_layer", "num_stages", "layers"):
-        c[name].change(on_diagram, inputs, made.diagram, **QUIET)
+    inputs = [page.controls[name] for name in ("exit_layer", "num_stages", "layers")]
+    gr.on([i.change for i in inputs], diagram, inputs, made.diagram, **QUIET)
 
 
-def on_diagram(exit_layer: float, num_stages: float, layers: int) -> str:
-    return diagram(layers, exit_layer, num_stages)
-
-
-def diagram(num_layers: int, exit_layer: int, num_stages: int) -> str:
+def diagram(exit_layer: float, num_stages: float, num_layers: int) -> str:
     """The pipeline picture for the sliders' E and K ("" while they do not fit the model)."""
     try:
         return teach.pipeline_diagram(int(num_layers), int(exit_layer), int(num_stages))

@@ -81,10 +81,7 @@ def race_state(view: RunView) -> dict:
         # A lane ends at its run's wall on the page's clock, the value the stats card and the
         # metrics table show (the last event ends a little before the stopwatch stops).
         lanes.append(Lane(method, tokens, commit_times(tokens, trace), run.wall()))
-        for token in tokens:
-            for token_id in (token.id, token.draft):
-                if token_id is not None:
-                    pieces[token_id] = snap.loaded.piece(token_id)
+        pieces.update({i: snap.loaded.piece(i) for token in tokens for i in (token.id, token.draft) if i is not None})
     ppsd_run = view.runs["ppsd"]
     if snap.concurrent:  # the paper's setup, a lane of its own: the same tokens at their projected times
         projected = ppsd_run.trace().project()

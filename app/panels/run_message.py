@@ -20,11 +20,13 @@ def create() -> Single:
     return Single(OUTPUTS[0], gr.HTML(render(), elem_id="run-message"))
 
 
-def render(text: str = "", kind: str = "error") -> str:
-    """Empty, or one error (or notice, status, warning) in words."""
+def render(text: str = "", kind: str = "error", *, title: bool = True) -> str:
+    """Empty, or one error (or notice, status, warning) in words; `title` says it again on hover,
+    for Present, which cuts the box beside Run to one line."""
     if not text:
         return '<div class="run-message run-message-empty"></div>'
-    return f'<div class="run-message run-message-{kind}" role="status" title="{html.escape(text)}">{html.escape(text)}</div>'
+    hover = f' title="{html.escape(text)}"' if title else ""
+    return f'<div class="run-message run-message-{kind}" role="status"{hover}>{html.escape(text)}</div>'
 
 
 def wire(made: Single, page: Page) -> None:

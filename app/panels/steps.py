@@ -73,7 +73,7 @@ def wire(made: StepsPanel, page: Page) -> None:
 def step(race: dict | None, index: int) -> str:
     """Slot `index` (0-based) of the finished PPSD run in `race` (`app.panels.race.race_state`),
     under the label of the round it is (the one closest to the medians, when there were several)."""
-    if not race or not race.get("steps"):
+    if not _count(race):
         return WAITING
     steps = race["steps"]
     index = max(0, min(int(index), len(steps) - 1))
@@ -83,21 +83,19 @@ def step(race: dict | None, index: int) -> str:
     return div("forced-note", forced) + div("shown-run", race.get("round_label", "")) + slot
 
 
+def _count(race: dict | None) -> int:
+    return len(race["steps"]) if race and race.get("steps") else 0
+
+
 def on_step(race: dict | None, slot: float, move: int = 0) -> tuple:
     """Show slot `slot` + `move` (1-based on the slider), kept inside the run's slots."""
-    count = len(race["steps"]) if race and race.get("steps") else 1
-    slot = max(1, min(int(slot) + move, count))
+    slot = max(1, min(int(slot) + move, _count(race)))
     return gr.update(value=slot), step(race, slot - 1)
 
 
 def on_steps_ready(race: dict | None) -> tuple:
     """After a run: the slider spans its slots, and shows the first; a play of the last run stops."""
-    count = len(race["steps"]) if race and race.get("steps") else 1
-    return gr.update(maximum=max(count, 2), value=1), step(race, 0), gr.Timer(active=False), False
-
-
-def _count(race: dict | None) -> int:
-    return len(race["steps"]) if race and race.get("steps") else 0
+    return gr.update(maximum=max(_count(race), 2), value=1), step(race, 0), gr.Timer(active=False), False
 
 
 def on_play(race: dict | None, slot: float, pace: float) -> tuple:

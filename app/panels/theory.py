@@ -34,8 +34,8 @@ def wire(made: Single, page: Page) -> None:
     """Redrawn as E, K or g are let go and as EESD is ticked."""
     c = page.controls
     settings = [c["exit_layer"], c["num_stages"], c["draft_len"], c["layers"], c["eesd"]]
-    for name in ("exit_layer", "num_stages", "draft_len"):
-        c[name].release(on_settings, settings, made.component, **QUIET)
+    gr.on([c[name].release for name in ("exit_layer", "num_stages", "draft_len")], on_settings, settings,
+          made.component, **QUIET)
     c["eesd"].change(on_settings, settings, made.component, **QUIET)
 
 

@@ -34,11 +34,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
-from urllib.parse import parse_qs
 
+from gradio import utils as gradio_utils
 from starlette.datastructures import Headers
 from starlette.requests import Request
 
+from ..request import MAX_PROMPT_CHARS
 from .bodies import Body, Message, Parts, Receive, Refused, Send, content_length, log
 from .limits import (DISK_RESERVE_BYTES, DRAIN_BYTES, MAX_BODY_BYTES, MAX_UPLOAD_BYTES, MAX_UPLOAD_FILES,
                      UPLOAD_BYTES_PER_HOUR, UPLOAD_DISK_BYTES, UPLOAD_FILES_PER_HOUR, UPLOAD_HELD_SECONDS,
@@ -52,15 +53,6 @@ UPLOAD = re.compile(r"/gradio_api/upload/?$")
 POLL = re.compile(r"/gradio_api/queue/data/?$")
 CALL_STREAM = re.compile(r"/gradio_api/call/[^/]+/([^/]+)/?$")  # the plain-HTTP API's result stream
 PART_SLACK = 16 * 1024  # a part's headers and delimiters, beyond its file's bytes
-
-
-def too_large(what: str) -> Refused:
-    return Refused(413, what)
-
-
-def file_too_large() -> Refused:
-    return too_large(f"a file may be at most {megabytes(MAX_UPLOAD_BYTES)} (a recorded run is well under that): "
-                     "nothing of this upload was kept")
 
 
 class Guard:
@@ -93,8 +85,8 @@ class Guard:
             raise Refused(429, f"you have uploaded {megabytes(mine)} in the last {minutes(UPLOAD_HELD_SECONDS)}, your "
                                f"share of the demo's room for uploads ({megabytes(share)}; an upload is kept at most "
                                f"{minutes(UPLOAD_HELD_SECONDS)}): try again in {minutes(share_free_in)}", share_free_in)
-        uploads = list(getattr(blocks, "upload_file_set", ()))
-        held, room_free_in = held_bytes(uploads), free_again_in(uploads)
+        kept = _stats(getattr(blocks, "upload_file_set", ()))
+        held, room_free_in = sum(s.st_size for s in kept), free_again_in(kept)
         space = min(UPLOAD_DISK_BYTES - held, free_disk(Path(folder)) - DISK_RESERVE_BYTES) - self.in_flight
         if space <= 0:
             raise Refused(429, f"the demo's room for uploads is full for now (an upload is kept at most "
@@ -157,28 +149,22 @@ def free_disk(folder: Path) -> int:
     return 0
 
 
-def free_again_in(files: list) -> float:
-    """Seconds until the oldest of the kept uploads `files` is deleted (Gradio's sweep counts from a
-    file's ctime), at least one sweep: when the room for uploads grows again."""
-    times = []
-    for path in files:
-        try:
-            times.append(os.stat(path).st_ctime)
-        except OSError:
-            continue
-    oldest = min(times, default=time.time())
-    return max(float(UPLOAD_SWEEP_SECONDS), oldest + UPLOAD_HELD_SECONDS - time.time())
-
-
-def held_bytes(files: Any) -> int:
-    """What the uploads the page keeps hold on disk now (deleted ones count nothing)."""
-    total = 0
+def _stats(files: Any) -> list[os.stat_result]:
+    """The uploads the page keeps, as they are on disk now (deleted ones left out)."""
+    found = []
     for path in list(files):
         try:
-            total += os.stat(path).st_size
+            found.append(os.stat(path))
         except OSError:
             continue
-    return total
+    return found
+
+
+def free_again_in(kept: list[os.stat_result]) -> float:
+    """Seconds until the oldest of the `kept` uploads is deleted (Gradio's sweep counts from a
+    file's ctime), at least one sweep: when the room for uploads grows again."""
+    oldest = min((s.st_ctime for s in kept), default=time.time())
+    return max(float(UPLOAD_SWEEP_SECONDS), oldest + UPLOAD_HELD_SECONDS - time.time())
 
 
 class RequestLimits:
@@ -196,14 +182,15 @@ class RequestLimits:
         guard.listeners.watched = True
         path, method = scope.get("path", ""), scope.get("method", "GET")
         if method == "GET" and POLL.search(path):
-            return await self._listen(guard, blocks, _query(scope, "session_hash"), scope, receive, send)
+            session = Request(scope).query_params.get("session_hash") or None  # the one Gradio reads
+            return await self._listen(guard, blocks, session, scope, receive, send)
         if method == "GET" and (found := CALL_STREAM.search(path)):
             return await self._listen(guard, blocks, _event_session(blocks, found.group(1)), scope, receive, send)
         if method == "POST" and UPLOAD.search(path):
             return await self._upload(guard, blocks, scope, receive, send)
-        body = Body(receive, MAX_BODY_BYTES, lambda: too_large(
+        body = Body(receive, MAX_BODY_BYTES, lambda: Refused(413,
             f"a request may send at most {megabytes(MAX_BODY_BYTES)} (a prompt at most "
-            f"{_prompt_cap():,} characters): this one sent more"))
+            f"{MAX_PROMPT_CHARS:,} characters): this one sent more"))
         await self._guarded(scope, body, send)
 
     async def _listen(self, guard: Guard, blocks: Any, session: str | None, scope: dict, receive: Receive,
@@ -227,7 +214,7 @@ class RequestLimits:
         keeps is charged to the address, what it refuses is refunded."""
         request = Request(scope)
         address = visitor(request, guard.proxy_hops)
-        folder = getattr(scope.get("app"), "uploaded_file_dir", None) or _upload_folder()
+        folder = getattr(scope.get("app"), "uploaded_file_dir", None) or gradio_utils.get_upload_folder()
         upload = guard.ledger.start(address)
         kept = False
         try:
@@ -235,7 +222,7 @@ class RequestLimits:
                 room = guard.upload_room(blocks, folder, address)
             except Refused as refusal:
                 return await self._answer(scope, Body(receive, 0, lambda: refusal), send, refusal)
-            parts = Parts(request.headers.get("content-type", ""), room.files, lambda: too_large(
+            parts = Parts(request.headers.get("content-type", ""), room.files, lambda: Refused(413,
                 (f"an upload may carry at most {MAX_UPLOAD_FILES} files" if room.files == MAX_UPLOAD_FILES else
                  f"you may upload {room.files} more files this hour ({UPLOAD_FILES_PER_HOUR} an hour)")
                 + ": nothing of this one was kept"))
@@ -331,7 +318,10 @@ def _stored(status: int, text: bytes, kept: set, folder: str) -> Refused | bytes
     """Gradio's answer to an upload: its refusal of a file past `max_file_size`, said in this
     page's words; the paths it stored, each made the upload's own (`app.server.uploads`)."""
     if status == 413:
-        return file_too_large() if text.startswith(b"File size exceeded") else None
+        if not text.startswith(b"File size exceeded"):
+            return None
+        return Refused(413, f"a file may be at most {megabytes(MAX_UPLOAD_BYTES)} (a recorded run is well under "
+                            "that): nothing of this upload was kept")
     try:
         return own_paths(text, kept, folder)
     except OSError as error:
@@ -357,20 +347,3 @@ def _event_session(blocks: Any, event_id: str) -> str | None:
     if event is not None:
         return event.session_hash
     return next((s for s, ids in list(queue.pending_event_ids_session.items()) if event_id in ids), event_id)
-
-
-def _query(scope: dict, name: str) -> str | None:
-    values = parse_qs(scope.get("query_string", b"").decode("latin-1")).get(name)
-    return values[0] if values else None
-
-
-def _upload_folder() -> str:
-    from gradio.utils import get_upload_folder
-
-    return get_upload_folder()
-
-
-def _prompt_cap() -> int:
-    from ..request import MAX_PROMPT_CHARS
-
-    return MAX_PROMPT_CHARS
