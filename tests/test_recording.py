@@ -9,6 +9,7 @@ the bad recordings are that file, tampered with.
 
 from __future__ import annotations
 
+import dataclasses
 import html
 import json
 import re
@@ -208,6 +209,27 @@ def test_a_setting_the_page_gained_later_takes_its_default_and_the_prompt_is_sti
     older = replay.open_bytes(tampered(saved, lambda r: r["settings"].pop("forced_acceptance")))
     assert older.request.forced is None
     refused(tampered(saved, lambda r: r["settings"].pop("prompt")), "settings lacks prompt")
+
+
+def test_a_round_that_was_not_clean_replays_as_not_clean(live):
+    """What kept a round from being clean is recorded with it: a saved run whose round compiled,
+    or ran beside other programs, replays with the live page's "Not a clean result" (before, the
+    replay dropped both and headlined the number as clean). A file without the two fields (written
+    before them) opens with nothing known; values out of range are refused."""
+    for change in ({"compiled": (1,)}, {"others": (0.0, 1.6)}):
+        unclean = dataclasses.replace(live, state=dataclasses.replace(live.state, **change))
+        replayed = replay.open_bytes(recording.dumps(replay.record(unclean)))
+        assert (replayed.state.compiled, replayed.state.others) == (unclean.state.compiled, unclean.state.others)
+        headline = view.snapshot(replayed)["headline"]
+        assert "Not a clean result" in headline and "Not a clean result" in view.snapshot(unclean)["headline"]
+        assert unlabelled(headline, replayed.recorded) == view.snapshot(unclean)["headline"]
+    saved = recording.dumps(replay.record(live))
+    older = replay.open_bytes(tampered(saved, lambda r: [r["comparison"].pop(k) for k in ("compiled", "others")]))
+    assert (older.state.compiled, older.state.others) == ((), ())
+    refused(tampered(saved, lambda r: r["comparison"].update(compiled=[2])), "comparison.compiled[] = 2",
+            "out of range")
+    refused(tampered(saved, lambda r: r["comparison"].update(others=[-1.0])), "comparison.others[] = -1.0")
+    refused(tampered(saved, lambda r: r["comparison"].update(others=[0.1] * 3)), "comparison.others has 3 items")
 
 
 def test_a_wrong_version_is_refused(saved):

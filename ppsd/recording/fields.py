@@ -19,12 +19,14 @@ _FORBIDDEN = {"label": re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]"), "se
 
 
 class Reader:
-    """Typed reads of a parsed JSON object, each naming where it is (`where`) when wrong."""
+    """Typed reads of a parsed JSON object, each naming where it is (`where`) when wrong. Every
+    one of `fields` must be there; one of `optional` may be missing (a field a later writer added,
+    which a file written before it lacks)."""
 
-    def __init__(self, obj: Any, where: str, fields: tuple[str, ...]) -> None:
+    def __init__(self, obj: Any, where: str, fields: tuple[str, ...], optional: tuple[str, ...] = ()) -> None:
         if not isinstance(obj, dict):
             raise BadRecording(f"{where} must be an object, not {kind_of(obj)}")
-        unknown = sorted(set(obj) - set(fields))
+        unknown = sorted(set(obj) - set(fields) - set(optional))
         if unknown:
             raise BadRecording(f"{where} has a field this version does not know: {cut(unknown[0])!r}")
         missing = [f for f in fields if f not in obj]

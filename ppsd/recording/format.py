@@ -25,6 +25,7 @@ MAX_DEPTH = 8  # the format nests 6 deep (rounds -> method -> events -> event); 
 MAX_CONTAINERS = 500_000
 MAX_ROUNDS = 16
 MAX_STAGES = 256
+MAX_CORES = 4096.0  # the cores other programs may have used in a round: no machine here has more
 MAX_EVENTS = 200_000  # per run: every stage's work of MAX_NEW_TOKENS_CAP tokens, drafts and flushes included
 MAX_PROMPT = 1 << 20  # and never past the model's context less the run's new tokens, as every entry point checks
 # A stage's work may cover, in all, the prompt, each token and each draft once, and this many

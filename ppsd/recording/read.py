@@ -15,9 +15,9 @@ from types import MappingProxyType
 from typing import Any, Callable
 
 from ..compare import PLAIN, PlainWay, State
-from .fields import Reader, as_choice, as_flag, as_number, as_text, as_whole, cut, kind_of
-from .format import (FORMAT, MAX_PIECES, MAX_PROMPT, MAX_ROUNDS, MAX_STAGES, METHODS, MODEL_FIELDS, STAT_TOLERANCE,
-                     VERSION, BadRecording, Machine, ModelFacts, Preamble, RunRecord)
+from .fields import Reader, as_choice, as_flag, as_list, as_number, as_text, as_whole, cut, kind_of
+from .format import (FORMAT, MAX_CORES, MAX_PIECES, MAX_PROMPT, MAX_ROUNDS, MAX_STAGES, METHODS, MODEL_FIELDS,
+                     STAT_TOLERANCE, VERSION, BadRecording, Machine, ModelFacts, Preamble, RunRecord)
 from .parse import parse
 from .runs import Budget, RunContext, read_run
 
@@ -59,25 +59,39 @@ def _record(raw: Any, admit: Callable[[Preamble], None] | None) -> RunRecord:
         admit(Preamble(model, MappingProxyType(settings), len(prompt_raw), methods, num_rounds, kind, concurrent))
     prompt_ids = tuple(as_whole(t, f"prompt_ids[{i}]", 0, model.vocab_size - 1) for i, t in enumerate(prompt_raw))
     stopped = comparison.flag("stopped")
+    compiled, others = _unclean(comparison, num_rounds)
     plain = _plain(comparison.get("plain"))
     note = top.text("note", 4000)
     pieces = _pieces(top.get("pieces"), model.vocab_size)
     ctx = RunContext(prompt_ids, model, concurrent, pieces, Budget())
     rounds, texts = _rounds(top.items("rounds", num_rounds), (*methods, *((PLAIN,) if plain is not None else ())), ctx)
     state = State(methods, num_rounds, kind, concurrent, rounds=tuple(rounds), plain=plain, done=True,
-                  stopped=stopped)
+                  stopped=stopped, compiled=compiled, others=others)
     _check_statistic(top.get("statistic"), state)
     return RunRecord(state, MappingProxyType(settings), prompt_ids, model, machine, recorded_at, library,
                      MappingProxyType(pieces), MappingProxyType(texts), note)
 
 
 def _comparison(raw: Any) -> tuple[Reader, tuple[str, ...], int, str, bool]:
-    comparison = Reader(raw, "comparison", ("methods", "num_rounds", "kind", "concurrent", "stopped", "plain"))
+    comparison = Reader(raw, "comparison", ("methods", "num_rounds", "kind", "concurrent", "stopped", "plain"),
+                        optional=("compiled", "others"))
     methods = tuple(as_choice(m, "comparison.methods[]", METHODS) for m in comparison.items("methods", 3))
     if not methods or methods != tuple(m for m in METHODS if m in methods):
         raise BadRecording("comparison.methods must name ar, ppsd or eesd, each at most once, in that order")
     return (comparison, methods, comparison.whole("num_rounds", 1, MAX_ROUNDS), comparison.text("kind", 40),
             comparison.flag("concurrent"))
+
+
+def _unclean(comparison: Reader, num_rounds: int) -> tuple[tuple[int, ...], tuple[float, ...]]:
+    """What kept a round from being clean when it ran, so a replay says "Not a clean result" where
+    the live page did: the rounds during which something compiled, and each round's cores used by
+    other programs (a file written before they were recorded has neither: nothing is known)."""
+    get = comparison.obj.get
+    compiled = tuple(as_whole(r, "comparison.compiled[]", 0, num_rounds - 1)
+                     for r in as_list(get("compiled", []), "comparison.compiled", num_rounds))
+    others = tuple(as_number(c, "comparison.others[]", 0.0, MAX_CORES)
+                   for c in as_list(get("others", []), "comparison.others", num_rounds))
+    return compiled, others
 
 
 def _rounds(rounds_raw: list, expected: tuple[str, ...], ctx: RunContext) -> tuple[list, dict]:

@@ -107,6 +107,7 @@ def dumps(record: RunRecord) -> bytes:
         "note": record.note,
         "comparison": {"methods": list(state.methods), "num_rounds": state.num_rounds, "kind": state.kind,
                        "concurrent": state.concurrent, "stopped": state.stopped,
+                       "compiled": list(state.compiled), "others": list(state.others),
                        "plain": None if state.plain is None else {
                            "threads": state.plain.threads, "words": state.plain.words,
                            "trials": [list(t) for t in state.plain.trials]}},
