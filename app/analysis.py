@@ -11,6 +11,7 @@ every duration by `words.duration_text`.
 
 from __future__ import annotations
 
+from ppsd import quiet
 from ppsd.compare import PlainWay
 from ppsd.metrics import Stalls, break_even_acceptance, ideal_ppsd_speedup_slowest_stage
 
@@ -19,7 +20,6 @@ from .reading import Reading
 from .words import PROJECTED_AS, duration_text, ratio_text
 
 BUSY_SHARE = 0.05  # stalls adding this share of a run's wall time make the machine "busy" on the headline
-OTHERS_CORES = 0.3  # other programs using this many cores through a round make it unclean (a 2-core machine)
 
 
 def _stalled(c: Reading) -> list[tuple[str, Stalls, float]]:
@@ -82,13 +82,13 @@ def _rounds_named(rounds) -> str:
 
 def unclean_reason(c: Reading, clock: str | None = None) -> str:
     """Why the ratio on `clock` (None: the page's) is not a clean result ("" when it is): a round the
-    machine stalled in (`BUSY_SHARE`), that other programs crowded (`OTHERS_CORES`) or that
+    machine stalled in (`BUSY_SHARE`), that other programs crowded (`ppsd.quiet.crowded`) or that
     compiled, a plain AR that is no measurement, or a ratio above its run's own ideal by over `CLEAN_MARGIN`."""
     busy = {i: share for i, share in enumerate(c.round_busy) if share >= BUSY_SHARE}
     if busy:
         return (f"the machine was busy in {_rounds_named(busy)} (stalled work added up to "
                 f"{max(busy.values()):.0%} of a method's time); run again when it is quiet")
-    crowded = {i: cores for i, cores in enumerate(c.others) if cores >= OTHERS_CORES}
+    crowded = quiet.crowded(c.others)
     if crowded:
         return (f"other programs used {max(crowded.values()):.1f} of this machine's cores while "
                 f"{_rounds_named(crowded)} ran; run again when it is quiet")

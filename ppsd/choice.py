@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Mapping
 
-from . import compile_cache, kept_steps
+from . import compile_cache, kept_steps, quiet
 from .compare import Comparison, ExecutorSource, State, ready
 from .compile_cache import Speed
 from .config import DecodeConfig
@@ -333,12 +333,12 @@ class ReadyKinds:
         """PPSD's tokens/s of this finished run (the median of its timed rounds), kept for "auto" to
         compare, with `load`, the load average just before the Run: where its speed counts (the
         stages at once on a CPU, `measuring`), and not when something compiled in a round (the
-        compile was measured too). True when kept."""
+        compile was measured too) or other programs crowded one (`quiet.crowded`). True when kept."""
         if not (state.done and kind.concurrent and setup.model.info.device == "cpu" and self.measuring()):
             return False
         median = state.stats().median("ppsd")
         run = state.rounds[0].get("ppsd") if state.rounds else None
-        if not median or run is None or run.result is None or state.compiled:
+        if not median or run is None or run.result is None or state.compiled or quiet.crowded(state.others):
             return False
         compile_cache.note_speed(setup.model.info.name, kind.name, len(run.result.token_ids) / median, load)
         return True

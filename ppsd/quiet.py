@@ -28,7 +28,7 @@ from typing import Callable, Iterator
 
 import psutil
 
-__all__ = ["compiles", "compiling", "compiling_now", "others_cpu", "timing", "wait_for_quiet", "yielding"]
+__all__ = ["CROWDED_CORES", "compiles", "compiling", "crowded", "compiling_now", "others_cpu", "timing", "wait_for_quiet", "yielding"]
 
 WAIT_AT_MOST = 120.0  # seconds work waits for timed rounds: a stuck round never stops it for good
 WAIT_FOR_COMPILE = 60.0  # seconds timed rounds wait for a yielding compile under way (one step: 2-20 s measured)
@@ -131,6 +131,15 @@ def _own_seconds(me: psutil.Process) -> dict[int, float]:
     mine = me.cpu_times()  # children that ended and were waited for: their time moved here
     used[me.pid] += mine.children_user + mine.children_system
     return used
+
+
+CROWDED_CORES = 0.3  # other programs using this many cores through a round make it unclean (a 2-core machine)
+
+
+def crowded(others: "tuple[float, ...]") -> dict[int, float]:
+    """The rounds (0-based) other programs crowded, by `others_cpu`'s reading of each: no clean
+    number comes from them, nor a speed for "auto" to compare."""
+    return {i: cores for i, cores in enumerate(others) if cores >= CROWDED_CORES}
 
 
 def others_cpu() -> Callable[[], float]:

@@ -161,12 +161,13 @@ def quiet():
     other program's load counted (`ppsd.quiet.others_cpu`), so a test of how numbers agree is not
     turned into "not a clean result" by a busy test machine. A page test's server runs in this
     process, so this reaches it too."""
-    from app import analysis, reading
+    from app import reading
+    from ppsd import quiet as ppsd_quiet
     from ppsd.metrics import Stalls
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(reading, "stalls", lambda trace: Stalls(0, 0.0))
-        patch.setattr(analysis, "OTHERS_CORES", float("inf"))
+        patch.setattr(ppsd_quiet, "CROWDED_CORES", float("inf"))
         yield
 
 

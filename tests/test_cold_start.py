@@ -278,14 +278,16 @@ def test_a_runs_speed_is_kept_with_its_load_only_when_nothing_compiled_in_its_ro
     monkeypatch.setattr(choice.compile_cache, "note_speed", lambda *args: kept.append(args))
     run = SimpleNamespace(result=SimpleNamespace(token_ids=list(range(40))))
     setup = SimpleNamespace(model=SimpleNamespace(info=SimpleNamespace(name="m", device="cpu")))
-    state = lambda compiled, done=True: SimpleNamespace(  # noqa: E731
-        stats=lambda: SimpleNamespace(median=lambda m: 2.0), rounds=({"ppsd": run},), compiled=compiled, done=done)
+    state = lambda compiled, done=True, others=(0.05,): SimpleNamespace(  # noqa: E731
+        stats=lambda: SimpleNamespace(median=lambda m: 2.0), rounds=({"ppsd": run},), compiled=compiled, done=done,
+        others=others)
     here = choice.ReadyKinds()
     assert not here.note_speed(KINDS["graphed"], setup, state(()), 0.7)  # nothing compiled in the background here
     monkeypatch.setattr(here, "measuring", lambda: True)
     assert not here.note_speed(KINDS["graphed"], setup, state((1,)), 0.7)
     assert not here.note_speed(KINDS["graphed"], setup, state((), done=False), 0.7)  # a live state is no speed
     assert not here.note_speed(KINDS["in-process"], setup, state(()), 0.7)  # the stages in turn: not PPSD's speed
+    assert not here.note_speed(KINDS["graphed"], setup, state((), others=(0.9,)), 0.7)  # other programs crowded it
     assert kept == []
     assert here.note_speed(KINDS["graphed"], setup, state(()), 0.7)
     assert kept == [("m", "graphed", 20.0, 0.7)]

@@ -22,6 +22,7 @@ from app.models import ModelCache
 from app.request import RunRequest
 from app.reading import RunView
 from app.runner import run_comparison
+from ppsd import quiet as ppsd_quiet
 from ppsd.compare import PLAIN, MethodRun, PlainWay, State
 from ppsd.compare_stats import Stats
 from conftest import CHROMIUM, open_page, quiet
@@ -473,7 +474,7 @@ def test_a_round_that_compiled_keeps_the_number_out_of_the_headline():
 def test_a_round_other_programs_crowded_keeps_the_number_out_of_the_headline(monkeypatch):
     """Issue 56: a default Run that another program slowed evenly (28.4 s against 11-14 s) showed
     no stall in its trace, and its 0.72x read as a clean result."""
-    monkeypatch.setattr(analysis, "OTHERS_CORES", 0.3)  # as shipped: this module's tests read runs as quiet
+    monkeypatch.setattr(ppsd_quiet, "CROWDED_CORES", 0.3)  # as shipped: this module's tests read runs as quiet
     c = comparison((1.25, 1.25, 1.25), others=(0.02, 0.9, 0.05))
     assert "other programs used 0.9 of this machine's cores while round 2 ran" in analysis.unclean_reason(c)
     assert "Not a clean result" in text(headline.speedup_headline(c))
