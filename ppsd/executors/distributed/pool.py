@@ -46,7 +46,7 @@ def shared_pipeline(model: StagedModel, config: DecodeConfig, *, threads_per_wor
     if current is not None and current.spec == spec and current.model.hf_model is model.hf_model:
         silent = current.check_workers()  # a run never waits the call timeout on a frozen worker
         if silent is None:
-            current.model = model
+            current.use(model)
             return current
         (progress or (lambda message: None))(f"A worker process did not answer within {PING_SECONDS:g} s "
                                              "(frozen or hung): starting fresh ones")

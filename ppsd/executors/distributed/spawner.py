@@ -88,7 +88,7 @@ def start_within(process, seconds: float) -> None:
         done.set()
         watcher.join()
     if why:  # it froze just as the fork came back: the worker cannot be waited for any more
-        _kill(process.pid)
+        kill(process.pid)
         raise SpawnFailed(f"{why[0]}, so it was shut down")
 
 
@@ -113,7 +113,7 @@ def _forget(name: str) -> None:
         pid, lock = server._pid, server._lock
     if pid is None:
         return
-    _kill(pid)
+    kill(pid)
     _reap(pid)
     if not lock.acquire(timeout=LOCK_SECONDS):
         return  # a start holds it and will find the helper dead (and launch another) itself
@@ -142,7 +142,8 @@ def state(pid: int | None) -> str | None:
         return None
 
 
-def _kill(pid: int | None) -> None:
+def kill(pid: int | None) -> None:
+    """SIGKILL `pid`, if it is still a process."""
     try:
         os.kill(pid, signal.SIGKILL)
     except (ProcessLookupError, TypeError):
