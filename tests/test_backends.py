@@ -8,6 +8,7 @@ options ask for."""
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -67,12 +68,14 @@ def test_a_stage_input_is_taken_off_its_queue_in_one_place():
 def test_one_forward_and_one_rollback_serve_every_executor():
     """Issue 59: every executor's stages (the runtime's steps, the K-process coordinator's stage 1
     and its workers' stages) run one forward, `base.stage_forward`; in this process only the
-    runtime truncates the cache (the stacked executor is a runtime), and the K-process pipeline
-    its own caches, one a process."""
-    forwards = {str(p.relative_to(EXECUTORS)) for p in EXECUTORS.rglob("*.py") if "run_static(" in p.read_text()}
-    assert forwards == {"base.py"}
-    truncating = {str(p.relative_to(EXECUTORS)) for p in EXECUTORS.rglob("*.py") if ".truncate(" in p.read_text()}
-    assert truncating == {"runtime.py", "distributed/pipeline.py", "distributed/worker.py"}
+    runtime plans calls and truncates the cache (the stacked executor and the K-process
+    coordinator are runtimes), and each worker process its own cache."""
+    def using(pattern: str) -> set[str]:
+        return {str(p.relative_to(EXECUTORS)) for p in EXECUTORS.rglob("*.py") if re.search(pattern, p.read_text())}
+
+    assert using(r"run_static\(") == {"base.py"}
+    assert using(r"\.truncate\(") == {"runtime.py", "distributed/worker.py"}
+    assert using(r"schedule\.(slot|enter|flow|advance)\(") == {"runtime.py", "stacked.py"}
 
 
 @pytest.fixture(scope="module")

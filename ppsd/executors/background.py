@@ -3,7 +3,8 @@ CPU, `ExecutorKind.compiles`) is built on a thread of its own while the front en
 that needs no compile, and says how far it is ("compiling the captured steps: 40 s so far") to
 whoever asks, and to a terminal every few seconds (`ticking`).
 
-Boundary: the state of one background build, and the lines said while something long runs; what
+Boundary: the state of one background build, the lines said while something long runs, and a
+check a thread makes every few seconds while a block runs (`watching`: a frozen worker's); what
 is built, and what is chosen once it is ready, is the caller's (`ppsd.executors.kinds`).
 """
 
@@ -11,13 +12,13 @@ from __future__ import annotations
 
 import threading
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import Callable, Iterator
 
 from .. import quiet
 from .base import Executor
 
-__all__ = ["Background", "ticking"]
+__all__ = ["Background", "ticking", "watching"]
 
 Say = Callable[[str], None]
 
@@ -90,22 +91,33 @@ class Background:
 
 
 @contextmanager
-def ticking(say: Say | None, words: Callable[[], str], every: float) -> Iterator[None]:
-    """While the block runs, `say(words())` every `every` seconds (none when `say` is None): a
-    terminal never stays silent through a long compile."""
-    if say is None:
-        yield
-        return
+def watching(every: float, check: Callable[[], bool], name: str) -> Iterator[None]:
+    """While the block runs, `check()` every `every` seconds on a daemon thread of its own, until
+    it returns True (then it looks no more)."""
     done = threading.Event()
 
-    def tick() -> None:
+    def watch() -> None:
         while not done.wait(every):
-            say(words())
+            if check():
+                return
 
-    ticker = threading.Thread(target=tick, name="ticking", daemon=True)
-    ticker.start()
+    watcher = threading.Thread(target=watch, name=name, daemon=True)
+    watcher.start()
     try:
         yield
     finally:
         done.set()
-        ticker.join()
+        watcher.join()
+
+
+def ticking(say: Say | None, words: Callable[[], str], every: float):
+    """While the block runs, `say(words())` every `every` seconds (none when `say` is None): a
+    terminal never stays silent through a long compile."""
+    if say is None:
+        return nullcontext()
+
+    def tick() -> bool:
+        say(words())
+        return False  # until the block ends
+
+    return watching(every, tick, "ticking")

@@ -82,6 +82,11 @@ class PipelineError(RuntimeError):
     without importing that package and torch.distributed."""
 
 
+class PipelineBusy(ValueError):
+    """Another run held the executor for longer than its timeout (the K-process pipeline's). Nothing
+    was sent: the pool is fine, so it is not a `PipelineError` (callers close the pool on those)."""
+
+
 def logit_width(kind: Kind, width: int) -> int:
     """How many of a final-stage piece's last positions get logits: a prefill needs only the
     next token's (the LM head is skipped on the rest), anything else every position's."""

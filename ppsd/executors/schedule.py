@@ -2,9 +2,9 @@
 
 `slot`, `enter` (stage 1 alone) and `flow` are pure functions of what waits before each stage
 (`Queues`) and what enters stage 1 (a `Feed`); each returns a `Plan`: the actions in recording
-order and the queues after them. The in-process executor computes the actions one by one; the
-distributed one computes stage 1's and sends each worker its part (`worker_part`) in the
-control header; the worker replays that part on its own queue. So the three agree by
+order and the queues after them. The runtime (`runtime.Runtime`, every kind's) computes the
+actions; where stages 2..K run in worker processes it sends each worker its part (`worker_part`)
+in the control header, and the worker replays that part on its own queue. So they agree by
 construction, and the table tests check the schedule itself.
 
 A slot runs the stages back to front (each stage takes its queue's head, which the stage
@@ -82,7 +82,7 @@ def enter(queues: Queues, feed: Feed) -> Plan:
 
 def advance(queues: Queues) -> Plan:
     """Stages 2..K of a slot: each runs its queue's head, the last stage first. It depends on
-    the queues alone, so the distributed executor starts it before the decoder's next feed."""
+    the queues alone, so the runtime starts it in worker processes before the decoder's next feed."""
     actions, queues = [], list(queues)
     for k in reversed(range(1, len(queues))):
         if queues[k]:

@@ -109,7 +109,7 @@ class StackedExecutor(Runtime):
         self.cache = self.steps.cache = self.step.cache
         clock = stopwatch or Stopwatch()
         self.backend: SlotBackend = CudaGraphSlots(self.step) if cuda else EagerSlots(self.step, clock)
-        self.where, self.how = Clocked(clock), _WidePieces(self.steps, self.backend)
+        self.where, self.how = Clocked(clock), EagerStep(self.steps)  # what is not a stacked slot
         self.lookahead = lookahead
         self.stats = SlotStats()
         self._inflight: _Slot | None = None
@@ -155,6 +155,13 @@ class StackedExecutor(Runtime):
     def close(self) -> None:
         self._discard()
         super().close()
+        self.backend.close()
+
+    def _reserve(self, length: int) -> None:
+        """The runtime's, and a grown (reallocated) cache drops the slots' graphs too."""
+        if self.cache.reserve(length):
+            self.how.grown()
+            self.backend.grown()
 
     @contextmanager
     def _unstacked(self) -> Iterator[None]:
@@ -257,21 +264,6 @@ class StackedExecutor(Runtime):
         self.stats.wait_seconds += read - waited
         self.stats.host_seconds += (waited - began) + (time.perf_counter() - read)
         return output
-
-
-class _WidePieces(EagerStep):
-    """The runtime's eager step for what is not a stacked slot; a grown cache (reallocated by the
-    runtime's `_reserve`) also drops the slots' graphs, and closing closes them."""
-
-    def __init__(self, steps, backend: SlotBackend) -> None:
-        super().__init__(steps)
-        self.backend = backend
-
-    def grown(self) -> None:
-        self.backend.grown()
-
-    def close(self) -> None:
-        self.backend.close()
 
 
 def _stackable(plan: schedule.Plan) -> bool:

@@ -41,12 +41,15 @@ class Done:
 
 class StageSteps:
     """Every stage's pure step for `partition`, on one static cache and one set of static inputs
-    (pinned host staging where `pinned`: a CUDA copy in is then non-blocking)."""
+    (pinned host staging where `pinned`: a CUDA copy in is then non-blocking). With `layers` the
+    cache holds those layers' buffers alone (the K-process coordinator's stage 1), and every
+    layer's host lengths."""
 
-    def __init__(self, model: StagedModel, partition: tuple[range, ...], *, pinned: bool) -> None:
+    def __init__(self, model: StagedModel, partition: tuple[range, ...], *, pinned: bool,
+                 layers: range | None = None) -> None:
         self.model, self.partition = model, partition
         self.device = model.info.device
-        self.cache = StaticKVCache.for_model(model.hf_model)
+        self.cache = StaticKVCache.for_model(model.hf_model, layers)
         hidden_size = model.hf_model.config.hidden_size
         with torch.inference_mode(False):  # static buffers outlive any one run's inference mode
             # Device inputs of one-token steps: [token, position of stage 1, ..., of stage K].

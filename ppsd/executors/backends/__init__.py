@@ -7,7 +7,8 @@ the `Output`s stay the runtime's (`ppsd.executors.runtime`).
 
 - Where (`Where`): `Clocked` (`cpu`) times each stage on the run's clock, its stages in turn
   (`HERE`) or a slot's on a thread each (`StageThreads`, `stage_threads`); `Streams` (`cuda`) gives
-  each stage a CUDA stream, timed by CUDA events, launched from here or from stage threads.
+  each stage a CUDA stream, timed by CUDA events, launched from here or from stage threads;
+  `ppsd.executors.distributed.pipeline.Workers` sends stages 2..K to worker processes.
 - How (`How`): `EagerStep` runs the pure step as it is, `CompiledStep` compiles it with Inductor
   (`cpu`), `CudaGraphStep` captures it once as a CUDA graph and replays it (`cuda`: it runs only
   on a GPU, `tools/device_check.sh`).
@@ -27,12 +28,17 @@ from ..stage_steps import Done, StepResult
 
 
 class Job(NamedTuple):
-    """One stage's work, ready to start: stage index `k`, its hidden input (None for stage 1, whose
-    token is in the static inputs) and `compute`, which runs its step."""
+    """One stage's work, ready to start: its `action`, its hidden input (None for stage 1, whose
+    token is in the static inputs, and for a stage whose input is in another process) and
+    `compute`, which runs its step here."""
 
-    k: int
+    action: schedule.Action
     hidden: torch.Tensor | None
     compute: Callable[[], StepResult]
+
+    @property
+    def k(self) -> int:
+        return self.action.index
 
 
 Ran = tuple[StepResult, object, object]  # a step's results and its start and end (floats, or CUDA events)
@@ -42,6 +48,9 @@ class Where(Protocol):
     """Where a runtime's stages run, and how their time and their ids are read."""
 
     concurrent: bool  # do a slot's stages run at the same time?
+    # Stages 2..K run in other processes, passing their outputs on themselves: a call's jobs are
+    # all launched at once, and the next slot's before this one is read (run-ahead).
+    remote: bool
 
     def begin(self, stopwatch: Stopwatch) -> None: ...  # a run starts on this clock
     def end(self) -> None: ...
@@ -51,6 +60,7 @@ class Where(Protocol):
     def join(self, done: list[Done]) -> None: ...  # their outputs readable on the caller's side
     def read(self, bests: list[torch.Tensor]) -> list[int]: ...  # the call's one host read
     def times(self, done: Done) -> tuple[float, float]: ...  # on the run's clock
+    def rollback(self, length: int) -> None: ...  # drop what runs elsewhere past `length`
 
 
 class How(Protocol):

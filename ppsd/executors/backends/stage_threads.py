@@ -87,9 +87,13 @@ class OnPool:
     the pool's lifetime is the run's and the executor's."""
 
     pool: Here | StageThreads
+    remote = False  # every stage in this process
 
     def end(self) -> None:
         self.pool.end()
+
+    def rollback(self, length: int) -> None:
+        pass  # nothing of a run is kept where the stages run: the runtime's cache holds it all
 
     def close(self) -> None:
         self.pool.close()

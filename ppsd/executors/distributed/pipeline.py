@@ -1,33 +1,15 @@
 """Real pipeline-parallel execution: one process per stage, over torch.distributed.
 
-Boundary: `DistributedExecutor` is the coordinator (rank 0). It implements the `Executor`
-protocol with K processes, executing the same `schedule` as the in-process executor; it knows
-nothing of drafts or acceptance (the decoders decide). The processes' lives are `processes`,
-their messages `wire`, their cores and weights `placement`, the worker's side `worker`.
-
-- Rank 0 is the calling process: it runs the decoder's state machine and computes stage 1
-  itself (embeddings, layers [0, E), exit head) with the caller's `StagedModel`. In a PPSD slot
-  the coordinator must see stage 1's exit logits before it can feed the next draft, so stage 1
-  *is* the critical path; computed in place it costs no message and no process wake-up, and
-  stage K's work (started by a message sent before stage 1 computes) hides behind it. Exactly K
-  processes compute, a trained exit head needs no shipping, and under torchrun the world is just
-  the K stages.
-- Worker k (rank k, stage k+1) loads the weights from the same path and dtype, keeps only its
-  layers (plus the final norm and LM head on stage K) and a static KV cache of its layers, and is pinned to its
-  own cores (or GPU). Hidden states flow rank k -> k+1 by point-to-point send/recv; stage K's
-  final logits come back to rank 0 with each worker's timestamps.
-- The coordinator keeps the schedule's queues (positions, tokens, kinds, widths: the hidden
-  states are on the workers), so it builds the same events as the in-process executor; only
-  their times differ (measured where each stage ran, on one clock: the trace is `concurrent`).
-- Run-ahead: once stage 1 has computed in a slot, the next slot's worker work (`schedule.advance`,
-  which depends on the queues alone) is launched before this slot's reports are read; a
-  rollback drops it.
-- One run at a time: `begin` takes the pipeline (a second run waits up to the call timeout,
-  then gets `PipelineBusy`), `end` gives it back; callers hold no lock.
-- Lifecycle: workers start once and serve many runs; `close()` (also at exit, and on any error)
-  stops them. A worker that dies breaks its sockets, so the waiting rank fails at once; one that
-  hangs trips the per-call timeout. Either way the pool is torn down, no process is left, and a
-  `PipelineError` names the stage.
+Boundary: where the stages run, for the one runtime (`ppsd.executors.runtime.Runtime`), which
+plans every call, advances the host lengths (every layer's, the workers' too), builds the
+`Output`s, runs ahead and rolls back, as for every kind. `Workers` is that where: rank 0 is the
+calling process and computes stage 1 (the runtime's eager step, on a cache of stage 1's layers:
+stage 1 is a PPSD slot's critical path, and computed in place it costs no message); worker k
+(rank k, stage k+1) holds its layers and their cache (`worker`). A call sends each worker its part
+of the plan and awaits its report (its times, and stage K's logits); a worker that dies or hangs
+tears the pool down with a `PipelineError` naming it. `DistributedExecutor` is the runtime on it,
+with the pool's lifecycle; the processes' lives are `processes`, their messages `wire`, their
+cores and weights `placement`. docs/distributed.md describes the design.
 """
 
 from __future__ import annotations
@@ -35,69 +17,65 @@ from __future__ import annotations
 import math
 import re
 import socket
-import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 
 from ...model import StagedModel
-from ...static_cache import StaticKVCache
 from ...trace import Stopwatch
 from .. import schedule
-from ..base import Feed, Output, final_position, logit_width, stage_forward
+from ..backends import Job, Ran
+from ..backends.cpu import EagerStep
+from ..base import logit_width
+from ..runtime import Runtime
 from .placement import StageOnePinning, sync_device, weights_fingerprint
 from .processes import OPEN, WorkerProcesses
-from .wire import (GROUPS, PING, PING_SECONDS, ROLLBACK, SHUTDOWN, Control, Header, Outbox, PipelineBusy, PipelineError,
+from .wire import (GROUPS, PING, PING_SECONDS, ROLLBACK, SHUTDOWN, Control, Header, Outbox, PipelineError,
                    PipelineSpec, clock_offset, init_group, wire_tensor)
 
 
-@dataclass
-class _Call:
-    """The workers' part of one executor call: the plan, and the reports it awaits."""
+@dataclass(eq=False)
+class _Report:
+    """What worker `k` reports for one action, awaited: (start, end) as four float32, then the
+    last stage's T x V logits; `taken`: the messages sent it before, which the report proves
+    delivered."""
 
-    plan: schedule.Plan
-    reports: dict[int, tuple[object, torch.Tensor]] = field(default_factory=dict)  # rank -> (irecv, buffer)
-    taken: dict[int, int] = field(default_factory=dict)  # rank -> messages sent it before this call's report
-    launched: bool = False  # control messages sent and reports awaited
+    k: int
+    work: object
+    buffer: torch.Tensor
+    taken: int
 
 
-class DistributedExecutor:
-    """Stage 1 here, stages 2..K in worker processes; the stages of one `slot` compute at once.
+class Workers:
+    """Where stage 1 runs here and stages 2..K in worker processes: the runtime's `Where` for the
+    K-process kind. A call's jobs go out at once (each worker's part of the plan in its control
+    message, stage 2's input attached to rank 1's), stage 1 computes here meanwhile, and each
+    worker's report is awaited when its times are read."""
 
-    `model` (the caller's, on `spec.device`) computes stage 1; it may be swapped between runs
-    for one with another exit head over the same weights.
-    """
-
-    concurrent = True
+    concurrent = True  # the stages compute at once, each in its own process
+    remote = True
 
     def __init__(self, spec: PipelineSpec, model: StagedModel) -> None:
-        self.spec, self.model = spec, model
-        self.partition, self.device = spec.partition, spec.device
-        self._run_lock = threading.Lock()  # held from `begin` to `end`: one run at a time
-        self.cache = StaticKVCache.for_model(model.hf_model, spec.partition[0])  # stage 1's layers
-        self.runs = 0  # runs begun on this pool
-        self._workers = WorkerProcesses()
+        self.spec, self.model, self.partition = spec, model, spec.partition
+        self.processes = WorkerProcesses()
         self._control = Control(model.hf_model.config.hidden_size, next(model.hf_model.parameters()).dtype)
         self._outbox = Outbox(range(1, len(spec.partition)))
         self._offsets = [0.0] * len(spec.partition)  # rank k's clock minus ours
-        self._queues = schedule.empty(len(spec.partition))
-        self._attached: list[torch.Tensor] = []  # stage 1's output rank 1 has not got yet
-        self._ahead: _Call | None = None  # the next slot's worker work, launched early (`slot`)
-        self._discarded: list[tuple[object, torch.Tensor]] = []  # reports of run-ahead work a rollback dropped
+        self._unread: list[_Report] = []  # reports awaited and not read yet, oldest first
+        self._discarded: list[_Report] = []  # reports of work a rollback dropped (run ahead), to await
         self._clock = Stopwatch()
         self._pinning = StageOnePinning(spec)
-        self.aborted = False  # `abort` killed the workers (a Stop that could not wait), not a fault
         self._state = "new"  # new, open, closed; broken: a failed group (kill the workers, send nothing)
 
     # Lifecycle -----------------------------------------------------------------------------
 
-    def start(self) -> "DistributedExecutor":
+    def start(self) -> None:
         """Start the K - 1 workers, wait until each has loaded its stage, join them in one group."""
         if self._state != "new":
-            return self
+            return
         if dist.is_initialized():
             raise PipelineError("torch.distributed is already initialised in this process: "
                                 "close the other pipeline first (one pool per process)")
@@ -105,21 +83,18 @@ class DistributedExecutor:
         store = dist.TCPStore("127.0.0.1", 0, len(self.partition), is_master=True,
                               timeout=timedelta(seconds=self.spec.startup_timeout), wait_for_workers=False)
         try:
-            self._workers.start(self.spec, store.port)
+            self.processes.start(self.spec, store.port)
             init_group(self.spec, rank=0, world=len(self.partition), store=store)
             self._hello()
         except BaseException:
             self.close()
             raise
-        return self
 
-    def join(self) -> "DistributedExecutor":
-        """Become rank 0 of a group that torchrun started (env:// rendezvous); ranks >= 1 call
-        `worker.run_worker`. The workers are not our children: `close()` shuts them down by message."""
+    def rendezvous(self) -> None:
+        """Become rank 0 of a group that torchrun started (env:// rendezvous)."""
         self._open()
         init_group(self.spec, rank=0, world=len(self.partition))
         self._hello()
-        return self
 
     def close(self) -> None:
         """Stop every worker (politely, then by force) and leave torch.distributed as it was."""
@@ -127,208 +102,123 @@ class DistributedExecutor:
             return
         broken, self._state = self._state == "broken", "closed"
         OPEN.discard(self)
-        if dist.is_initialized() and not broken and self._workers.all_alive():
+        if dist.is_initialized() and not broken and self.processes.all_alive():
             try:
                 self._broadcast(Header(SHUTDOWN))
             except Exception:  # noqa: BLE001 - a broken pool is killed below anyway
                 pass
-        self._workers.stop(grace=0.0 if broken else 5.0)
+        self.processes.stop(grace=0.0 if broken else 5.0)
         if dist.is_initialized():
             dist.destroy_process_group()
         GROUPS.clear()
         self._pinning.release()  # the run it broke ends later, and frees the run lock then
 
-    def abort(self) -> None:
-        """End the run in progress now, from another thread, however its workers are (frozen,
-        or busy past the call timeout): kill them, so the call waiting on them fails at once, and
-        the run's own thread closes the pool (`PipelineError`). The next run starts fresh ones."""
-        self.aborted = True
-        self._workers.kill()
-
-    def check_workers(self, within: float = PING_SECONDS) -> str | None:
-        """Between runs: None when every worker answers a ping within `within` seconds; else why
-        not (frozen, dead, silent), and the pool is shut down, its workers killed (a frozen one
-        never exits by itself), so that the next run starts fresh ones rather than waiting the
-        call timeout on it. While a run holds the pipeline nothing is sent (its own calls watch
-        the workers: the call timeout, and a Stop's `abort`), and None is returned."""
-        if self._state != "open":
-            return "the pipeline is not running"
-        if not self._run_lock.acquire(blocking=False):
-            return None
-        try:
-            reason = self.frozen() or self._ping(within)
-        finally:
-            self._run_lock.release()
+    def check(self, within: float) -> str | None:
+        """None when every worker answers a ping within `within` seconds; else why not, and the
+        pool is shut down, its workers killed (a frozen one never exits by itself)."""
+        reason = self.processes.frozen() or self._ping(within)
         if reason is not None:
             self._state = "broken"  # no polite SHUTDOWN: a frozen worker would take its whole grace
             self.close()
         return reason
 
-    def frozen(self) -> str | None:
-        """Which worker is frozen (stopped), if one is (`WorkerProcesses.frozen`); safe from any thread."""
-        return self._workers.frozen()
-
     @property
-    def alive(self) -> bool:
-        """Open, and every worker it started still running (one may die while the pool idles)."""
-        return self._state == "open" and self._workers.all_alive()
+    def open(self) -> bool:
+        return self._state == "open"
 
-    @property
-    def pids(self) -> list[int]:
-        """Process ids of the workers for stages 2..K."""
-        return self._workers.pids
+    # Where the runtime's stages run ------------------------------------------------------------
 
     def begin(self, stopwatch: Stopwatch) -> None:
-        """A run starts: wait (at most the call timeout) until no other run holds the pipeline,
-        else raise `PipelineBusy`; empty every cache and queue, stamp on `stopwatch`, and while it
-        lasts give stage 1 (this process) the workers' thread count and, on CPU, pin every thread
-        of this process (torch's, gloo's, the caller's own) to stage 1's cores, as each worker
-        keeps to its own. Left free to roam, the scheduler parks them on a worker's core, and a
-        slot then waits for a context switch there (a PPSD run took 1.9x as long;
-        docs/distributed.md). `end()` gives the process its threads and cores back (between runs
-        it is the caller's) and lets the next run in."""
-        if not self._run_lock.acquire(timeout=self.spec.timeout):
-            raise PipelineBusy("the worker processes are busy with another run: try again in a moment")
-        try:
-            self._check_alive()
-            self._clock = stopwatch
-            self.rollback(0)
-            self.runs += 1
-            self._pinning.hold()
-        except BaseException:
-            self._run_lock.release()  # no run began, so no `end` will come
-            raise
+        """A run starts on `stopwatch`; while it lasts, stage 1 (this process) gets the workers'
+        thread count and, on CPU, every thread of this process (torch's, gloo's, the caller's own) is
+        pinned to stage 1's cores, as each worker keeps to its own. Left free to roam, the scheduler
+        parks them on a worker's core, and a slot then waits for a context switch there (a PPSD run
+        took 1.9x as long; docs/distributed.md). `end()` gives the process its threads and cores
+        back: between runs it is the caller's."""
+        self._check_open()
+        self._clock = stopwatch
+        self._pinning.hold()
 
     def end(self) -> None:
         self._pinning.release()
-        self._run_lock.release()
 
-    def __enter__(self) -> "DistributedExecutor":
-        return self.start()
+    def at_once(self, jobs: list[Job], anywhere: bool) -> list[Ran]:
+        """Every worker of `jobs` sent its part (they start first), then stage 1 computed here."""
+        self._check_open()
+        return self._guarded(lambda: self._launch(jobs))
 
-    def __exit__(self, *exc) -> None:
-        self.close()
+    def _launch(self, jobs: list[Job]) -> list[Ran]:
+        plan, hidden = schedule.Plan(tuple(j.action for j in jobs), ()), {j.k: j.hidden for j in jobs}
+        for k in range(1, len(self.partition)):
+            part = schedule.worker_part(plan, k)
+            if part is not None:
+                self._post_control(Header.work(part), k, hidden.get(k))
+        ran = {j.k: self._awaited(j.action) for j in jobs if j.k > 0}
+        return [ran[j.k] if j.k else self._here(j) for j in jobs]
 
-    # The Executor protocol ---------------------------------------------------------------
+    def _awaited(self, action: schedule.Action) -> Ran:
+        """Worker k's report on `action`, received from now on; the last stage's logits are read
+        out of it once it has come."""
+        k, item = action.index, action.item
+        last = k == len(self.partition) - 1
+        buffer = torch.empty(4 + (self.model.info.vocab_size * logit_width(item.kind, item.width) if last else 0),
+                             dtype=torch.float32)
+        report = _Report(k, dist.irecv(buffer, src=k, group=GROUPS["calls"]), buffer, self._outbox.posted[k])
+        self._unread.append(report)
+        logits = buffer[4:].view(-1, self.model.info.vocab_size) if last else None
+        return (None, logits, None), report, report
 
-    def slot(self, feed: Feed | None, *, slot: int) -> Output:
-        call, self._ahead = self._ahead or self._plan(schedule.advance), None
-        return self._run(call, feed, slot)
+    def _here(self, job: Job) -> Ran:
+        """Stage 1 here, timed in `time.perf_counter()` time."""
+        start = time.perf_counter()
+        out = job.compute()
+        sync_device(self.model.info.device)
+        return out, start, time.perf_counter()
 
-    def push(self, feed: Feed) -> Output:
-        self._expect_no_run_ahead()
-        return self._run(_Call(schedule.Plan((), self._queues)), feed, None)
+    def join(self, done: list) -> None:
+        pass  # a worker's output is awaited when its report is read (`times`)
 
-    def flow(self) -> Output:
-        self._expect_no_run_ahead()
-        return self._run(self._plan(schedule.flow), None, None)
+    def read(self, bests: list[torch.Tensor]) -> list[int]:
+        return torch.cat(bests).tolist() if bests else []  # stage 1's, computed here
+
+    def times(self, done) -> tuple[float, float]:
+        """`done`'s (start, end) on the run's clock; a worker's once its report has come."""
+        start, end = self._guarded(lambda: self._stamps(done.start)) if isinstance(done.start, _Report) \
+            else (done.start, done.end)
+        return self._clock.at(start), self._clock.at(end)
+
+    def _stamps(self, report: _Report) -> tuple[float, float]:
+        for dropped in self._discarded:
+            dropped.work.wait()
+        self._discarded = []
+        report.work.wait()
+        self._unread.remove(report)
+        self._outbox.delivered(report.k, report.taken)
+        start, end = report.buffer[:4].view(torch.float64).tolist()
+        return start - self._offsets[report.k], end - self._offsets[report.k]
 
     def rollback(self, length: int) -> None:
         self._guarded(lambda: self._rolled_back(length))
 
     def _rolled_back(self, length: int) -> None:
-        if self._ahead is not None:  # run-ahead work behind a correction: flushed, its reports dropped
-            self._discarded.extend(self._ahead.reports.values())
-            self._ahead = None
-        self._queues = schedule.empty(len(self.partition))
-        self._attached = []
-        self.cache.truncate(length)
+        """Every worker truncates its cache and empties its queue; the reports of work in flight
+        (run ahead of a correction) are dropped, awaited unread."""
+        self._discarded += self._unread
+        self._unread = []
         self._broadcast(Header(ROLLBACK, length=length))
 
-    def _plan(self, step) -> _Call:
-        """The workers' call `step(queues)` plans; the queues then hold what it leaves."""
-        plan = step(self._queues)
-        self._queues = plan.queues
-        return _Call(plan)
+    # Messages ----------------------------------------------------------------------------------
 
-    def _expect_no_run_ahead(self) -> None:
-        if self._ahead is not None:
-            raise RuntimeError("push/flow after slot without a rollback: no decoder does this")
-
-    # Running a call --------------------------------------------------------------------------
-
-    def _check_alive(self) -> None:
+    def _check_open(self) -> None:
         if self._state != "open":  # a dead worker is named by the exchange that finds it
             raise PipelineError("the pipeline is not running: start() it (or make a new one)")
 
-    def _run(self, call: _Call, feed: Feed | None, slot: int | None) -> Output:
-        self._check_alive()
-        return self._guarded(lambda: self._exchange(call, feed, slot))
-
-    def _exchange(self, call: _Call, feed: Feed | None, slot: int | None) -> Output:
-        if not call.launched:  # the workers start first...
-            self._launch(call)
-        actions, times, results = list(call.plan.actions), {}, {}
-        if feed is not None:  # ...then stage 1 computes here, while they do (recorded last)
-            actions += self._plan(lambda queues: schedule.enter(queues, feed)).plan.actions
-            times[0] = self._stage1(feed, results)
-        if slot is not None and any(self._queues[1:]):
-            # Run ahead: the next slot's worker work depends on nothing the decoder has yet to
-            # decide (a correction flushes it, as it flushes all work in flight), so it starts now,
-            # and each worker goes from one slot's work to the next without waiting for a message.
-            self._ahead = self._launch(self._plan(schedule.advance))
-        self._collect(call, times, results)
-        events = tuple(a.event(self._clock.at(times[a.index][0]), self._clock.at(times[a.index][1]), slot)
-                       for a in actions)
-        return Output(events=events, **results)
-
-    def _launch(self, call: _Call) -> _Call:
-        """Send the workers of `call` their parts of its plan and await their reports."""
-        for k in range(1, len(self.partition)):
-            part = schedule.worker_part(call.plan, k)
-            if part is not None:
-                self._post_control(Header.work(part), k)
-        for action in call.plan.actions:
-            k, item = action.index, action.item
-            call.taken[k] = self._outbox.posted[k]  # what its report proves delivered
-            # (start, end) as four float32, then the last stage's T x V logits
-            last = k == len(self.partition) - 1
-            logits = self.model.info.vocab_size * logit_width(item.kind, item.width) if last else 0
-            report = torch.empty(4 + logits, dtype=torch.float32)
-            call.reports[k] = (dist.irecv(report, src=k, group=GROUPS["calls"]), report)
-        call.launched = True
-        return call
-
-    def _collect(self, call: _Call, times: dict, results: dict) -> None:
-        """Wait for `call`'s reports: each worker's (start, end) on our clock into `times`, the
-        final logits into `results`."""
-        for work, _ in self._discarded:
-            work.wait()
-        self._discarded = []
-        last = len(self.partition) - 1
-        for action in call.plan.actions:
-            k = action.index
-            work, report = call.reports[k]
-            work.wait()
-            self._outbox.delivered(k, call.taken[k])
-            start, end = report[:4].view(torch.float64).tolist()
-            times[k] = (start - self._offsets[k], end - self._offsets[k])
-            if k == last:
-                results["final_position"] = final_position(action.item)
-                results["final_logits"] = report[4:].view(-1, self.model.info.vocab_size)
-
-    def _stage1(self, feed: Feed, results: dict) -> tuple[float, float]:
-        """Stage 1 here; its hidden state goes on to rank 1 with rank 1's next control message.
-        Returns (start, end) in `time.perf_counter()` time."""
-        start = time.perf_counter()
-        view = self.cache.at(self.partition[0], feed.position, len(feed.tokens))
-        hidden, results["exit_logits"] = stage_forward(self.model, self.partition, 0, list(feed.tokens), view,
-                                                       draft=feed.kind == "draft", logits_for=0)
-        sync_device(self.device)
-        end = time.perf_counter()
-        self._attached.append(hidden)
-        return start, end
-
-    def _post_control(self, header: Header, k: int) -> None:
-        """Send rank k its control message; rank 1's carries what stage 1 produced since its last
-        one (in a slot at most one position; prefill and EESD drafts, contiguous, in a flow)."""
-        attached: list[torch.Tensor] = []
-        if k == 1:
-            attached, self._attached = self._attached, []
-        if not attached:
+    def _post_control(self, header: Header, k: int, hidden: torch.Tensor | None) -> None:
+        """Send rank k its control message; rank 1's carries stage 2's input, what stage 1 made
+        (in a slot one position; prefill and EESD drafts, merged, in a flow)."""
+        if hidden is None:
             self._outbox.post(self._control.pack(header), k)
             return
-        hidden = attached[0] if len(attached) == 1 else torch.cat(attached, dim=1)
         header = header._replace(attached=hidden.shape[1])
         if hidden.shape[1] == 1:
             self._outbox.post(self._control.pack(header, hidden), k)
@@ -345,7 +235,7 @@ class DistributedExecutor:
         try:
             return action()
         except Exception as error:  # noqa: BLE001 - gloo raises RuntimeError subclasses
-            culprit = self._workers.culprit()
+            culprit = self.processes.culprit()
             first = (str(error).strip().splitlines() or [type(error).__name__])[0]
             first = re.sub(r"^\[[^\]]*\.(cc|cpp|h):\d+\]\s*", "", first)[:200]  # gloo's source file: not the user's business
             reason = culprit or (f"a pipeline worker did not answer within {self.spec.timeout:g} s "
@@ -362,7 +252,7 @@ class DistributedExecutor:
         deadline = time.monotonic() + within
         try:
             self._rolled_back(0)  # as `begin` does: the run-ahead work a Stop left is dropped
-            waits = [(None, work) for work, _ in self._discarded]
+            waits = [(None, report.work) for report in self._discarded]
             self._discarded = []
             answers = [torch.empty(1, dtype=torch.float64) for _ in self.partition]  # live until answered
             for k in range(1, len(self.partition)):
@@ -373,7 +263,7 @@ class DistributedExecutor:
                 if k is not None:
                     self._outbox.delivered(k, self._outbox.posted[k])
         except Exception:  # noqa: BLE001 - gloo raises RuntimeError subclasses; the pool goes either way
-            return self._workers.culprit() or f"a pipeline worker did not answer a ping within {within:g} s"
+            return self.processes.culprit() or f"a pipeline worker did not answer a ping within {within:g} s"
         return None
 
     # Startup ---------------------------------------------------------------------------------
@@ -396,3 +286,64 @@ class DistributedExecutor:
             if hellos[k]["host"] != socket.gethostname():
                 self._offsets[k] = clock_offset(self._control, k)
 
+
+class DistributedExecutor(Runtime):
+    """Stage 1 here, stages 2..K in worker processes: the one runtime on `Workers`, its stage 1 the
+    runtime's eager step on a cache of stage 1's layers. `model` (the caller's, on `spec.device`)
+    computes stage 1; `use` swaps it between runs for one with another exit head over the same
+    weights."""
+
+    def __init__(self, spec: PipelineSpec, model: StagedModel) -> None:
+        super().__init__(model, spec.partition, name="processes", stage_one_only=True)
+        self.spec, self.busy_after = spec, spec.timeout
+        self.where, self.how = Workers(spec, model), EagerStep(self.steps)
+
+    def start(self) -> "DistributedExecutor":
+        self.where.start()
+        return self
+
+    def join(self) -> "DistributedExecutor":
+        """Become rank 0 of a group that torchrun started; ranks >= 1 call `worker.run_worker`. The
+        workers are not our children: `close()` shuts them down by message."""
+        self.where.rendezvous()
+        return self
+
+    def __enter__(self) -> "DistributedExecutor":
+        return self.start()
+
+    def use(self, model: StagedModel) -> None:
+        self.model = self.steps.model = self.where.model = model
+
+    def abort(self) -> None:
+        """End the run in progress now, from another thread, however its workers are (frozen,
+        or busy past the call timeout): kill them, so the call waiting on them fails at once, and
+        the run's own thread closes the pool (`PipelineError`). The next run starts fresh ones."""
+        self.where.processes.kill()
+
+    def check_workers(self, within: float = PING_SECONDS) -> str | None:
+        """Between runs: None when every worker answers a ping within `within` seconds; else why
+        not (frozen, dead, silent), and the pool is shut down, so that the next run starts fresh
+        ones rather than waiting the call timeout on it. While a run holds the pipeline nothing is
+        sent (its own calls watch the workers: the call timeout, and a Stop's `abort`): None."""
+        if not self.where.open:
+            return "the pipeline is not running"
+        if not self._run_lock.acquire(blocking=False):
+            return None
+        try:
+            return self.where.check(within)
+        finally:
+            self._run_lock.release()
+
+    def frozen(self) -> str | None:
+        """Which worker is frozen (stopped), if one is (`WorkerProcesses.frozen`); safe from any thread."""
+        return self.where.processes.frozen()
+
+    @property
+    def alive(self) -> bool:
+        """Open, and every worker it started still running (one may die while the pool idles)."""
+        return self.where.open and self.where.processes.all_alive()
+
+    @property
+    def pids(self) -> list[int]:
+        """Process ids of the workers for stages 2..K."""
+        return self.where.processes.pids

@@ -10,12 +10,12 @@ runs, and how it gets one, is `kinds`.
 from __future__ import annotations
 
 import multiprocessing
-import threading
 from typing import Callable
 
 from ...config import DecodeConfig
 from ...model import StagedModel
 from .. import host
+from ..background import watching
 from .pipeline import DistributedExecutor
 from .spawner import SpawnFailed
 from .wire import PING_SECONDS, PipelineBusy, PipelineError, PipelineSpec
@@ -46,7 +46,7 @@ def shared_pipeline(model: StagedModel, config: DecodeConfig, *, threads_per_wor
     if current is not None and current.spec == spec and current.model.hf_model is model.hf_model:
         silent = current.check_workers()  # a run never waits the call timeout on a frozen worker
         if silent is None:
-            current.model = model
+            current.use(model)
             return current
         (progress or (lambda message: None))(f"A worker process did not answer within {PING_SECONDS:g} s "
                                              "(frozen or hung): starting fresh ones")
@@ -117,41 +117,24 @@ def _warm(model: StagedModel, config: DecodeConfig, warm_up: Callable[..., None]
     if pipeline.runs > 0:
         return pipeline, None  # warm, and it has just answered its ping
     tell("Warming up the worker processes (untimed)")
-    with FreezeWatch(pipeline) as watch:
+    frozen: list[str] = []
+
+    def abort_if_frozen() -> bool:
+        """The warm-up is untimed, so no Stop watches it: a frozen (stopped) worker kills the pool
+        (`abort`), so it fails at once instead of after the call timeout. A busy worker cannot
+        answer a ping, so its process state is what is watched."""
+        frozen.extend(filter(None, [pipeline.frozen()]))
+        if frozen:
+            pipeline.abort()
+        return bool(frozen)
+
+    with watching(0.1, abort_if_frozen, "ppsd-freeze-watch"):
         try:
             warm_up(model, [0], config, executor=pipeline)
         except PipelineError:
-            if watch.frozen is None:
+            if not frozen:
                 raise
-    if watch.frozen is not None:
+    if frozen:
         pipeline.close()
-        return pipeline, watch.frozen
+        return pipeline, frozen[0]
     return pipeline, pipeline.check_workers()
-
-
-class FreezeWatch:
-    """While a warm-up runs (untimed, so no Stop watches it), a thread looks every `every` s
-    whether a worker is frozen (stopped); if one is, it kills the pool (`abort`), so the warm-up
-    fails at once instead of after the call timeout, and says which (`frozen`). A busy worker
-    cannot answer a ping, so its process state is what is watched."""
-
-    def __init__(self, pipeline: DistributedExecutor, every: float = 0.1) -> None:
-        self.pipeline, self.every = pipeline, every
-        self.frozen: str | None = None
-        self._done = threading.Event()
-        self._thread = threading.Thread(target=self._watch, name="ppsd-freeze-watch", daemon=True)
-
-    def _watch(self) -> None:
-        while not self._done.wait(self.every):
-            self.frozen = self.pipeline.frozen()
-            if self.frozen is not None:
-                self.pipeline.abort()
-                return
-
-    def __enter__(self) -> "FreezeWatch":
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._done.set()
-        self._thread.join()

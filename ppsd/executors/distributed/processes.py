@@ -84,11 +84,7 @@ class WorkerProcesses:
         """SIGKILL every worker now, from any thread, without waiting: a frozen one (SIGSTOP) ends
         too, its sockets close, and whoever waits on it fails at once (and reaps it)."""
         for process in self.processes:
-            if _exists(process.pid):
-                try:
-                    os.kill(process.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+            spawner.kill(process.pid)
 
     def frozen(self) -> str | None:
         """Which worker is stopped (SIGSTOP, a debugger), if one is: it answers nothing until it

@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import os
 import signal
-import threading
 import time
 from multiprocessing import forkserver, resource_tracker, util
 
+from ..background import watching
 from .wire import PipelineError
 
 WATCH_SECONDS = 0.1  # how often a start looks whether a helper froze meanwhile
@@ -66,29 +66,24 @@ def start_within(process, seconds: float) -> None:
     so the start fails at once (the fork server's pipe ends) with a `SpawnFailed` saying why.
     A fresh fork server imports torch and transformers before its first fork: `seconds` allows
     for that."""
-    done, why = threading.Event(), []
+    why: list[str] = []
+    deadline = time.monotonic() + seconds
 
-    def watch() -> None:
-        deadline = time.monotonic() + seconds
-        while not done.wait(WATCH_SECONDS):
-            reason = frozen() or (time.monotonic() > deadline and
-                                  f"the fork server did not start a worker process within {seconds:g} s")
-            if reason:
-                why.append(reason)
-                replace_frozen() or _forget(FORK_SERVER)  # a hung one, stopped or not: a waiting start fails at once
-                return
+    def watch() -> bool:
+        reason = frozen() or (time.monotonic() > deadline and
+                              f"the fork server did not start a worker process within {seconds:g} s")
+        if reason:
+            why.append(reason)
+            replace_frozen() or _forget(FORK_SERVER)  # a hung one, stopped or not: a waiting start fails at once
+        return bool(reason)
 
-    watcher = threading.Thread(target=watch, name="ppsd-start-watch", daemon=True)
-    watcher.start()
     try:
-        process.start()
+        with watching(WATCH_SECONDS, watch, "ppsd-start-watch"):
+            process.start()
     except (EOFError, OSError) as error:
         raise SpawnFailed(f"{why[0] if why else f'the fork server failed ({error})'}, so it was shut down") from None
-    finally:
-        done.set()
-        watcher.join()
     if why:  # it froze just as the fork came back: the worker cannot be waited for any more
-        _kill(process.pid)
+        kill(process.pid)
         raise SpawnFailed(f"{why[0]}, so it was shut down")
 
 
@@ -113,7 +108,7 @@ def _forget(name: str) -> None:
         pid, lock = server._pid, server._lock
     if pid is None:
         return
-    _kill(pid)
+    kill(pid)
     _reap(pid)
     if not lock.acquire(timeout=LOCK_SECONDS):
         return  # a start holds it and will find the helper dead (and launch another) itself
@@ -142,7 +137,8 @@ def state(pid: int | None) -> str | None:
         return None
 
 
-def _kill(pid: int | None) -> None:
+def kill(pid: int | None) -> None:
+    """SIGKILL `pid`, if it is still a process."""
     try:
         os.kill(pid, signal.SIGKILL)
     except (ProcessLookupError, TypeError):

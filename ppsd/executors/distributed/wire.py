@@ -1,5 +1,5 @@
-"""What the processes of a pipeline say to each other: the spec every rank builds, the error
-(`PipelineError`, defined in `..base`), the process groups, the control message and its header,
+"""What the processes of a pipeline say to each other: the spec every rank builds, the errors
+(`PipelineError`, `PipelineBusy`, defined in `..base`), the process groups, the control message and its header,
 the coordinator's outbox, and a remote worker's clock offset measured by pings.
 
 Boundary: messages only, no decoding, no placement, no process management; the coordinator
@@ -26,18 +26,13 @@ from typing import NamedTuple
 import torch
 import torch.distributed as dist
 
-from ..base import PipelineError  # noqa: F401 - the error of these messages' pool, importable from here
+from ..base import PipelineBusy, PipelineError  # noqa: F401 - the errors of these messages' pool, importable from here
 from ..schedule import ITEM_KINDS, Item, WorkerPart
 
 WORK, ROLLBACK, PING, SHUTDOWN = 1, 2, 3, 4
 PING_SECONDS = 1.0  # an idle worker answers a PING in well under a millisecond; a frozen one never
 FOREVER = timedelta(days=365)  # an idle worker waits for its next request as long as it takes
 GROUPS: dict = {}  # this process's groups ("calls", "hidden") and whether GPU tensors go via host ("staged")
-
-
-class PipelineBusy(ValueError):
-    """Another run held the pipeline for longer than its timeout. Nothing was sent: the pool is
-    fine, so it is not a `PipelineError` (callers close the pool on those)."""
 
 
 @dataclass(frozen=True)

@@ -148,16 +148,11 @@ class _Worker:
         return sent
 
     def _take(self, width: int) -> torch.Tensor:
-        """The first `width` positions held, as one (1, width, hidden) tensor (stage 1's pieces
-        may arrive merged: a longer piece is split, its rest stays first in the queue)."""
-        pieces, held = [], 0
-        while held < width:
-            piece = self.queue.popleft()
-            if held + piece.shape[1] > width:
-                piece, rest = piece[:, : width - held], piece[:, width - held:]
-                self.queue.appendleft(rest)
-            pieces.append(piece)
-            held += piece.shape[1]
+        """The first `width` positions held, as one (1, width, hidden) tensor: whole pieces, as the
+        schedule takes its items (stage 2's input comes merged as stage 2 takes it)."""
+        pieces = [self.queue.popleft()]
+        while sum(piece.shape[1] for piece in pieces) < width:
+            pieces.append(self.queue.popleft())
         return pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim=1)
 
     def _send_hidden(self, hidden: torch.Tensor) -> Sent:
