@@ -225,13 +225,22 @@ def test_the_watch_counts_other_programs_cores_and_not_this_process_or_its_child
     time.sleep(1.5)
     assert watch() >= 0.5  # the outsider held about one core of the 1.5 s
     time.sleep(0.3)  # the outsider has ended
-    idle = quiet.others_cpu()
-    time.sleep(1.0)
-    around = idle()  # whatever else this machine runs now (0 when the suite runs alone)
-    watch = quiet.others_cpu()
-    child = subprocess.Popen([sys.executable, "-c", "import time\nend = time.time() + 1.0\nwhile time.time() < end: pass"])
-    end = time.perf_counter() + 1.0
-    while time.perf_counter() < end:  # this process busy too
-        pass
-    child.wait()
-    assert watch() < around + 0.3  # about 2 cores of this process's own work, not counted
+
+    def own_work_beside_the_machines() -> tuple[float, float]:
+        idle = quiet.others_cpu()
+        time.sleep(1.0)
+        around = idle()  # whatever else this machine runs now (0 when the suite runs alone)
+        watch = quiet.others_cpu()
+        child = subprocess.Popen([sys.executable, "-c",
+                                  "import time\nend = time.time() + 1.0\nwhile time.time() < end: pass"])
+        end = time.perf_counter() + 1.0
+        while time.perf_counter() < end:  # this process busy too
+            pass
+        child.wait()
+        return watch(), around
+
+    # About 2 cores of this process's own work, not counted. Other programs only ever add to a
+    # reading, and a busy machine's bursts differ from one second to the next (a browser test beside
+    # this one read 0.51, then 0.92): one quiet try of three shows the own work left out.
+    tries = (own_work_beside_the_machines() for _ in range(3))
+    assert any(reading < around + 0.3 for reading, around in tries)
