@@ -29,7 +29,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "turn (projected clock)")
     parser.add_argument("--stages", type=whole(2, 64), default=DEFAULTS.num_stages, help="K (default the page's)")
     parser.add_argument("--max-new-tokens", type=whole(1, MAX_NEW_TOKENS_CAP), default=DEFAULTS.max_new_tokens)
-    parser.add_argument("--repeats", type=whole(1, 9), default=None, help="timed rounds (default the page's, 3)")
+    parser.add_argument("--repeats", type=whole(1, 9), default=None, help="timed rounds (default the page's)")
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="cpu", help="where the model loads")
     parser.add_argument("--threads", type=thread_count, default=None, help="CPU threads for torch")
     parser.add_argument("--out", default=None,

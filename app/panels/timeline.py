@@ -89,7 +89,6 @@ def render_timeline(
     Rows are stages (stage 1 on top), one horizontal bar per event, one trace per kind so the
     legend is the key; final-stage corrections are marked with a red cross at the bar's end.
     """
-    panels = [(name, trace) for name, trace in panels if trace is not None]
     if not panels:
         return empty_figure(EMPTY)
     fig = make_subplots(rows=len(panels), cols=1, shared_xaxes=True, vertical_spacing=0.12,
