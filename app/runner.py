@@ -136,7 +136,7 @@ def run_comparison(request: RunRequest, cache: ModelCache, *, throttle: float = 
         if forced is not None:  # the what-if: the same setup, every verdict on a draft a seeded coin
             setup = ForcedSetup(**vars(setup), acceptance=forced)
         load = choice.load()  # before this Run's own work: what its speed is measured at
-        run = _kind(request, setup)
+        run = READY.for_run(request.pipeline, setup) if request.workers else choice.ForRun(IN_TURN)
         kind, note = run.kind, kind_words.note(run)
         # threads live for one run (in a ZeroGPU call, until the next); the worker processes stay
         comparison = Comparison(setup, request.methods, kind=kind, rounds=rounds, plain=request.workers,
@@ -179,11 +179,6 @@ def prestart(cache: ModelCache, model: str, progress=None) -> str:
 
     kind = READY.start(loaded.model.info.device, DEFAULTS.num_stages, set_up, tell)
     return "" if kind is None else f"{DEFAULTS.num_stages} {kind.noun}"
-
-
-def _kind(request: CheckedRequest, setup: RunSetup) -> choice.ForRun:
-    """The kind `request` runs on here, with what is ready for it (`READY.for_run`)."""
-    return READY.for_run(request.pipeline, setup) if request.workers else choice.ForRun(IN_TURN)
 
 
 def _joined(*notes: str) -> str:

@@ -43,11 +43,6 @@ def create() -> Single:
     return Single(OUTPUTS[0], gr.HTML(render_headline(None), elem_id="headline"))
 
 
-def create_glossary() -> gr.HTML:
-    """The glossary, under the headline: where a student first meets AR, plain AR and the clocks."""
-    return gr.HTML(render_glossary(), elem_id="glossary")
-
-
 def render_glossary() -> str:
     """Each term of `app.words.GLOSSARY` in one sentence, in a fold whose summary names them."""
     terms = "".join(f"<dt>{html.escape(term)}</dt><dd>{html.escape(meaning)}</dd>" for term, meaning in GLOSSARY)
