@@ -18,7 +18,7 @@ from typing import Iterator
 
 from ppsd import choice
 from ppsd.bench.forced import ForcedSetup
-from ppsd.compare import THROTTLE_SECONDS, Comparison, MethodRun, PlainWay, State
+from ppsd.compare import THROTTLE_SECONDS, Comparison, PlainWay, State
 from ppsd.config import DEFAULTS
 from ppsd.executors.kinds import IN_TURN
 from ppsd.executors import PipelineError
@@ -28,8 +28,6 @@ from . import kind_words
 from .models import Loaded, ModelCache
 from .page_text import load_examples
 from .request import MAX_RUN_SECONDS, CheckedRequest, RunRequest
-
-__all__ = ["READY", "MethodRun", "Snapshot", "prestart", "run_comparison"]
 
 # What this server process has ready (the kinds compiled in the background since start-up; in a
 # ZeroGPU call, the executor the last call left): the page's, as its shared worker processes are;
