@@ -55,12 +55,11 @@ def show(view: RunView) -> dict[str, Any]:
     if not panels:
         return {"timeline": empty_figure(EMPTY)}
     live = "" if snap.done else (" · stopped" if snap.stopped else " · live")
-    _, top = panels[0]
     forced = snap.request.forced
     sub = " · ".join(filter(None, (view.round_label, None if forced is None else forced_words(forced))))
-    title = timeline_title(top, snap.num_stages, KINDS.get(snap.pipeline)) + live + (f"<br><sub>{html.escape(sub, quote=False)}</sub>" if sub else "")
-    figure = render_timeline(panels, snap.loaded.piece, title=title)
-    return {"timeline": figure}
+    title = timeline_title(panels[0][1], snap.num_stages, KINDS.get(snap.pipeline)) + live + (
+        f"<br><sub>{html.escape(sub, quote=False)}</sub>" if sub else "")
+    return {"timeline": render_timeline(panels, snap.loaded.piece, title=title)}
 
 
 def stage_label(k: int, layers: range, utilization: float) -> str:
