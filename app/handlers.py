@@ -23,7 +23,7 @@ from ppsd.config import fit_stages, stage_bounds
 from ppsd.heads import default_exit_layer
 from ppsd.executors.kinds import AUTO
 from ppsd.executors.host import usable_cores
-from ppsd.model import model_config, resolve_device
+from ppsd.model import ModelInfo, model_config, resolve_device
 from ppsd.model_source import needs_preparing
 
 from . import lease, view, zerogpu
@@ -96,11 +96,7 @@ def stage_updates(num_layers: int, num_stages: int, exit_layer: int | None = Non
     return (gr.update(minimum=exits.start, maximum=max(exits.stop - 1, exits.start + 1), value=exit_layer,
                       info=f"drafts use layers 0…E−1; {why}"),
             gr.update(minimum=counts.start, maximum=max(counts.stop - 1, counts.start + 1), value=num_stages,
-                      info=_stages_info(num_layers)))
-
-
-def _stages_info(num_layers: int) -> str:
-    return f"K − 1 ≤ L − E: each later stage holds a layer; L = {num_layers}"
+                      info=f"K − 1 ≤ L − E: each later stage holds a layer; L = {num_layers}"))
 
 
 def max_tokens_update(state: AppState, prompt: str, model: str, chat: bool, value: float) -> Any:
@@ -274,7 +270,6 @@ def _updates(snapshots: Iterator[Snapshot]) -> Iterator[tuple]:
         yield changed
 
 
-
 def on_load(state: AppState, name: str) -> Iterator[tuple]:
     """Load (or find cached) model `name`; the status box shows the loading state."""
     ready = gr.update(value="Load", interactive=True)
@@ -297,8 +292,7 @@ def on_load(state: AppState, name: str) -> Iterator[tuple]:
         return
     info = loaded.model.info
     e_update, k_update = stage_updates(info.num_layers, 2, model=name)
-    status = model_status(f"{info.name}: {info.model_type}, {info.num_layers} layers, {info.device} {info.dtype} "
-                          f"(loaded in {loaded.load_seconds:.1f} s, then warmed up untimed"
+    status = model_status(f"{_described(info)} (loaded in {loaded.load_seconds:.1f} s, then warmed up untimed"
                           f"{'' if state.cache.warm else ' in each GPU call'})", "ok")
     yield (status, e_update, k_update, gr.skip(), gr.skip())
     # The layer count after the sliders have their new ranges and values: its change redraws the
@@ -310,14 +304,14 @@ def on_load(state: AppState, name: str) -> Iterator[tuple]:
 
 def on_page_load(state: AppState, name: str) -> tuple:
     """Fit the E/K sliders to the model in the box from its config alone (no weights)."""
-    layers = layer_count(state.cache, name or ppsd.DEFAULT_MODEL)
+    name = (name or "").strip() or ppsd.DEFAULT_MODEL
+    layers = layer_count(state.cache, name)
     if layers is None:
         return gr.skip(), gr.skip(), gr.skip(), model_status("Model not loaded yet: it loads on the first Run.", "idle")
-    e_update, k_update = stage_updates(layers, 2, model=name or ppsd.DEFAULT_MODEL)
-    loaded = (name or "").strip() in state.cache
+    loaded = name in state.cache
     note = "loaded" if loaded else "loads on the first Run (or press Load)"
-    said = f"{(name or '').strip() or ppsd.DEFAULT_MODEL}: {layers} layers · {note}"  # which model, by name
-    return e_update, k_update, layers, model_status(said, "ok" if loaded else "idle")
+    return (*stage_updates(layers, 2, model=name), layers,
+            model_status(f"{name}: {layers} layers · {note}", "ok" if loaded else "idle"))  # which model, by name
 
 
 def after_run(state: AppState, name: str, exit_layer: float, num_stages: float, exit_head: str = "") -> tuple:
@@ -337,8 +331,12 @@ def after_run(state: AppState, name: str, exit_layer: float, num_stages: float, 
         head = f" · exit head at E = {int(exit_layer)}: {cache.exit_head(exit_head or '', loaded, int(exit_layer)).label}"
     except ValueError:  # the run already said why this head does not fit
         head = ""
-    status = model_status(f"{info.name}: {info.model_type}, {info.num_layers} layers, {info.device} {info.dtype}{head}", "ok")
-    return status, e_update, k_update, info.num_layers
+    return model_status(f"{_described(info)}{head}", "ok"), e_update, k_update, info.num_layers
+
+
+def _described(info: ModelInfo) -> str:
+    """The loaded model in the status line's words."""
+    return f"{info.name}: {info.model_type}, {info.num_layers} layers, {info.device} {info.dtype}"
 
 
 def model_status(text: str, kind: str) -> str:
@@ -353,8 +351,3 @@ def on_stages(num_stages: float, layers: int, model: str = "") -> tuple:
 def on_exit(exit_layer: float, num_stages: float, layers: int) -> Any:
     """E moved: K is lowered when the layers after E cannot hold K - 1 stages."""
     return gr.update(value=fit_stages(layers, int(exit_layer), int(num_stages), moved="exit_layer")[1])
-
-
-
-
-

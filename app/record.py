@@ -19,6 +19,8 @@ from ppsd.cli.values import check_output_file, thread_count, whole, write_result
 from ppsd.config import DEFAULTS, MAX_NEW_TOKENS_CAP
 from ppsd.executors.kinds import AUTO, IN_TURN, concurrent_kinds, kind_named
 
+from .request import DEFAULT_REPEATS, MAX_REPEATS, RunRequest
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=None, help="the model (default the page's)")
@@ -29,7 +31,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "turn (projected clock)")
     parser.add_argument("--stages", type=whole(2, 64), default=DEFAULTS.num_stages, help="K (default the page's)")
     parser.add_argument("--max-new-tokens", type=whole(1, MAX_NEW_TOKENS_CAP), default=DEFAULTS.max_new_tokens)
-    parser.add_argument("--repeats", type=whole(1, 9), default=None, help="timed rounds (default the page's, 3)")
+    parser.add_argument("--repeats", type=whole(1, MAX_REPEATS), default=DEFAULT_REPEATS,
+                        help=f"timed rounds (default the page's, {DEFAULT_REPEATS})")
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="cpu", help="where the model loads")
     parser.add_argument("--threads", type=thread_count, default=None, help="CPU threads for torch")
     parser.add_argument("--out", default=None,
@@ -50,7 +53,6 @@ def run(args: argparse.Namespace) -> int:
     from .models import ModelCache
     from .page_text import load_examples
     from .replay import RUNS, file_name, record
-    from .request import DEFAULT_REPEATS, RunRequest
     from .runner import run_comparison
 
     if args.threads:
@@ -58,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
     in_turn = args.pipeline == IN_TURN.name
     model = {"model": args.model} if args.model else {}
     request = RunRequest(prompt=args.prompt or load_examples()[0]["prompt"], num_stages=args.stages, **model,
-                         max_new_tokens=args.max_new_tokens, repeats=args.repeats or DEFAULT_REPEATS,
+                         max_new_tokens=args.max_new_tokens, repeats=args.repeats,
                          workers=not in_turn, pipeline=AUTO if in_turn else args.pipeline).checked()
     cache = ModelCache()
     # One untimed comparison first, as the page's start-up runs one: what a first use compiles or

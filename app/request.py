@@ -107,7 +107,7 @@ class CheckedRequest(RunRequest):
             unicode_text(name, getattr(self, name))
         wanted = "a question for the model" if self.chat else "some text for the model to continue"
         check_text(prompt, empty=f"The prompt is empty: type {wanted}, or click an example.")
-        object.__setattr__(self, "rounds", _rounds(self.repeats))
+        object.__setattr__(self, "rounds", _within("repeats", whole_number("repeats", self.repeats), 1, MAX_REPEATS))
         object.__setattr__(self, "forced", _forced(self.forced_acceptance, self.temperature))
         object.__setattr__(self, "config", _config(self))
 
@@ -115,12 +115,11 @@ class CheckedRequest(RunRequest):
         return self
 
 
-def _rounds(repeats: Any) -> int:
-    """`repeats`, checked: a whole number in [1, MAX_REPEATS]."""
-    rounds = whole_number("repeats", repeats)
-    if not 1 <= rounds <= MAX_REPEATS:
-        raise ValueError(f"repeats={rounds} is out of range: 1 <= repeats <= {MAX_REPEATS}")
-    return rounds
+def _within(name: str, value: float, low: float, high: float) -> Any:
+    """`value`, else ValueError naming `name` and its range when it is outside [low, high]."""
+    if not low <= value <= high:
+        raise ValueError(f"{name}={value} is out of range: {low} <= {name} <= {high}")
+    return value
 
 
 def _forced(acceptance: Any, temperature: Any) -> float | None:
@@ -128,9 +127,7 @@ def _forced(acceptance: Any, temperature: Any) -> float | None:
     replace the greedy choice, so a sampled run (temperature > 0) is refused in words."""
     if acceptance is None:
         return None
-    a = real_number("forced_acceptance", acceptance)
-    if not 0.0 <= a <= 1.0:
-        raise ValueError(f"forced_acceptance={a} is out of range: 0 <= forced_acceptance <= 1")
+    a = _within("forced_acceptance", real_number("forced_acceptance", acceptance), 0, 1)
     if real_number("temperature", temperature) != 0:
         raise ValueError("forced acceptance replaces the greedy choice: set Temperature to 0 to use it")
     return a

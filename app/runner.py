@@ -18,7 +18,7 @@ from typing import Iterator
 
 from ppsd import choice
 from ppsd.bench.forced import ForcedSetup
-from ppsd.compare import THROTTLE_SECONDS, Comparison, MethodRun, PlainWay, State
+from ppsd.compare import THROTTLE_SECONDS, Comparison, PlainWay, State
 from ppsd.config import DEFAULTS
 from ppsd.executors.kinds import IN_TURN
 from ppsd.executors import PipelineError
@@ -28,8 +28,6 @@ from . import kind_words
 from .models import Loaded, ModelCache
 from .page_text import load_examples
 from .request import MAX_RUN_SECONDS, CheckedRequest, RunRequest
-
-__all__ = ["READY", "MethodRun", "Snapshot", "prestart", "run_comparison"]
 
 # What this server process has ready (the kinds compiled in the background since start-up; in a
 # ZeroGPU call, the executor the last call left): the page's, as its shared worker processes are;
@@ -136,7 +134,7 @@ def run_comparison(request: RunRequest, cache: ModelCache, *, throttle: float = 
         if forced is not None:  # the what-if: the same setup, every verdict on a draft a seeded coin
             setup = ForcedSetup(**vars(setup), acceptance=forced)
         load = choice.load()  # before this Run's own work: what its speed is measured at
-        run = _kind(request, setup)
+        run = READY.for_run(request.pipeline, setup) if request.workers else choice.ForRun(IN_TURN)
         kind, note = run.kind, kind_words.note(run)
         # threads live for one run (in a ZeroGPU call, until the next); the worker processes stay
         comparison = Comparison(setup, request.methods, kind=kind, rounds=rounds, plain=request.workers,
@@ -179,11 +177,6 @@ def prestart(cache: ModelCache, model: str, progress=None) -> str:
 
     kind = READY.start(loaded.model.info.device, DEFAULTS.num_stages, set_up, tell)
     return "" if kind is None else f"{DEFAULTS.num_stages} {kind.noun}"
-
-
-def _kind(request: CheckedRequest, setup: RunSetup) -> choice.ForRun:
-    """The kind `request` runs on here, with what is ready for it (`READY.for_run`)."""
-    return READY.for_run(request.pipeline, setup) if request.workers else choice.ForRun(IN_TURN)
 
 
 def _joined(*notes: str) -> str:

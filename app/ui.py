@@ -283,7 +283,7 @@ def create_demo(state: AppState | None = None) -> gr.Blocks:
                     c.update(create_settings(made, state.run_seconds))
             with gr.Column(scale=3, min_width=520, elem_id="results"):
                 place(made, headline)
-                headline.create_glossary()  # where a student first meets the terms
+                gr.HTML(headline.render_glossary(), elem_id="glossary")  # where a student first meets the terms
                 place(made, columns)
                 # Beside the controls, right under the answers (issue 58): in Present it stands beside them.
                 place(made, timeline)

@@ -8,7 +8,6 @@ from typing import Mapping, Sequence
 METHOD_NAMES = {"ar": "AR", "ppsd": "PPSD", "eesd": "EESD", "plain": "Plain AR, one process",
                 "ppsd_projected": "PPSD, one device per stage (projected)"}
 PROJECTED_LANE = "ppsd_projected"  # the race's lane of PPSD as on K devices, one per stage: never in the finishing order
-PROJECTED_MEANING = "the measured per-stage costs of this run replayed on K concurrent workers"
 # A what-if run (`ppsd.bench.forced`): every number, stream and saved state of one says so.
 FORCED_WORDS = "forced acceptance: the tokens are not the model's answer"
 PROJECTED_AS = "as on {k} devices, one per stage (projected from this run's stage costs)"  # the paper's setup

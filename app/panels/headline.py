@@ -19,7 +19,7 @@ from .. import kind_words
 from ..analysis import (above_ideal, busy_sentence, compared_sentence, forced_sentence, loss_sentence, plain_sentence,
                         projected_line, rounds_tag, rounds_text, unclean_reason, walls_sentence, why_sentence)
 from ..reading import MIN_TIMED_TOKENS, Reading, RunView
-from ..words import GLOSSARY, PROJECTED_MEANING, agreement_note, duration_text, forced_words, ratio_text
+from ..words import GLOSSARY, agreement_note, duration_text, forced_words, ratio_text
 from . import Page, Single, div
 
 
@@ -41,11 +41,6 @@ def render_progress(phases: Sequence[str], current: str | None) -> str:
 
 def create() -> Single:
     return Single(OUTPUTS[0], gr.HTML(render_headline(None), elem_id="headline"))
-
-
-def create_glossary() -> gr.HTML:
-    """The glossary, under the headline: where a student first meets AR, plain AR and the clocks."""
-    return gr.HTML(render_glossary(), elem_id="glossary")
 
 
 def render_glossary() -> str:
@@ -99,7 +94,7 @@ def render_headline(c: Reading | None, *, status: str = "", agreement: str = "",
     plain = plain_sentence(c) if c.plain is not None and c.stats.runs("plain") else ""
     more = [_note(forced_sentence(c), "forced-why"), ideal_line(c), _note(compared_sentence(c), "compared"),
             _note(walls_sentence(c), "walls"), _note(plain, "plain"), _note(busy, "busy"),
-            *(_note(text, html_=True) for text in _how_it_ran(c))]
+            _note(_how_it_ran(c), html_=True)]
     if c.eesd is not None:
         rate = "n/a" if c.eesd.acceptance_rate is None else f"{c.eesd.acceptance_rate:.2f}"
         more.append(_note(
@@ -121,25 +116,20 @@ def _note(text: str, kind: str = "", *, html_: bool = False) -> str:
     return (f'<div class="{cls}">{text}</div>' if text else "") if html_ else div(cls, text)
 
 
-def _how_it_ran(c: Reading) -> list[str]:
+def _how_it_ran(c: Reading) -> str:
     """Where the stages ran and what the other clock gives, in words (HTML)."""
     other = ratio_text(c.other_speedup)
-    notes: list[str] = []
-    if c.workers:
-        kind = kind_words.of(c.kind)
-        note = f"Measured: {kind.ran_on(c.num_stages, c.device)}."
-        if kind.overhead is not None:
-            note += f" The same stage costs replayed (projected clock) give PPSD {other} than AR"
-            note += f": the difference is {kind.overhead}." if kind.overhead else "."
-        notes.append(note)
-    else:
+    if not c.workers:
         measured = lambda m: duration_text(c.stats.median(m, clock="measured") or 0.0)  # noqa: E731
-        notes.append(f"Projected clock: {PROJECTED_MEANING} (K={c.num_stages}), as if each stage had its own device.")
-        notes.append(
-            f"Measured on this one {html.escape(c.device)} device, stages run in turn: AR {measured('ar')}, PPSD "
-            f"{measured('ppsd')} (PPSD {other} than AR, medians). On one device PPSD does the same work as AR plus the "
-            "flushed work, so it cannot be faster there: its speed comes from K stages running at the same time.")
-    return notes
+        return (f"Measured on this one {html.escape(c.device)} device, stages run in turn: AR {measured('ar')}, PPSD "
+                f"{measured('ppsd')} (PPSD {other} than AR, medians). On one device PPSD does the same work as AR plus "
+                "the flushed work, so it cannot be faster there: its speed comes from K stages running at the same time.")
+    kind = kind_words.of(c.kind)
+    note = f"Measured: {kind.ran_on(c.num_stages, c.device)}."
+    if kind.overhead is not None:
+        note += f" The same stage costs replayed (projected clock) give PPSD {other} than AR"
+        note += f": the difference is {kind.overhead}." if kind.overhead else "."
+    return note
 
 
 def _fastest_name(c: Reading) -> tuple[str, str]:

@@ -55,12 +55,11 @@ def show(view: RunView) -> dict[str, Any]:
     if not panels:
         return {"timeline": empty_figure(EMPTY)}
     live = "" if snap.done else (" · stopped" if snap.stopped else " · live")
-    _, top = panels[0]
     forced = snap.request.forced
     sub = " · ".join(filter(None, (view.round_label, None if forced is None else forced_words(forced))))
-    title = timeline_title(top, snap.num_stages, KINDS.get(snap.pipeline)) + live + (f"<br><sub>{html.escape(sub, quote=False)}</sub>" if sub else "")
-    figure = render_timeline(panels, snap.loaded.piece, title=title)
-    return {"timeline": figure}
+    title = timeline_title(panels[0][1], snap.num_stages, KINDS.get(snap.pipeline)) + live + (
+        f"<br><sub>{html.escape(sub, quote=False)}</sub>" if sub else "")
+    return {"timeline": render_timeline(panels, snap.loaded.piece, title=title)}
 
 
 def stage_label(k: int, layers: range, utilization: float) -> str:
@@ -89,7 +88,6 @@ def render_timeline(
     Rows are stages (stage 1 on top), one horizontal bar per event, one trace per kind so the
     legend is the key; final-stage corrections are marked with a red cross at the bar's end.
     """
-    panels = [(name, trace) for name, trace in panels if trace is not None]
     if not panels:
         return empty_figure(EMPTY)
     fig = make_subplots(rows=len(panels), cols=1, shared_xaxes=True, vertical_spacing=0.12,
