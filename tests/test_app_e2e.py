@@ -102,8 +102,9 @@ def test_timed_runs_give_the_ratio_of_the_medians_of_interleaved_rounds(server):
     said = f"{max(ratio, 1 / ratio):.2f}× {'faster' if ratio >= 1 else 'slower'}" if abs(ratio - 1) >= 0.005 \
         else "no faster (1.00×)"
     assert "median of 3 rounds" in outputs[0]
-    if "Not a clean result" in outputs[0]:  # issue 48: a ratio the run's own ideal does not allow, or a busy round
-        assert "Why: " in outputs[0] and ("ideal for its own acceptance" in outputs[0] or "busy" in outputs[0])
+    if "Not a clean result" in outputs[0]:  # issue 48: a ratio its own ideal does not allow, a busy or crowded round
+        assert "Why: " in outputs[0] and any(reason in outputs[0] for reason in (
+            "ideal for its own acceptance", "busy", "other programs used"))
     else:
         assert f"PPSD {said} than AR on the same pipeline" in outputs[0]
 
