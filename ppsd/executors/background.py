@@ -5,7 +5,7 @@ whoever asks, and to a terminal every few seconds (`ticking`).
 
 Boundary: the state of one background build, the lines said while something long runs, and a
 check a thread makes every few seconds while a block runs (`watching`: a frozen worker's); what
-is built, and what is chosen once it is ready, is the caller's (`ppsd.executors.kinds`).
+is built, and what is chosen once it is ready, is the caller's (`ppsd.choice`).
 """
 
 from __future__ import annotations
