@@ -37,6 +37,10 @@ class Reader:
     def get(self, name: str) -> Any:
         return self.obj[name]
 
+    def optional(self, name: str, default: Any) -> Any:
+        """One of the `optional` fields, or `default` where the file lacks it."""
+        return self.obj.get(name, default)
+
     def text(self, name: str, limit: int = MAX_TEXT, kind: TextKind = "label") -> str:
         return as_text(self.obj[name], f"{self.where}.{name}", limit, kind)
 

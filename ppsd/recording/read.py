@@ -86,11 +86,10 @@ def _unclean(comparison: Reader, num_rounds: int) -> tuple[tuple[int, ...], tupl
     """What kept a round from being clean when it ran, so a replay says "Not a clean result" where
     the live page did: the rounds during which something compiled, and each round's cores used by
     other programs (a file written before they were recorded has neither: nothing is known)."""
-    get = comparison.obj.get
     compiled = tuple(as_whole(r, "comparison.compiled[]", 0, num_rounds - 1)
-                     for r in as_list(get("compiled", []), "comparison.compiled", num_rounds))
+                     for r in as_list(comparison.optional("compiled", []), "comparison.compiled", num_rounds))
     others = tuple(as_number(c, "comparison.others[]", 0.0, MAX_CORES)
-                   for c in as_list(get("others", []), "comparison.others", num_rounds))
+                   for c in as_list(comparison.optional("others", []), "comparison.others", num_rounds))
     return compiled, others
 
 
